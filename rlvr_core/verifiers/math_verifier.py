@@ -27,11 +27,15 @@ LaTeX answer rather than hunting for the last number inside it.
 
 from __future__ import annotations
 
-import functools
 import threading
+from collections import OrderedDict, deque
 from typing import Any
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier, shaped_reward
+
+
+# Parsed golds kept per verifier (one verifier per pool worker).
+_GOLD_CACHE = 4096
 
 
 def last_boxed(text: str) -> str | None:
@@ -91,7 +95,12 @@ class MathVerifier:
         self.float_rounding = float_rounding
         self.numeric_precision = numeric_precision
         self.internal_timeout_s = internal_timeout_s
-        self._parse_gold = functools.lru_cache(maxsize=4096)(self._parse_gold_uncached)
+        # Parsed golds, most recently used last. A GRPO batch checks G responses against each gold,
+        # and parsing one costs milliseconds. Golds parsed since the last `take_parsed_golds` are
+        # kept aside so a verification pool can pass them on to its other workers.
+        self._golds: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
+        self._fresh: deque[tuple[str, tuple[Any, ...]]] = deque(maxlen=_GOLD_CACHE)
+        self._gold_lock = threading.Lock()  # one verifier may be shared by threads
 
     # ------------------------------------------------------------------ parsing
     def _timeout(self) -> int | None:
@@ -99,6 +108,32 @@ class MathVerifier:
 
     def _parse(self, text: str) -> list[Any]:
         return self._mv.parse(text, parsing_timeout=self._timeout(), raise_on_error=True)
+
+    def _parse_gold(self, gold: str) -> tuple[Any, ...]:
+        with self._gold_lock:
+            parsed = self._golds.get(gold)
+            if parsed is not None:
+                self._golds.move_to_end(gold)
+                return parsed
+        parsed = self._parse_gold_uncached(gold)  # outside the lock: it can take a while
+        self.add_parsed_gold(gold, parsed)
+        self._fresh.append((gold, parsed))
+        return parsed
+
+    def add_parsed_gold(self, gold: str, parsed: tuple[Any, ...]) -> None:
+        """Cache a gold parsed elsewhere (by another pool worker), so it is not parsed again here."""
+        with self._gold_lock:
+            self._golds[gold] = parsed
+            self._golds.move_to_end(gold)
+            if len(self._golds) > _GOLD_CACHE:
+                self._golds.popitem(last=False)
+
+    def take_parsed_golds(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The golds this verifier parsed itself since the last call (for the pool to share)."""
+        with self._gold_lock:
+            out = list(self._fresh)
+            self._fresh.clear()
+        return out
 
     def _parse_gold_uncached(self, gold: str) -> tuple[Any, ...]:
         boxed = last_boxed(gold) if ("\\boxed" in gold or "\\fbox" in gold) else None

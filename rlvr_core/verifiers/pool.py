@@ -11,17 +11,25 @@ each worker is running; when it passes, the worker is SIGKILLed and replaced, an
 `Status.TIMEOUT`. The clock of an item starts when a *ready* worker starts on it, so a slow
 start-up is never mistaken for a slow verification. Other workers keep verifying meanwhile.
 
-Throughput (docs/benchmarks/verifiers.md):
+Throughput and hangs (docs/benchmarks/verifiers.md):
 
 - Each worker gets up to `_PREFETCH` items at a time: the one it is running plus one waiting in its
   pipe, so it starts the next item right away instead of idling for a parent round trip per item.
-  An item queued behind one that runs longer than `_STEAL_AFTER_S` is handed to another worker
-  (first result wins), so a hang never holds other items hostage while it waits out its timeout.
-- Items go preferably to the worker that already parsed their gold (`_AFFINITY_WINDOW`).
-- Replacing a killed worker is instant: `spares` workers are started ahead, already past their
-  imports and with their verifier built, and one is promoted on a kill; a new spare is started in
-  the background. Workers are forked from a "forkserver" process that has already imported
-  math-verify/sympy, so even a new spare costs a fork, not seconds of imports.
+- A worker that has run one item for `_SIDELINE_AFTER_S` is *sidelined*: a spare takes its slot and
+  what was queued behind the slow item goes to the others, so a possible hang holds up no worker
+  while it waits out its timeout. If the item finishes after all, the worker rejoins as a spare; if
+  not, it is killed at the deadline. (On a machine with no core to spare, a hung sympy call still
+  takes CPU from the rest until it is killed.)
+- A gold answer is parsed once per pool, not once per worker: a worker reports the golds it parsed
+  (pickled) with its result, and the parent attaches that parse to the next item with the same gold
+  sent to any other worker. A worker that replaces a killed one therefore does not parse the batch's
+  golds again. Items also go preferably to the worker that was last sent their gold
+  (`_AFFINITY_WINDOW`), for golds whose parse has not come back yet.
+- Replacing a worker is instant: `spares` workers are kept ready. A spare is forked from a working
+  worker (`_fork_spare`), so it starts with that worker's sympy caches and golds, and it is re-forked
+  every `_REFRESH_SPARE_AFTER` results so that it stays recent. At the start, and when no worker can
+  take the request, workers come from a "forkserver" process that has imported math-verify/sympy
+  and verified a few generic answers (`rlvr_core.verifiers.warm`), so even those start warm.
 
 Why the forkserver start method rather than fork: like spawn, it works from any thread (forking a
 threaded parent can deadlock on locks held by other threads); the server is a clean,
@@ -38,11 +46,15 @@ turned into `error` outcomes.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
+import signal
+import socket
 import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -58,16 +70,21 @@ _PREFETCH = 2
 # (~200 KB) would block the parent's send until the (possibly hung) worker reads it. Bigger items
 # wait for an idle worker.
 _PREFETCH_MAX_BYTES = 32 * 1024
-# An item queued behind one that has run this long is given to another worker (capped at a quarter
-# of the timeout for tiny timeouts).
-_STEAL_AFTER_S = 0.25
+# A worker that has run one item this long is sidelined (capped at a quarter of the timeout for tiny
+# timeouts). Clean MATH-500 verifications take at most ~0.25 s here, most a few milliseconds.
+_SIDELINE_AFTER_S = 0.25
 # Verifiers cache parsed gold answers per process, so an item goes preferably to the worker that
 # already had its gold: a worker with room takes the first of the next few to-do items whose gold
 # is new or its own, else the next one (never waits for a busy worker).
 _AFFINITY_WINDOW = 8
 # Imported once in the forkserver, so that forked workers start with them loaded. math-verify
-# (sympy) is the expensive one; "__main__" is multiprocessing's own default.
-_PRELOAD = ["__main__", "rlvr_core.verifiers", "math_verify"]
+# (sympy) is the expensive one; `warm` then verifies a few generic answers there so that even a
+# worker started from the forkserver has sympy's caches built; "__main__" is multiprocessing's own
+# default.
+_PRELOAD = ["__main__", "rlvr_core.verifiers", "math_verify", "rlvr_core.verifiers.warm"]
+# The spare is re-forked from a working worker after this many results, so that a replacement has
+# the batch's golds and sympy state of a moment ago rather than of the pool's start.
+_REFRESH_SPARE_AFTER = 200
 
 
 def _context() -> Any:
@@ -80,7 +97,7 @@ def _context() -> Any:
 
 
 def _worker_main(conn: Connection, name: str, options: dict[str, Any]) -> None:
-    """Worker loop: build the verifier once, then answer (index, response, gold) messages in order.
+    """Worker loop: build the verifier once, then serve the parent (see `_serve`).
 
     Runs on the worker's main thread, so verifiers that rely on `signal.alarm` (math-verify) keep
     their own timeouts in here as a first line; the parent's kill is the hard limit.
@@ -91,6 +108,11 @@ def _worker_main(conn: Connection, name: str, options: dict[str, Any]) -> None:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", None))
+    _serve(conn, verifier)
+
+
+def _serve(conn: Connection, verifier: Any) -> None:
+    """Answer (index, response, gold) messages in order; "fork" makes a spare (`_fork_spare`)."""
     while True:
         try:
             msg = conn.recv()
@@ -98,8 +120,86 @@ def _worker_main(conn: Connection, name: str, options: dict[str, Any]) -> None:
             return
         if msg is None:  # orderly shutdown
             return
-        index, response, gold = msg
-        conn.send(("result", (index, safe_verify(verifier, response, gold))))
+        if msg == "fork":
+            _fork_spare(conn, verifier)
+            continue
+        index, response, gold, parsed_gold = msg
+        if parsed_gold is not None:
+            verifier.add_parsed_gold(gold, pickle.loads(parsed_gold))
+        outcome = safe_verify(verifier, response, gold)
+        conn.send(("result", (index, outcome, _parsed_golds(verifier))))
+
+
+def _parsed_golds(verifier: Any) -> list[tuple[str, bytes]]:
+    """Golds the verifier parsed for this item, pickled for the parent to pass to other workers
+    (verifiers with a gold cache define `take_parsed_golds`/`add_parsed_gold`; see `MathVerifier`)."""
+    if not hasattr(verifier, "take_parsed_golds"):
+        return []
+    out = []
+    for gold, parsed in verifier.take_parsed_golds():
+        try:
+            out.append((gold, pickle.dumps(parsed, protocol=pickle.HIGHEST_PROTOCOL)))
+        except Exception:  # noqa: BLE001 — not shareable; other workers parse it themselves
+            pass
+    return out
+
+
+def _fork_spare(conn: Connection, verifier: Any) -> None:
+    """Fork a copy of this (warm) worker as a spare and hand the parent a pipe to it.
+
+    Why: a worker killed on a hang takes its warm state with it: sympy's caches and the parsed
+    golds of the batch (a GRPO batch checks G responses against each gold). A replacement started
+    from scratch verifies the rest of the batch up to twice as slowly; a fork of a sibling starts
+    with all of that. The child talks over a new socket pair whose parent end is passed over
+    `conn` as a file descriptor (SCM_RIGHTS). It is not the pool's child: the pool kills it by pid,
+    and this worker reaps it (SIGCHLD ignored), so no zombie is left even after this worker dies.
+    """
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the spare: keep only its own end; the worker's pipe belongs to the worker
+        try:
+            ours.close()
+            conn.close()
+            link = Connection(theirs.detach())
+            link.send(("ready", None))
+            _serve(link, verifier)
+        finally:
+            os._exit(0)
+    theirs.close()
+    conn.send(("forked", pid))
+    reduction.send_handle(conn, ours.fileno(), os.getppid())
+    ours.close()
+
+
+class _Forked:
+    """The process handle of a spare forked by a worker: what the pool needs of `mp.Process`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.exitcode = None  # not our child: its exit status goes to the worker that forked it
+
+    def is_alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        try:  # Linux: a killed process that is not reaped yet (a zombie) still takes signals
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return True
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def join(self, timeout: float | None = None) -> None:
+        give_up = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while self.is_alive() and time.monotonic() < give_up:
+            time.sleep(0.002)
 
 
 @dataclass(eq=False)  # identity: workers are compared with `is` / found in lists
@@ -111,6 +211,8 @@ class _Worker:
     # Indices sent to this worker, in the order it runs them; queue[0] is the running one.
     queue: deque[int] = field(default_factory=deque)
     clock: float = 0.0  # when queue[0] started, as seen by the parent
+    fork_pending: bool = False  # asked to fork a spare, which has not arrived yet
+    golds: set[str] = field(default_factory=set)  # golds it has parsed or been sent parsed
 
 
 @dataclass
@@ -123,8 +225,6 @@ class _Batch:
     done_at: list[float]
     todo: deque[int]
     remaining: int
-    # Items copied to the to-do list from behind a slow item (stolen once; not stolen again).
-    stolen: set[int] = field(default_factory=set)
     payloads: dict[int, bytes] = field(default_factory=dict)
 
 
@@ -154,18 +254,26 @@ class VerifierPool:
         self.n_workers = workers
         self.n_spares = spares if workers else 0
         self.timeout_s = timeout_s
-        self._steal_after = min(_STEAL_AFTER_S, timeout_s / 4)
+        self._sideline_after = min(_SIDELINE_AFTER_S, timeout_s / 4)
         # Built here too: validates name and options before any process starts, gives the version for
         # timeout outcomes, and is the verifier itself when workers=0.
         self._local = get_verifier(name, **self.options)
         self._ctx = _context() if workers else None
+        # Spares are forked from warm workers where the platform can (see `_fork_spare`).
+        self._can_fork = self._ctx is not None and self._ctx.get_start_method() == "forkserver"
+        self._since_spare = 0  # results since the newest spare was made
         self._workers: list[_Worker] = []
         self._spares: list[_Worker] = []
+        # Workers taken out of service while they run a slow item (maybe a hang); see `_sideline`.
+        self._sidelined: list[_Worker] = []
         self._gold_home: dict[str, _Worker] = {}  # gold text -> worker that was last sent it
+        # Gold text -> its parse, pickled, as reported by the worker that parsed it (see `_send`).
+        self._parsed_golds: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._status_counts: Counter[str] = Counter()
         self._timeouts = 0
         self._restarts = 0
+        self._forked = 0
         self._crashes = 0
         self._closed = False
         # Per-item latency (start on a worker to result, seconds) of the last items, for benchmarks.
@@ -189,8 +297,52 @@ class VerifierPool:
         return _Worker(process=proc, conn=parent_conn, started_at=time.monotonic())
 
     def _fill_spares(self) -> None:
-        while len(self._spares) < self.n_spares:
-            self._spares.append(self._start_worker())
+        """Top the spares up: forked from a warm worker when one can take the request, else started
+        from the forkserver (at pool start, or when every worker is stuck)."""
+        while len(self._spares) + sum(w.fork_pending for w in self._workers) < self.n_spares:
+            if not self._ask_for_fork():
+                self._spares.append(self._start_worker())
+
+    def _ask_for_fork(self) -> bool:
+        """Ask the best donor (ready, not stuck, shortest queue, then most items behind it) to fork."""
+        if not self._can_fork:
+            return False
+        now = time.monotonic()
+        donors = [w for w in self._workers if w.ready and not w.fork_pending and not self._stuck(w, now)]
+        if not donors:
+            return False
+        donor = min(donors, key=lambda w: len(w.queue))
+        try:
+            donor.conn.send("fork")
+        except OSError:  # died between items; _receive will see its EOF
+            return False
+        donor.fork_pending = True
+        return True
+
+    def _adopt_fork(self, w: _Worker, pid: int) -> None:
+        """`w` forked a spare: take the pipe it passes, keep the newest `n_spares` spares."""
+        w.fork_pending = False
+        try:
+            fd = reduction.recv_handle(w.conn)
+        except (EOFError, OSError):  # the donor died mid-hand-over: nobody can reach that spare
+            _Forked(pid).kill()
+            raise
+        now = time.monotonic()
+        spare = _Worker(process=_Forked(pid), conn=Connection(fd), started_at=now)
+        self._forked += 1
+        self._since_spare = 0
+        self._spares.append(spare)
+        while len(self._spares) > self.n_spares:  # a refresh: retire the oldest
+            self._retire(self._spares.pop(0))
+        if w.queue:  # the fork ran between two items: the next one starts now
+            w.clock = now
+
+    def _retire(self, w: _Worker) -> None:
+        try:
+            w.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self._kill(w)
 
     def _kill(self, w: _Worker) -> None:
         if w.process.is_alive():
@@ -202,19 +354,17 @@ class VerifierPool:
         """Kill `w` and put a spare in its slot (a ready one if any), then start a new spare."""
         self._kill(w)
         self._restarts += 1
-        if self._spares:
-            spare = next((s for s in self._spares if s.ready), self._spares[0])
-            self._spares.remove(spare)
-        else:
-            spare = self._start_worker()
-        self._workers[self._workers.index(w)] = spare
+        self._workers[self._workers.index(w)] = self._take_spare()
         self._fill_spares()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        everyone = self._workers + self._spares
+        for w in self._workers:
+            if w.fork_pending:
+                self._drop_pending_fork(w)
+        everyone = self._workers + self._sidelined + self._spares
         for w in everyone:
             try:
                 w.conn.send(None)
@@ -225,7 +375,20 @@ class VerifierPool:
             if not w.queue:  # a busy worker would not read the shutdown message
                 w.process.join(timeout=max(0.0, give_up - time.monotonic()))
             self._kill(w)
-        self._workers, self._spares = [], []
+        self._workers, self._sidelined, self._spares = [], [], []
+
+    def _drop_pending_fork(self, w: _Worker) -> None:
+        """At close: wait briefly for a requested spare and kill it, so that none outlives the pool."""
+        give_up = time.monotonic() + 2
+        try:
+            while w.conn.poll(max(0.0, give_up - time.monotonic())):
+                kind, payload = w.conn.recv()
+                if kind == "forked":
+                    os.close(reduction.recv_handle(w.conn))
+                    _Forked(payload).kill()
+                    return
+        except (EOFError, OSError):
+            pass
 
     def __enter__(self) -> "VerifierPool":
         return self
@@ -247,7 +410,7 @@ class VerifierPool:
     @property
     def pids(self) -> list[int]:
         """Process ids of the workers and spares (for tests and monitoring)."""
-        return [w.process.pid for w in self._workers + self._spares]
+        return [w.process.pid for w in self._workers + self._sidelined + self._spares]
 
     @property
     def stats(self) -> dict[str, int]:
@@ -257,6 +420,7 @@ class VerifierPool:
             total=sum(self._status_counts.values()),
             timeouts=self._timeouts,
             restarts=self._restarts,
+            forked_spares=self._forked,
             crashes=self._crashes,
         )
         return out
@@ -292,10 +456,14 @@ class VerifierPool:
         b = _Batch(pairs, time.monotonic(), [None] * n, [0.0] * n, deque(range(n)), n)
         # Until every item has a result and every worker has finished what it was sent (an item
         # that was also given to another worker is still run here; its result is dropped).
-        while b.remaining or any(w.queue for w in self._workers):
+        while b.remaining or any(w.queue for w in self._workers + self._sidelined):
             self._dispatch(b)
             self._receive(b, self._next_wakeup(b))
             self._enforce_deadlines(b)
+            if (self._since_spare >= _REFRESH_SPARE_AFTER and self.n_spares
+                    and not any(w.fork_pending for w in self._workers)):
+                self._since_spare = 0
+                self._ask_for_fork()
         self.last_done_s = b.done_at
         return b.results  # type: ignore[return-value]
 
@@ -312,16 +480,32 @@ class VerifierPool:
         if i not in b.payloads:
             response, gold = b.pairs[i]
             try:
-                b.payloads[i] = pickle.dumps((i, response, gold), protocol=pickle.HIGHEST_PROTOCOL)
+                b.payloads[i] = pickle.dumps((i, response, gold, None), protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as exc:  # noqa: BLE001 — the pair cannot be sent: an error, not a crash
                 self._record(b, i, self._outcome(
                     Status.ERROR, f"could not send item to worker: {type(exc).__name__}: {exc}"))
                 return None
         return b.payloads[i]
 
+    def _with_parsed_gold(self, b: _Batch, i: int, w: _Worker, payload: bytes) -> bytes:
+        """The item's message for `w`, with the gold's parse attached when another worker parsed it
+        and `w` has not got it: a gold is parsed once per pool, and a worker that replaces a killed
+        one does not parse the golds of the batch again."""
+        gold = b.pairs[i][1]
+        if not isinstance(gold, str) or gold in w.golds:
+            return payload
+        if len(w.golds) > 4096:  # about what a worker keeps (math_verifier._GOLD_CACHE)
+            w.golds.clear()
+        w.golds.add(gold)
+        parsed = self._parsed_golds.get(gold)
+        if parsed is None:
+            return payload  # `w` parses it and reports the parse with its result
+        response = b.pairs[i][0]
+        return pickle.dumps((i, response, gold, parsed), protocol=pickle.HIGHEST_PROTOCOL)
+
     def _stuck(self, w: _Worker, now: float) -> bool:
-        """Running one item for longer than `_steal_after` (maybe a hang)."""
-        return bool(w.queue) and now - w.clock >= self._steal_after
+        """Running one item for longer than `_sideline_after` (maybe a hang)."""
+        return bool(w.queue) and now - w.clock >= self._sideline_after
 
     def _pick(self, b: _Batch, w: _Worker, now: float) -> int:
         """Position in the to-do list of the next item for `w` (see `_AFFINITY_WINDOW`)."""
@@ -342,13 +526,13 @@ class VerifierPool:
                 k = self._pick(b, w, now)
                 i = b.todo[k]
                 payload = None if b.results[i] is not None else self._payload(b, i)
-                if payload is None:  # already answered (stolen item done twice) or unpicklable
+                if payload is None:  # already answered (it was queued behind a slow item) or unpicklable
                     del b.todo[k]
                     continue
                 if w.queue and len(payload) > _PREFETCH_MAX_BYTES:
                     break
                 try:
-                    w.conn.send_bytes(payload)
+                    w.conn.send_bytes(self._with_parsed_gold(b, i, w, payload))
                 except OSError:  # the worker died between items; _receive sees its EOF and replaces it
                     break
                 del b.todo[k]
@@ -362,19 +546,15 @@ class VerifierPool:
                     self._gold_home[gold] = w
 
     def _next_wakeup(self, b: _Batch) -> float | None:
-        """Seconds until the earliest deadline, steal point or start-up limit (None: no limit)."""
-        times = []
-        for w in self._workers:
-            if w.queue:
-                times.append(w.clock + self.timeout_s)
-                if len(w.queue) > 1 and w.queue[1] not in b.stolen:
-                    times.append(w.clock + self._steal_after)
+        """Seconds until the earliest deadline, sideline point or start-up limit (None: no limit)."""
+        times = [w.clock + self.timeout_s for w in self._workers + self._sidelined if w.queue]
+        times += [w.clock + self._sideline_after for w in self._workers if w.queue]
         times += [w.started_at + _START_TIMEOUT_S for w in self._workers + self._spares if not w.ready]
         return max(0.0, min(times) - time.monotonic()) if times else None
 
     def _receive(self, b: _Batch, timeout: float | None) -> None:
         """Read results and ready signals; a closed pipe means the worker died."""
-        listening = {w.conn: w for w in self._workers + self._spares}
+        listening = {w.conn: w for w in self._workers + self._sidelined + self._spares}
         for conn in wait(list(listening), timeout):
             w = listening[conn]
             try:
@@ -382,14 +562,24 @@ class VerifierPool:
                     kind, payload = conn.recv()
                     if kind == "ready":
                         w.ready = True
+                    elif kind == "forked":
+                        self._adopt_fork(w, payload)
                     elif kind == "result":
-                        i, outcome = payload
+                        i, outcome, parsed_golds = payload
+                        for gold, parsed in parsed_golds:
+                            if len(self._parsed_golds) > 100_000:  # bound a long-lived pool's memory
+                                self._parsed_golds.clear()
+                            self._parsed_golds[gold] = parsed
+                            w.golds.add(gold)
                         now = time.monotonic()
                         assert w.queue and w.queue[0] == i, (w.queue, i)
                         w.queue.popleft()
+                        self._since_spare += 1
                         if self._record(b, i, outcome):
                             self.latencies.append(now - w.clock)
                         w.clock = now  # the next queued item started when this one ended
+                        if w in self._sidelined and not w.queue:
+                            self._reinstate(w)
                     elif kind == "failed":
                         self._kill(w)
                         raise RuntimeError(f"verifier worker for {self.name!r} failed to start: {payload}")
@@ -411,11 +601,46 @@ class VerifierPool:
             self._record(b, w.queue.popleft(), self._outcome(
                 Status.ERROR, f"worker process died (exit code {w.process.exitcode})"))
         self._give_back(b, w)
-        self._replace(w)
+        if w in self._sidelined:  # its slot was filled when it was sidelined
+            self._sidelined.remove(w)
+            self._kill(w)
+        else:
+            self._replace(w)
+
+    def _sideline(self, b: _Batch, w: _Worker) -> None:
+        """`w` has run one item past `_sideline_after`: take it out of service and put a spare in its
+        slot, so that a possible hang costs the batch no worker while it waits out its timeout.
+
+        What was queued behind the slow item goes back to the to-do list for the others; `w` still
+        runs it if the slow item finishes after all (the duplicates are dropped), then rejoins as a
+        spare (`_reinstate`); if the slow item times out, `w` is killed (`_enforce_deadlines`). On a
+        machine with a core per worker plus one, a hang then costs only `_sideline_after`.
+        """
+        for i in reversed(list(w.queue)[1:]):
+            if b.results[i] is None:
+                b.todo.appendleft(i)
+        self._workers[self._workers.index(w)] = self._take_spare()
+        self._sidelined.append(w)
+        self._fill_spares()
+
+    def _take_spare(self) -> _Worker:
+        """The newest ready spare (a fresh worker if there is none)."""
+        if not self._spares:
+            return self._start_worker()
+        spare = next((s for s in reversed(self._spares) if s.ready), self._spares[-1])
+        self._spares.remove(spare)
+        return spare
+
+    def _reinstate(self, w: _Worker) -> None:
+        """A sidelined worker finished after all: it is warm, so it becomes the newest spare."""
+        self._sidelined.remove(w)
+        self._spares.append(w)
+        while len(self._spares) > self.n_spares:
+            self._retire(self._spares.pop(0))
 
     def _give_back(self, b: _Batch, w: _Worker) -> None:
         """Items sent to `w` but not started go back to the front of the to-do list, in order,
-        unless they are already waiting there or queued on another worker (stolen earlier)."""
+        unless they are already waiting there or queued on another worker (moved there from behind a slow item)."""
         held, w.queue = w.queue, deque()
         elsewhere = {i for x in self._workers for i in x.queue}
         waiting = set(b.todo)
@@ -425,21 +650,19 @@ class VerifierPool:
 
     def _enforce_deadlines(self, b: _Batch) -> None:
         now = time.monotonic()
-        for w in list(self._workers):
+        for w in list(self._sidelined):
             if w.queue and now >= w.clock + self.timeout_s:
                 i = w.queue.popleft()
                 if self._record(b, i, self._outcome(Status.TIMEOUT, f"worker killed after {self.timeout_s:g} s")):
                     self._timeouts += 1
                     self.latencies.append(now - w.clock)
                 self._give_back(b, w)
-                self._replace(w)
-            elif len(w.queue) > 1 and now >= w.clock + self._steal_after:
-                # Let other workers run what waits behind a slow item; if it finishes after all,
-                # this worker runs them again and the duplicates are dropped.
-                for i in reversed(list(w.queue)[1:]):
-                    if i not in b.stolen and b.results[i] is None:
-                        b.stolen.add(i)
-                        b.todo.appendleft(i)
+                self._sidelined.remove(w)
+                self._kill(w)
+                self._restarts += 1
+        for w in list(self._workers):
+            if self._stuck(w, now):
+                self._sideline(b, w)
         for w in self._workers + self._spares:
             if not w.ready and now >= w.started_at + _START_TIMEOUT_S:
                 raise RuntimeError(f"verifier worker for {self.name!r} did not start within {_START_TIMEOUT_S:g} s")
