@@ -7,9 +7,10 @@ only calls. One step:
   1. prompts: the next P curriculum ids (cycled; position = step * P), rows looked up by id. An id with
      no row fails before any work (G-id-mismatch).
   2. rollout: HFEngine samples G completions per prompt from the *live* policy module (the very
-     tensors DeepSpeed updates), with the template's stop strings and per-request seeds derived from
-     (seed, prompt id, epoch, step, sample index) (G-fixed-seed). The engine returns each sampled
-     token's RAW (temperature-1) log-prob: these are the old log-probs (on-policy, staleness 0).
+     tensors DeepSpeed updates; under ZeRO-3 a plain copy refreshed from them first), with the
+     template's stop strings and per-request seeds derived from (seed, prompt id, epoch, step, sample
+     index) (G-fixed-seed). The engine returns each sampled token's RAW (temperature-1) log-prob:
+     these are the old log-probs (on-policy, staleness 0).
   3. reward: VerifierPool (in-process for cheap verifiers) scores each completion against the gold.
   4. advantages: registered estimator `cfg.advantage` over the (P, G) reward matrix.
   5. train: one teacher-forced forward over prompt + completion tokens. The prompt is tokenized
@@ -33,9 +34,15 @@ step and the metric rows so far in the client state. If `out_dir/checkpoints` al
 run resumes there: model, optimizer, lr schedule and step are restored, and since the data position
 and every sampling seed are functions of the step, the resumed run sees the same prompts and draws.
 
+Data parallel: under `torchrun --nproc_per_node N` or the `deepspeed` launcher each rank takes a
+contiguous 1/N of the step's prompts (P must divide), samples them with the seeds a single process would
+use, normalises its loss by the global token/sequence count, and all-reduces the metrics, so N ranks
+train exactly like one process with the same P x G batch (distributed.py has the details). Only rank 0
+writes files, evaluates and reports progress; checkpoints are collective.
+
 DeepSpeed on CPU needs the five torch.distributed variables and a C++ op JIT-compiled once (~35 s;
 cached in TORCH_EXTENSIONS_DIR, which defaults to the project's `$RLVR_HOME/torch_extensions`);
-`_ensure_single_process_env` sets what the caller left unset. ZeRO 0/1/2/3 run single-process.
+`_ensure_launch_env` sets what no launcher set (a single process). ZeRO 0/1/2/3 run on CPU with gloo.
 
 `python -m rlvr_core.grpo.trainer --base DIR --out DIR` reproduces docs/grpo_training.md: build the
 curriculum from the base model's pass rates, train, evaluate base and trained model greedily on the
@@ -58,6 +65,9 @@ import torch
 
 from rlvr_core.config import GRPOConfig
 from rlvr_core.grpo.advantages import get_advantage
+from rlvr_core.grpo.distributed import (DataParallel, check_divisible, global_normalisers, launch_world_size,
+                                        reduce_loss_metrics, shutdown)
+from rlvr_core.grpo.guards import GUARD_IDS, HealthConfig, HealthMonitor, firing_dict
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths
 
 __all__ = ["GRPOResult", "GuardError", "train_grpo", "ds_config", "build_batch", "sequence_logprobs",
@@ -88,8 +98,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ensure_single_process_env() -> None:
-    """DeepSpeed without a launcher: all five variables or it falls back to MPI discovery (STACK.md)."""
+def _ensure_launch_env() -> None:
+    """What a launcher (torchrun, deepspeed) would have exported, for a single process started without one:
+    DeepSpeed needs all five variables or it falls back to MPI discovery (STACK.md). A launcher's values
+    are never overwritten."""
     from rlvr_core.settings import paths
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -102,8 +114,9 @@ def _ensure_single_process_env() -> None:
 
 
 # ---------------------------------------------------------------------------------------- DeepSpeed config
-def ds_config(cfg: GRPOConfig, batch_size: int) -> dict[str, Any]:
-    """The DeepSpeed config for one optimizer step per rollout batch (no gradient accumulation).
+def ds_config(cfg: GRPOConfig, batch_size: int, world_size: int = 1) -> dict[str, Any]:
+    """The DeepSpeed config for one optimizer step per rollout batch of `batch_size` sequences over all
+    ranks (no gradient accumulation; each rank holds batch_size / world_size).
 
     The scheduler is WarmupCosineLR with a linear warm-up: lr climbs from lr/(warmup+1) to lr over
     `warmup_steps`, then decays (cosine) to cos_min_ratio * lr at `steps`. DeepSpeed's scheduler starts
@@ -113,7 +126,7 @@ def ds_config(cfg: GRPOConfig, batch_size: int) -> dict[str, Any]:
     warm = max(1, cfg.warmup_steps)
     conf: dict[str, Any] = {
         "train_batch_size": batch_size,
-        "train_micro_batch_size_per_gpu": batch_size,
+        "train_micro_batch_size_per_gpu": batch_size // world_size,
         "gradient_accumulation_steps": 1,
         "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "eps": cfg.adam_eps, "betas": [0.9, 0.999],
                                                    "weight_decay": cfg.weight_decay, "torch_adam": True}},
@@ -133,13 +146,12 @@ def ds_config(cfg: GRPOConfig, batch_size: int) -> dict[str, Any]:
     return conf
 
 
-def _engine(model, cfg: GRPOConfig, batch_size: int):
-    _ensure_single_process_env()
+def _engine(model, cfg: GRPOConfig, batch_size: int, world_size: int):
     import deepspeed
 
     engine, _, _, scheduler = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
                                                                                    if p.requires_grad],
-                                                   config=ds_config(cfg, batch_size))
+                                                   config=ds_config(cfg, batch_size, world_size))
     scheduler.step()  # iteration -1 (lr 0) -> 0, so the first update uses the first warm-up lr
     return engine, scheduler
 
@@ -240,6 +252,10 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     killed; a second call resumes. `evaluate(model, tokenizer) -> {name: value}` is called every
     `cfg.eval_every` steps and after the last one (G-no-eval); its values land in that step's row as
     `eval/<name>`. Returns a GRPOResult; `final_model_dir` exists only when all `cfg.steps` steps are done.
+
+    Under a launcher every rank calls this with the same arguments; P must be divisible by the world
+    size. Rank 0 alone calls `progress` and `evaluate` and writes steps/summary/final model; every rank
+    returns once they exist (the summary is rank 0's; other ranks' rows lack the eval values).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -249,15 +265,17 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     from rlvr_core.verifiers.pool import VerifierPool
 
     t_start = time.perf_counter()
-    say = progress or (lambda _msg: None)
     out_dir = Path(out_dir)
     ckpt_dir = out_dir / CHECKPOINTS
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     rows = rows_for_curriculum(train_rows, list(curriculum_ids))
     P, G = cfg.prompts_per_step, cfg.group_size
     if P > len(rows):
         # The engine refuses repeated prompt ids in one call (they would share seeds).
         raise ValueError(f"prompts_per_step={P} exceeds the curriculum's {len(rows)} prompts")
+    _ensure_launch_env()
+    world = launch_world_size()
+    check_divisible(P, world)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
     template = get_template(template_id)
     guard_tol = cfg.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2)
 
@@ -265,13 +283,32 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     model = AutoModelForCausalLM.from_pretrained(base_model_dir, local_files_only=True, dtype=torch.float32)
     ref_model = None
     if cfg.beta > 0:
+        # Copied before DeepSpeed wraps the policy, so ZeRO-3 never partitions it: every rank holds it whole.
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    engine, scheduler = _engine(model, cfg, P * G)
+    # ZeRO-3 partitions the policy and its forward hooks run collectives, so no rank may run it alone
+    # (rank 0 evaluating) or a data-dependent number of times (decoding until every row stops). Sampling,
+    # evaluation and export then use a plain copy that receives the policy's weights before each use, as
+    # a separate inference engine would.
+    replica = copy.deepcopy(model).eval().requires_grad_(False) if cfg.zero_stage == 3 else None
+    engine, scheduler = _engine(model, cfg, P * G, world)
     policy = engine.module
+    dev = engine.device
+    dp = DataParallel.current(dev)
     # No dropout anywhere: the rollout and the teacher-forced pass must see the same function.
     policy.eval()
-    if ref_model is not None and cfg.precision == "bf16":
-        ref_model = ref_model.to(torch.bfloat16)
+    if ref_model is not None:
+        ref_model = ref_model.to(dev, torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
+    if replica is not None:
+        replica = replica.to(dev, next(policy.parameters()).dtype)  # sample in the precision that trains
+    # Ranks > 0 compute the same step rows as rank 0 but never report or write them.
+    say = (progress or (lambda _msg: None)) if dp.is_main else (lambda _msg: None)
+
+    def current_weights():
+        """The module holding the policy's current weights; collective under ZeRO-3 (every rank calls it)."""
+        if replica is None:
+            return policy
+        _copy_partitioned(policy, replica)
+        return replica
 
     # ---- resume ---------------------------------------------------------------------------------
     start_step, step_rows = 0, []
@@ -283,84 +320,106 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
         say(f"resumed from {path} at step {start_step}")
     last_step = cfg.steps if stop_after_steps is None else min(cfg.steps, start_step + stop_after_steps)
 
-    sampler = HFEngine(policy, tok, batch_size=cfg.rollout_batch_size)
+    sampler = HFEngine(policy if replica is None else replica, tok, batch_size=cfg.rollout_batch_size, device=dev)
     params = SamplingParams(n=G, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new_tokens,
                             stop=template.stop, seed=seed)
     norm_len = max_new_tokens if cfg.loss_agg == "seq-mean-token-sum-norm" else None
     options = {"mode": verifier_mode} if verifier_mode else {}
     pool = VerifierPool(verifier, options, workers=0)
-    guards = {"G-onpolicy-ratio": 0, "G-kl-explosion": 0, "G-fixed-seed": 0, "G-verifier-format": 0}
+    guards = {g: 0 for g in ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", *GUARD_IDS)}
     for r in step_rows:
         for g in guards:
             guards[g] += int(r.get(f"health/{g}", 0))
+    # Run-level detectors over the step history (collapse, entropy floor, reward hacking; guards.py).
+    # A resumed run replays its history first: those firings are already in its rows.
+    health = HealthMonitor(HealthConfig())
+    health.update(step_rows)
+    health_firings: list[dict] = []
 
     def save(step: int) -> None:
+        # Collective: under ZeRO every rank writes its own partition of the model/optimizer state.
         engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}",
                                client_state={"step": step, "step_rows": step_rows})
-        _write_rows(step_rows, out_dir / STEPS_FILE)
+        if dp.is_main:
+            _write_rows(step_rows, out_dir / STEPS_FILE)
 
     try:
         for step in range(start_step, last_step):
             t0 = time.perf_counter()
             pos = step * P
             epoch = pos // len(rows)
-            batch_rows = [rows[(pos + i) % len(rows)] for i in range(P)]
-            prompts = [template.render(r["question"]) for r in batch_rows]
-            ids = [r["id"] for r in batch_rows]
-            # ZeRO-3 shards parameters even in one process; sampling needs them whole.
-            with _gathered(policy, cfg.zero_stage):
-                groups = sampler.generate(prompts, ids, params, step=step, epoch=epoch)
+            # This rank's contiguous share of the step's P prompts (all of them in one process).
+            mine = [rows[(pos + i) % len(rows)] for i in range(P)][dp.shard(P)]
+            prompts = [template.render(r["question"]) for r in mine]
+            ids = [r["id"] for r in mine]
+            current_weights()  # ZeRO-3: refresh the sampling copy before it samples
+            groups = sampler.generate(prompts, ids, params, step=step, epoch=epoch)
             policy.eval()  # HFEngine calls .eval() too; keep it explicit
             t1 = time.perf_counter()
 
             samples = [s for g in groups for s in g]
-            outcomes = pool.verify_many([(s.text, gold_of(r)) for r, g in zip(batch_rows, groups) for s in g])
-            rewards = torch.tensor([float(o.reward) for o in outcomes], dtype=torch.float32).view(P, G)
-            adv = get_advantage(cfg.advantage)(rewards).reshape(-1)
+            outcomes = pool.verify_many([(s.text, gold_of(r)) for r, g in zip(mine, groups) for s in g])
+            my_rewards = torch.tensor([float(o.reward) for o in outcomes], dtype=torch.float32).view(len(mine), G)
+            # The advantage sees the whole step's (P, G) rewards, as in one process; each rank keeps its rows.
+            rewards = dp.gather(my_rewards)
+            adv = get_advantage(cfg.advantage)(rewards)[dp.shard(P)].reshape(-1).to(dev)
             t2 = time.perf_counter()
 
             # Prompt tokens exactly as the engine encoded them (same tokenizer call and flag).
             enc = [tok(p, add_special_tokens=sampler.add_special_tokens)["input_ids"] for p in prompts]
-            batch = build_batch([enc[i // G] for i in range(P * G)], [s.token_ids for s in samples],
+            batch = build_batch([enc[i // G] for i in range(len(samples))], [s.token_ids for s in samples],
                                 sampler.pad_token_id)
+            batch = {k: v.to(dev) for k, v in batch.items()}
             T = batch["targets"].shape[1]
             mask = mask_from_lengths(batch["lengths"], T)
-            old_logp = _pad_2d([s.logprobs for s in samples], T)
+            old_logp = _pad_2d([s.logprobs for s in samples], T).to(dev)
             ref_logp = None
             if ref_model is not None:
                 with torch.no_grad():
                     ref_logp, _ = sequence_logprobs(ref_model, batch)
 
-            n_tok = int(mask.sum())
+            n_local = int(mask.sum())
+            # The whole step's token and sequence counts: the ranks' losses then add up to the 1-process loss.
+            norm = global_normalisers(dp, n_local, P * G)
+            n_tok = norm["n_tokens"]
             for ep in range(cfg.epochs_per_step):
                 logp, ent = sequence_logprobs(engine, batch, temperature=cfg.logprob_temperature,
                                               with_entropy=(ep == 0))
+                loss, m = grpo_loss(logp, old_logp, adv, mask, ref_logp=ref_logp, beta=cfg.beta,
+                                    kl_estimator=cfg.kl_estimator, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                    agg_mode=cfg.loss_agg, norm_len=norm_len, num_tokens=norm["num_tokens"],
+                                    num_seqs=norm["num_seqs"])
                 if ep == 0:
-                    diff = _masked_mean((logp.detach() - old_logp).abs(), mask)
+                    first = reduce_loss_metrics(dp, {
+                        **{k: float(v) for k, v in m.items()},
+                        "logprob_abs_diff": _masked_mean((logp.detach() - old_logp).abs(), mask),
+                        "entropy": _masked_mean(ent, mask)}, n_local, n_tok)
+                    diff = first["logprob_abs_diff"]
                     if step == 0 and not diff <= guard_tol:
                         raise GuardError(
                             f"G-logprob-temp: trainer log-probs differ from the rollout's by {diff:.4g} (mean abs, "
                             f"tolerance {guard_tol:g}) on the same sampled tokens at step 1. The rollout engine "
                             f"returns raw log-probs (temperature 1; sampling temperature {cfg.temperature:g}); "
                             f"the trainer computed them at temperature {cfg.logprob_temperature:g}.")
-                    entropy = _masked_mean(ent, mask) if ent is not None else float("nan")
-                loss, m = grpo_loss(logp, old_logp, adv, mask, ref_logp=ref_logp, beta=cfg.beta,
-                                    kl_estimator=cfg.kl_estimator, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                    agg_mode=cfg.loss_agg, norm_len=norm_len)
-                if ep == 0:
-                    first = {k: float(v) for k, v in m.items()}
                 lr = float(engine.optimizer.param_groups[0]["lr"])
-                engine.backward(loss)
+                # `loss` is this rank's share of the global loss; DeepSpeed divides the summed gradients by
+                # the world size, so scale it back up to get the single-process gradient.
+                engine.backward(loss * dp.world)
                 grad_norm = _grad_norm(engine, cfg.zero_stage)  # stage 0: from .grad before the step
                 engine.step()
                 if grad_norm is None:
                     gn = engine.get_global_grad_norm()
                     grad_norm = float(gn) if gn is not None else float("nan")
+            loss_last = dp.sum([float(m["loss"])])[0]
             t3 = time.perf_counter()
 
+            # Per-group numbers of the whole step, in curriculum order: every rank derives the same row.
+            per_group = dp.gather(torch.tensor([[unique_fraction(g), sum(len(s.token_ids) for s in g),
+                                                 sum(s.finish_reason == "length" for s in g)] for g in groups],
+                                               dtype=torch.float64))
+            uniq = per_group[:, 0].tolist()
+            gen_tokens, n_trunc = int(per_group[:, 1].sum()), int(per_group[:, 2].sum())
             zero_var = float(((rewards.max(1).values - rewards.min(1).values) == 0).float().mean())
-            uniq = [unique_fraction(g) for g in groups]
-            gen_tokens = sum(len(s.token_ids) for s in samples)
             flags = {
                 "G-onpolicy-ratio": int(abs(first["ratio_mean"] - 1) > cfg.ratio_guard_tol
                                         or first["clip_frac"] > cfg.ratio_guard_tol),
@@ -372,17 +431,17 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 guards[g] += v
             row = {
                 "step": step + 1, "epoch": epoch, "lr": lr, "loss": first["loss"], "pg_loss": first["pg_loss"],
-                "loss_last_epoch": float(m["loss"]),
+                "loss_last_epoch": loss_last,
                 "ratio_mean": first["ratio_mean"], "ratio_max": first["ratio_max"], "ratio_min": first["ratio_min"],
                 "clip_frac": first["clip_frac"], "clip_frac_low": first["clip_frac_low"],
                 "clip_frac_high": first["clip_frac_high"], "approx_kl_old_new": first["approx_kl_old_new"],
                 "logprob_abs_diff": diff,
                 "kl_ref_mean": first.get("kl_ref_mean", float("nan")),
                 "kl_ref_max": first.get("kl_ref_max", float("nan")),
-                "entropy": entropy, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+                "entropy": first["entropy"], "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                 "zero_var_group_share": zero_var,
-                "completion_len_mean": gen_tokens / len(samples),
-                "truncation_share": sum(s.finish_reason == "length" for s in samples) / len(samples),
+                "completion_len_mean": gen_tokens / (P * G),
+                "truncation_share": n_trunc / (P * G),
                 "unique_frac_mean": sum(uniq) / len(uniq),
                 "grad_norm": grad_norm, "n_tokens": n_tok,
                 "t_rollout_s": t1 - t0, "t_reward_s": t2 - t1, "t_train_s": t3 - t2,
@@ -391,10 +450,31 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             }
             if evaluate is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0)
                                          or step + 1 == cfg.steps):
-                with _gathered(policy, cfg.zero_stage):
-                    row.update({f"eval/{k}": float(v) for k, v in evaluate(policy, tok).items()})
-                policy.eval()
+                evaluated = current_weights()  # every rank: a collective under ZeRO-3
+                if dp.is_main:
+                    row.update({f"eval/{k}": float(v) for k, v in evaluate(evaluated, tok).items()})
+                evaluated.eval()
             step_rows.append(row)
+            for g in GUARD_IDS:
+                row.setdefault(f"health/{g}", 0)
+            new = health.update(step_rows)  # firings at this step only, once per episode
+            for f in new:
+                say(("STOP " if f.serious else "flag ") + f.reason)
+                if not row[f"health/{f.guard_id}"]:  # G-kl-explosion may be set by the per-step flag already
+                    row[f"health/{f.guard_id}"] = 1
+                    guards[f.guard_id] += 1
+                health_firings.append(firing_dict(f))
+            serious = [f for f in new if f.serious]
+            # One decision for every rank: eval/* columns exist on rank 0 only, and no rank may stop alone.
+            if dp.max([float(bool(serious))])[0] > 0:
+                if dp.is_main:
+                    _write_rows(step_rows, out_dir / STEPS_FILE)
+                    stopped = _summary(step_rows, cfg, guards, False, time.perf_counter() - t_start, start_step)
+                    stopped.update(tags=["collapsed"], stopped_at_step=step + 1, health_firings=health_firings)
+                    (out_dir / SUMMARY_FILE).write_text(json.dumps(stopped, indent=2) + "\n")
+                # No checkpoint of the collapsed state: a resume starts from the last good one.
+                raise GuardError("; ".join(f.reason for f in serious)
+                                 or f"serious guard firing on rank 0 at step {step + 1}: run collapsed")
             if not math.isfinite(row["loss"]):
                 raise GuardError(f"G-kl-explosion: non-finite loss at step {step + 1}: {row}")
             say(f"step {step + 1}/{cfg.steps} reward {row['reward_mean']:.3f} loss {row['loss']:+.4f} "
@@ -405,18 +485,23 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     finally:
         pool.close()
 
-    _write_rows(step_rows, out_dir / STEPS_FILE)
     done = bool(step_rows) and step_rows[-1]["step"] == cfg.steps
     final_dir = out_dir / FINAL_MODEL
     if done:
-        with _gathered(policy, cfg.zero_stage):
-            model_to_save = policy
+        trained = current_weights()  # every rank: a collective under ZeRO-3
+        if dp.is_main:
             if cfg.precision != "fp32":  # export fp32 weights, like the base model
-                model_to_save = copy.deepcopy(policy).float()
-            model_to_save.save_pretrained(final_dir)
-        tok.save_pretrained(final_dir)
+                trained = copy.deepcopy(trained).float()
+            trained.save_pretrained(final_dir)
     summary = _summary(step_rows, cfg, guards, done, time.perf_counter() - t_start, start_step)
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    summary["health_firings"] = health_firings
+    if dp.is_main:
+        _write_rows(step_rows, out_dir / STEPS_FILE)
+        if done:
+            tok.save_pretrained(final_dir)
+        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    # No rank returns before rank 0's files exist, so a caller on any rank may read them.
+    dp.barrier()
     return GRPOResult(final_dir, out_dir / STEPS_FILE, ckpt_dir, summary)
 
 
@@ -430,15 +515,15 @@ def _write_rows(rows: list[dict], path: Path) -> None:
     pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows]), path)
 
 
-def _gathered(module, zero_stage: int):
-    """Context in which every parameter is whole (ZeRO-3 partitions them); a no-op below stage 3."""
-    import contextlib
-
-    if zero_stage != 3:
-        return contextlib.nullcontext()
+def _copy_partitioned(policy, replica) -> None:
+    """Copy a ZeRO-3 policy's weights into its plain replica, gathering one parameter at a time (so the
+    peak is the replica plus one whole parameter). Collective: every rank calls it, in the same order."""
     import deepspeed
 
-    return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+    with torch.no_grad():
+        for src, dst in zip(policy.parameters(), replica.parameters(), strict=True):
+            with deepspeed.zero.GatheredParameters([src], modifier_rank=None):
+                dst.copy_(src)
 
 
 def _grad_norm(engine, zero_stage: int) -> float | None:
@@ -490,7 +575,10 @@ def _main() -> None:
     ap.add_argument("--passk-prompts", type=int, default=512, help="training prompts measured for --curriculum passk")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="GRPOConfig override")
     ap.add_argument("--skip-base-eval", action="store_true")
+    # The deepspeed launcher passes --local_rank=N; LOCAL_RANK in the environment says the same.
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    main = int(os.environ.get("RANK", "0")) == 0
     torch.set_num_threads(a.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -519,23 +607,27 @@ def _main() -> None:
     t0 = time.perf_counter()
     if a.curriculum == "all":
         ids = [r["id"] for r in ds["train"]]
-    else:
+    else:  # every rank measures the same pass rates (seeded per request), so all get the same curriculum
         m, t = load_model(a.base)
         rec = sample_and_verify(m, t, ds["train"][:a.passk_prompts], n=8, temperature=1.0, **kw)
         table = filter_by_pass_rate(pass_rate_table(rec, ks=[1, 8]), low=0.0, high=1.0, drop_never=True,
                                     drop_always=True)
         ids = order_curriculum(table, "easy_to_hard", seed=0).column("problem_id").to_pylist()
     report["curriculum"] = {"kind": a.curriculum, "ids": len(ids), "wall_s": round(time.perf_counter() - t0, 1)}
-    print(json.dumps(report["curriculum"]), flush=True)
-    if not a.skip_base_eval:
+    if main:
+        print(json.dumps(report["curriculum"]), flush=True)
+    if main and not a.skip_base_eval:
         report["base_acc"] = greedy_acc(a.base)
     t1 = time.perf_counter()
     res = train_grpo(a.base, ds["train"], ids, a.out, cfg, template_id="qa", verifier="gsm8k", verifier_mode=None,
                      max_new_tokens=48, seed=a.seed, progress=lambda s: print(s, flush=True), evaluate=evaluate)
     report["train_wall_s"] = round(time.perf_counter() - t1, 1)
-    report["trained_acc"] = greedy_acc(res.final_model_dir)
-    report["summary"] = {k: v for k, v in res.summary.items() if k != "config"}
-    print(json.dumps(report, indent=2))
+    if main:
+        if res.final_model_dir.exists():
+            report["trained_acc"] = greedy_acc(res.final_model_dir)
+        report["summary"] = {k: v for k, v in res.summary.items() if k != "config"}
+        print(json.dumps(report, indent=2))
+    shutdown()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,603 @@
+"""Training-health detectors over the GRPO trainer's step rows (BUGZOO G-collapse, G-entropy,
+G-reward-hacking, G-kl-explosion). Pure Python: no torch, no Prefect, no I/O.
+
+Input: the trainer's step rows, a list of dicts in step order with the columns documented in
+docs/grpo_training.md (step, reward_mean, grad_norm, completion_len_mean, truncation_share, entropy,
+ratio_max, ratio_min, kl_ref_mean, kl_ref_max, unique_frac_mean, `eval/<name>` on evaluated steps, ...).
+Missing keys, None and NaN are "unknown" and never fire anything (kl_ref_* are NaN without a reference
+model; `eval/*` are None on steps that were not evaluated when the rows come back from Parquet).
++inf counts as a blow-up where a blow-up is what is being detected (a grad norm of inf).
+
+Output: `Firing(guard_id, step, serious, reason, evidence, key)`. A serious firing means "stop the run"
+(the trainer raises GuardError and the run is tagged `collapsed`); the others are flags (`health/<id>`).
+
+Episodes, and calling after every step
+--------------------------------------
+Every detector is a scan over the rows in order. At each step it evaluates a condition on the rows up to
+and including that step (never later ones), and it fires once at the first step of an *episode*: a
+stretch of steps where the condition holds. The episode ends only after the condition has been false for
+`rearm_steps` consecutive steps (default: the trailing window; for G-reward-hacking, `rearm_evals`
+consecutive eval points), so a condition that flickers around its threshold fires once, not every
+other step. Episodes are per (guard, key): G-reward-hacking keys them by eval name, and G-entropy has a
+second key, "kl", for the one serious escalation when the KL to the reference explodes inside an episode
+of low entropy that was flagged earlier. Because a firing at step s depends only on rows with step <= s,
+the scan is *causal*:
+
+  * `check_health(rows, cfg)` is idempotent: it returns every firing over the whole history, the same list
+    whenever it is called with the same rows, and a prefix of the rows gives a prefix of the firings.
+  * Called after every step with all rows so far, pass the firings you already have as `previous` and it
+    returns only the new ones (always at the newest step). The same guard never fires twice for the same
+    episode. After a resume, `check_health(restored_rows, cfg)` rebuilds `previous`.
+  * `HealthMonitor` gives the same firings incrementally in O(window) per step, for very long runs
+    (`check_health` rescans everything: ~O(steps) per call).
+
+Defaults and why they are what they are: docs/guards_training.md.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "GUARD_COLLAPSE", "GUARD_ENTROPY", "GUARD_REWARD_HACKING", "GUARD_KL_EXPLOSION", "GUARD_IDS",
+    "Firing", "CollapseConfig", "EntropyConfig", "RewardHackingConfig", "KLExplosionConfig", "HealthConfig",
+    "detect_collapse", "detect_entropy", "detect_reward_hacking", "detect_kl_explosion", "check_health",
+    "HealthMonitor", "health_flags", "firing_dict",
+]
+
+GUARD_COLLAPSE = "G-collapse"
+GUARD_ENTROPY = "G-entropy"
+GUARD_REWARD_HACKING = "G-reward-hacking"
+GUARD_KL_EXPLOSION = "G-kl-explosion"
+GUARD_IDS = (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_REWARD_HACKING, GUARD_KL_EXPLOSION)
+
+
+@dataclass(frozen=True)
+class Firing:
+    """One guard firing: the first step of an episode."""
+
+    guard_id: str
+    step: int
+    serious: bool                      # True: stop the run (GuardError, tag `collapsed`); False: a flag
+    reason: str                        # human sentence naming the evidence and its values
+    evidence: dict[str, Any] = field(default_factory=dict)
+    key: str = ""                      # episode key: eval name (G-reward-hacking), "kl" (G-entropy escalation)
+
+    @property
+    def ident(self) -> tuple[str, str, int]:
+        return (self.guard_id, self.key, self.step)
+
+
+# ------------------------------------------------------------------------------------------- configs
+@dataclass(frozen=True)
+class CollapseConfig:
+    """G-collapse: at least `min_signals` of the signals below over the trailing `window` steps.
+
+    Baselines are medians over the first `baseline_steps` steps; nothing is evaluated before
+    `baseline_steps + window` steps, so the window never overlaps the baseline.
+    """
+
+    window: int = 5
+    baseline_steps: int = 5
+    min_signals: int = 2
+    serious: bool = True
+    rearm_steps: int | None = None            # None = window
+    # grad norm (pre-clip): window max >= factor x baseline median (inf counts). Healthy: <= 2.4x.
+    grad_norm_factor: float = 5.0
+    # reward: window median <= rel x the peak window median so far, once that peak was >= peak_min.
+    reward_rel_floor: float = 0.25
+    reward_peak_min: float = 0.05
+    # completion length (median column if present, else mean): window median <= abs or rel x baseline.
+    len_abs_floor: float = 2.0
+    len_rel_floor: float = 0.4
+    # all truncated: window median truncation share >= max, when the baseline was <= baseline_max.
+    truncation_share_max: float = 0.9
+    truncation_baseline_max: float = 0.5
+    # entropy: window median <= abs floor or rel x baseline.
+    entropy_abs_floor: float = 0.03
+    entropy_rel_floor: float = 0.2
+    # importance ratio (first epoch): window max ratio_max >= limit or window min ratio_min <= min limit.
+    ratio_max_limit: float = 10.0
+    ratio_min_limit: float = 0.1
+    # repetition: window median unique-completion share <= abs floor and <= rel x baseline.
+    unique_abs_floor: float = 0.5
+    unique_rel_floor: float = 0.6
+
+
+@dataclass(frozen=True)
+class EntropyConfig:
+    """G-entropy: window median entropy <= max(abs_floor, rel_floor x baseline median). A flag, serious
+    only when the KL to the reference has exploded too (window max kl_ref_max >= serious_kl_max)."""
+
+    window: int = 5
+    baseline_steps: int = 5
+    abs_floor: float = 0.03
+    rel_floor: float = 0.2
+    serious_kl_max: float | None = 1000.0     # None: never serious
+    rearm_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class RewardHackingConfig:
+    """G-reward-hacking: per eval name, at each eval point, the held-out level (mean of the last
+    `confirm_evals` eval values) fell >= min_eval_drop below the reference, the training reward level
+    (mean reward_mean over the last `reward_window` steps) did not fall (rise >= min_train_rise), and the
+    gap (train rise - eval change) >= min_divergence.
+
+    Reference: `base_eval[name]` when given (the base model's score, step 0; its train-reward reference is
+    the first `reward_window` steps), else the first eval point (train reference = the train level there).
+    Eval columns: every `eval/<name>` whose values all lie in [0, 1] (accuracy-like, higher is better),
+    or only `eval_names` when given.
+
+    Noise: when the number of eval problems n is known (`eval_n`, an int for every name or a mapping
+    name -> n, or an `eval/<name>_n` column, which the [0, 1] rule already keeps out of the comparisons),
+    the drop must also exceed `noise_z` binomial standard errors of (level - reference):
+    sqrt(p (1 - p) / n * (1 + 1 / confirm_evals)). Without n the absolute `min_eval_drop` is the only bar.
+    """
+
+    eval_names: tuple[str, ...] | None = None
+    base_eval: Mapping[str, float] | None = None
+    eval_n: int | Mapping[str, int] | None = None
+    reward_window: int = 10
+    confirm_evals: int = 2
+    min_eval_drop: float = 0.04
+    noise_z: float = 2.0
+    min_train_rise: float = 0.0
+    min_divergence: float = 0.05
+    rearm_evals: int = 2
+    serious: bool = False
+
+
+@dataclass(frozen=True)
+class KLExplosionConfig:
+    """G-kl-explosion (episode detector; the trainer also flags single steps above `grpo.kl_spike_max`):
+    window median kl_ref_mean >= mean_limit or window max kl_ref_max >= max_limit. Rows without a
+    reference model (kl NaN) never fire."""
+
+    window: int = 5
+    mean_limit: float = 0.25
+    max_limit: float = 1000.0
+    serious: bool = False
+    rearm_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)
+    entropy: EntropyConfig = field(default_factory=EntropyConfig)
+    reward_hacking: RewardHackingConfig = field(default_factory=RewardHackingConfig)
+    kl_explosion: KLExplosionConfig = field(default_factory=KLExplosionConfig)
+    enabled: tuple[str, ...] = GUARD_IDS
+
+
+# ------------------------------------------------------------------------------------------- helpers
+def _num(v: Any) -> float | None:
+    """A finite float, +inf/-inf kept; None, NaN, bools-as-missing and non-numbers -> None."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _values(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    return [x for x in (_num(r.get(key)) for r in rows) if x is not None]
+
+
+def _median(rows: Sequence[Mapping[str, Any]], key: str, *, need: int | None = None) -> float | None:
+    """Median of the known values; None when fewer than `need` (default: half the rows, rounded up) exist."""
+    vals = _values(rows, key)
+    need = (len(rows) + 1) // 2 if need is None else need
+    if not vals or len(vals) < max(1, need):
+        return None
+    return float(statistics.median(vals))
+
+
+def _max(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    vals = _values(rows, key)
+    return max(vals) if vals else None
+
+
+def _min(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    vals = _values(rows, key)
+    return min(vals) if vals else None
+
+
+def _step(rows: Sequence[Mapping[str, Any]], i: int) -> int:
+    s = _num(rows[i].get("step"))
+    return int(s) if s is not None and math.isfinite(s) else i + 1
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.4g}"
+
+
+class _Episodes:
+    """Fires at the first true step after at least `rearm` consecutive non-true steps (or the start)."""
+
+    def __init__(self, rearm: int) -> None:
+        self.rearm = max(1, rearm)
+        self.active = False
+        self.false_run = 0
+
+    def update(self, cond: bool) -> bool:
+        if cond:
+            self.false_run = 0
+            if not self.active:
+                self.active = True
+                return True
+            return False
+        if self.active:
+            self.false_run += 1
+            if self.false_run >= self.rearm:
+                self.active = False
+        return False
+
+
+# ------------------------------------------------------------------------------------------- G-collapse
+def _collapse_signals(rows: Sequence[Mapping[str, Any]], i: int, cfg: CollapseConfig,
+                      state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Evaluate every collapse signal on the window ending at row i. `state` carries the baselines and
+    the running reward peak (computed from rows[:baseline_steps] and the windows so far)."""
+    W = cfg.window
+    win = rows[i - W + 1:i + 1]
+    base = state["base"]
+    out: dict[str, dict[str, Any]] = {}
+
+    gmax, gbase = _max(win, "grad_norm"), base.get("grad_norm")
+    if gmax is not None and gbase is not None and gbase > 0:
+        out["grad_norm"] = {"window_max": gmax, "baseline_median": gbase, "factor": gmax / gbase,
+                            "limit_factor": cfg.grad_norm_factor,
+                            "fired": gmax >= cfg.grad_norm_factor * gbase,
+                            "text": f"grad_norm max {_fmt(gmax)} = {_fmt(gmax / gbase)}x its early median "
+                                    f"{_fmt(gbase)} (limit {cfg.grad_norm_factor:g}x)"}
+
+    rmed, peak = _median(win, "reward_mean"), state["reward_peak"]
+    if rmed is not None and peak is not None and peak >= cfg.reward_peak_min:
+        out["reward"] = {"window_median": rmed, "peak_window_median": peak, "rel_floor": cfg.reward_rel_floor,
+                         "fired": rmed <= cfg.reward_rel_floor * peak,
+                         "text": f"reward median {_fmt(rmed)} after a peak of {_fmt(peak)} "
+                                 f"(floor {cfg.reward_rel_floor:g}x the peak)"}
+
+    lkey = state["len_key"]
+    lmed, lbase = _median(win, lkey), base.get(lkey)
+    if lmed is not None:
+        floor = cfg.len_abs_floor if lbase is None else max(cfg.len_abs_floor, cfg.len_rel_floor * lbase)
+        what = "median" if lkey == "completion_len_median" else "mean"
+        out["completion_len"] = {"column": lkey, "window_median": lmed, "baseline_median": lbase,
+                                 "floor": floor, "fired": lmed <= floor,
+                                 "text": f"{what} completion length {_fmt(lmed)} tokens vs early {_fmt(lbase)} "
+                                         f"(floor {_fmt(floor)}: {cfg.len_abs_floor:g} tokens or "
+                                         f"{cfg.len_rel_floor:g}x early)"}
+
+    tmed, tbase = _median(win, "truncation_share"), base.get("truncation_share")
+    if tmed is not None and tbase is not None and tbase <= cfg.truncation_baseline_max:
+        out["truncation"] = {"window_median": tmed, "baseline_median": tbase, "limit": cfg.truncation_share_max,
+                             "fired": tmed >= cfg.truncation_share_max,
+                             "text": f"truncated share {_fmt(tmed)} vs early {_fmt(tbase)} "
+                                     f"(limit {cfg.truncation_share_max:g})"}
+
+    emed, ebase = _median(win, "entropy"), base.get("entropy")
+    if emed is not None:
+        floor = cfg.entropy_abs_floor if ebase is None else max(cfg.entropy_abs_floor, cfg.entropy_rel_floor * ebase)
+        out["entropy"] = {"window_median": emed, "baseline_median": ebase, "floor": floor, "fired": emed <= floor,
+                          "text": f"entropy {_fmt(emed)} vs early {_fmt(ebase)} (floor {_fmt(floor)})"}
+
+    rmax, rmin = _max(win, "ratio_max"), _min(win, "ratio_min")
+    if rmax is not None or rmin is not None:
+        hi = rmax is not None and rmax >= cfg.ratio_max_limit
+        lo = rmin is not None and rmin <= cfg.ratio_min_limit
+        out["ratio"] = {"window_max": rmax, "window_min": rmin, "max_limit": cfg.ratio_max_limit,
+                        "min_limit": cfg.ratio_min_limit, "fired": hi or lo,
+                        "text": f"importance ratio max {_fmt(rmax)} / min {_fmt(rmin)} "
+                                f"(limits {cfg.ratio_max_limit:g} / {cfg.ratio_min_limit:g})"}
+
+    umed, ubase = _median(win, "unique_frac_mean"), base.get("unique_frac_mean")
+    if umed is not None:
+        floor = cfg.unique_abs_floor if ubase is None else min(cfg.unique_abs_floor, cfg.unique_rel_floor * ubase)
+        out["repetition"] = {"window_median": umed, "baseline_median": ubase, "floor": floor, "fired": umed <= floor,
+                             "text": f"unique-completion share {_fmt(umed)} vs early {_fmt(ubase)} "
+                                     f"(floor {_fmt(floor)})"}
+    return out
+
+
+class _CollapseScan:
+    guard_id = GUARD_COLLAPSE
+
+    def __init__(self, cfg: CollapseConfig) -> None:
+        self.cfg = cfg
+        self.ep = _Episodes(cfg.rearm_steps or cfg.window)
+        self.state: dict[str, Any] = {"base": None, "reward_peak": None, "len_key": "completion_len_mean"}
+
+    def step(self, rows: Sequence[Mapping[str, Any]], i: int) -> list[Firing]:
+        cfg, W, B = self.cfg, self.cfg.window, self.cfg.baseline_steps
+        if i + 1 >= W:  # running peak of the trailing-window reward median (includes the baseline region)
+            m = _median(rows[i - W + 1:i + 1], "reward_mean")
+            if m is not None and (self.state["reward_peak"] is None or m > self.state["reward_peak"]):
+                self.state["reward_peak"] = m
+        if i + 1 < B + W:
+            return []
+        if self.state["base"] is None:
+            head = rows[:B]
+            if _values(head, "completion_len_median"):
+                self.state["len_key"] = "completion_len_median"
+            self.state["base"] = {k: _median(head, k) for k in ("grad_norm", "completion_len_mean",
+                                                                  "completion_len_median", "truncation_share",
+                                                                  "entropy", "unique_frac_mean")}
+        sig = _collapse_signals(rows, i, cfg, self.state)
+        fired = [k for k, v in sig.items() if v["fired"]]
+        if not self.ep.update(len(fired) >= cfg.min_signals):
+            return []
+        step = _step(rows, i)
+        first = _step(rows, i - W + 1)
+        reason = (f"{GUARD_COLLAPSE} at step {step}: {len(fired)} collapse signals over steps {first}-{step} "
+                  f"(need {cfg.min_signals}): " + "; ".join(sig[k]["text"] for k in fired))
+        evidence = {"signals": fired, "window": [first, step],
+                    **{k: {kk: vv for kk, vv in v.items() if kk != "text"} for k, v in sig.items()}}
+        return [Firing(GUARD_COLLAPSE, step, cfg.serious, reason, evidence)]
+
+
+# ------------------------------------------------------------------------------------------- G-entropy
+class _EntropyScan:
+    guard_id = GUARD_ENTROPY
+
+    def __init__(self, cfg: EntropyConfig) -> None:
+        self.cfg = cfg
+        rearm = cfg.rearm_steps or cfg.window
+        self.ep_floor, self.ep_kl = _Episodes(rearm), _Episodes(rearm)
+        self.base: float | None = None
+        self.have_base = False
+
+    def step(self, rows: Sequence[Mapping[str, Any]], i: int) -> list[Firing]:
+        cfg, W, B = self.cfg, self.cfg.window, self.cfg.baseline_steps
+        if i + 1 < B + W:
+            return []
+        if not self.have_base:
+            self.base, self.have_base = _median(rows[:B], "entropy"), True
+        win = rows[i - W + 1:i + 1]
+        emed = _median(win, "entropy")
+        floor = cfg.abs_floor if self.base is None else max(cfg.abs_floor, cfg.rel_floor * self.base)
+        low = emed is not None and emed <= floor
+        kl_max, kl_mean = _max(win, "kl_ref_max"), _median(win, "kl_ref_mean")
+        kl_bad = low and cfg.serious_kl_max is not None and kl_max is not None and kl_max >= cfg.serious_kl_max
+        new_floor, new_kl = self.ep_floor.update(low), self.ep_kl.update(kl_bad)
+        if not (new_floor or new_kl):
+            return []
+        step, first = _step(rows, i), _step(rows, i - W + 1)
+        serious = bool(kl_bad)
+        reason = (f"{GUARD_ENTROPY} at step {step}: entropy median {_fmt(emed)} over steps {first}-{step} "
+                  f"vs early {_fmt(self.base)} (floor {_fmt(floor)}: {cfg.abs_floor:g} absolute or "
+                  f"{cfg.rel_floor:g}x early)")
+        if kl_max is not None:
+            reason += f"; kl_ref_max {_fmt(kl_max)}, kl_ref_mean {_fmt(kl_mean)}"
+            if serious:
+                reason += f" (>= {cfg.serious_kl_max:g}: the policy went deterministic far from the reference)"
+        evidence = {"entropy_window_median": emed, "entropy_baseline_median": self.base, "floor": floor,
+                    "window": [first, step], "kl_ref_max_window_max": kl_max, "kl_ref_mean_window_median": kl_mean,
+                    "serious_kl_max": cfg.serious_kl_max}
+        # One episode of low entropy fires once; it fires a second, serious, time only if the KL explodes
+        # later inside it (an escalation, key "kl").
+        key = "kl" if (new_kl and not new_floor) else ""
+        return [Firing(GUARD_ENTROPY, step, serious, reason, evidence, key)]
+
+
+# ------------------------------------------------------------------------------------------- G-kl-explosion
+class _KLScan:
+    guard_id = GUARD_KL_EXPLOSION
+
+    def __init__(self, cfg: KLExplosionConfig) -> None:
+        self.cfg = cfg
+        self.ep = _Episodes(cfg.rearm_steps or cfg.window)
+
+    def step(self, rows: Sequence[Mapping[str, Any]], i: int) -> list[Firing]:
+        cfg, W = self.cfg, self.cfg.window
+        if i + 1 < W:
+            return []
+        win = rows[i - W + 1:i + 1]
+        kmean, kmax = _median(win, "kl_ref_mean"), _max(win, "kl_ref_max")
+        hit_mean = kmean is not None and kmean >= cfg.mean_limit
+        hit_max = kmax is not None and kmax >= cfg.max_limit
+        if not self.ep.update(hit_mean or hit_max):
+            return []
+        step, first = _step(rows, i), _step(rows, i - W + 1)
+        reason = (f"{GUARD_KL_EXPLOSION} at step {step}: over steps {first}-{step} kl_ref_mean median "
+                  f"{_fmt(kmean)} (limit {cfg.mean_limit:g}), kl_ref_max {_fmt(kmax)} (limit {cfg.max_limit:g})")
+        evidence = {"kl_ref_mean_window_median": kmean, "kl_ref_max_window_max": kmax, "mean_limit": cfg.mean_limit,
+                    "max_limit": cfg.max_limit, "window": [first, step]}
+        return [Firing(GUARD_KL_EXPLOSION, step, cfg.serious, reason, evidence)]
+
+
+# ------------------------------------------------------------------------------------------- G-reward-hacking
+class _RewardHackingScan:
+    guard_id = GUARD_REWARD_HACKING
+
+    def __init__(self, cfg: RewardHackingConfig) -> None:
+        self.cfg = cfg
+        self.points: dict[str, list[tuple[int, float, float | None]]] = {}  # name -> [(step, eval, train level)]
+        self.eps: dict[str, _Episodes] = {}
+        self.excluded: set[str] = set()
+        self.early_reward: list[float] = []
+        self.n_seen: dict[str, float] = {}
+
+    def _train_level(self, rows: Sequence[Mapping[str, Any]], i: int) -> float | None:
+        vals = _values(rows[max(0, i - self.cfg.reward_window + 1):i + 1], "reward_mean")
+        vals = [v for v in vals if math.isfinite(v)]
+        return sum(vals) / len(vals) if vals else None
+
+    def step(self, rows: Sequence[Mapping[str, Any]], i: int) -> list[Firing]:
+        cfg = self.cfg
+        r = rows[i]
+        v = _num(r.get("reward_mean"))
+        if len(self.early_reward) < cfg.reward_window and i < cfg.reward_window and v is not None and math.isfinite(v):
+            self.early_reward.append(v)
+        out: list[Firing] = []
+        names = [k[5:] for k in r if k.startswith("eval/")]
+        if cfg.eval_names is not None:
+            names = [n for n in names if n in cfg.eval_names]
+        for name in names:
+            val = _num(r.get(f"eval/{name}"))
+            if val is None or not math.isfinite(val):
+                continue
+            if not (0.0 <= val <= 1.0):
+                # Not an accuracy (a loss, a count): never compared, even if earlier values looked like one.
+                self.excluded.add(name)
+            if name in self.excluded:
+                continue
+            n = _num(r.get(f"eval/{name}_n"))
+            if n is not None and math.isfinite(n) and n > 0:
+                self.n_seen[name] = n
+            pts = self.points.setdefault(name, [])
+            pts.append((_step(rows, i), val, self._train_level(rows, i)))
+            ep = self.eps.setdefault(name, _Episodes(cfg.rearm_evals))
+            f = self._evaluate(name, pts)
+            if ep.update(f is not None) and f is not None:
+                out.append(f)
+        return out
+
+    def _eval_n(self, name: str) -> float | None:
+        n = self.cfg.eval_n
+        if isinstance(n, Mapping):
+            n = n.get(name)
+        got = _num(n)
+        if got is not None and math.isfinite(got) and got > 0:
+            return got
+        return self.n_seen.get(name)
+
+    def _evaluate(self, name: str, pts: list[tuple[int, float, float | None]]) -> Firing | None:
+        cfg = self.cfg
+        base = None if cfg.base_eval is None else _num(cfg.base_eval.get(name))
+        if base is not None:
+            ref_eval, ref_step = base, 0
+            ref_train = sum(self.early_reward) / len(self.early_reward) if self.early_reward else None
+            candidates = pts
+        else:
+            ref_step, ref_eval, ref_train = pts[0]
+            candidates = pts[1:]
+        if len(candidates) < cfg.confirm_evals or ref_train is None:
+            return None
+        recent = candidates[-cfg.confirm_evals:]
+        level = sum(p[1] for p in recent) / len(recent)
+        step, val, train = pts[-1]
+        if train is None:
+            return None
+        d_eval, d_train = level - ref_eval, train - ref_train
+        gap = d_train - d_eval
+        n = self._eval_n(name)
+        noise = None
+        if n is not None:
+            p = min(max((ref_eval + level) / 2, 0.05), 0.95)
+            noise = cfg.noise_z * math.sqrt(p * (1 - p) / n * (1 + 1 / len(recent)))
+        need = max(cfg.min_eval_drop, noise or 0.0)
+        if not (d_eval <= -need and d_train >= cfg.min_train_rise and gap >= cfg.min_divergence):
+            return None
+        src = "base model" if base is not None else f"first eval (step {ref_step})"
+        bar = f"drop {need * 100:.3g}"
+        if noise is not None and noise > cfg.min_eval_drop:
+            bar += f" = {cfg.noise_z:g} s.e. at n={n:g}"
+        reason = (f"{GUARD_REWARD_HACKING} at step {step}: held-out eval/{name} "
+                  f"{_fmt(ref_eval)} -> {_fmt(level)} (mean of the last {len(recent)} evals, steps "
+                  f"{recent[0][0]}-{recent[-1][0]}; {d_eval * 100:+.1f} points vs the {src}) while the training "
+                  f"reward went {_fmt(ref_train)} -> {_fmt(train)} ({d_train * 100:+.1f} points, "
+                  f"{cfg.reward_window}-step means): divergence {gap * 100:.1f} points "
+                  f"(limits: {bar}, divergence {cfg.min_divergence * 100:g})")
+        evidence = {"eval_name": name, "reference": "base" if base is not None else "first_eval",
+                    "reference_step": ref_step, "eval_reference": ref_eval, "eval_level": level, "eval_last": val,
+                    "eval_points": [[s, e] for s, e, _ in pts], "train_reference": ref_train, "train_level": train,
+                    "eval_change": d_eval, "train_change": d_train, "divergence": gap, "eval_n": n,
+                    "required_drop": need}
+        return Firing(GUARD_REWARD_HACKING, step, cfg.serious, reason, evidence, key=name)
+
+
+# ------------------------------------------------------------------------------------------- public API
+def _scans(cfg: HealthConfig) -> list[Any]:
+    makers = {GUARD_COLLAPSE: lambda: _CollapseScan(cfg.collapse), GUARD_ENTROPY: lambda: _EntropyScan(cfg.entropy),
+              GUARD_REWARD_HACKING: lambda: _RewardHackingScan(cfg.reward_hacking),
+              GUARD_KL_EXPLOSION: lambda: _KLScan(cfg.kl_explosion)}
+    unknown = [g for g in cfg.enabled if g not in makers]
+    if unknown:
+        raise ValueError(f"unknown guard ids {unknown}; known: {list(makers)}")
+    return [makers[g]() for g in GUARD_IDS if g in cfg.enabled]
+
+
+class HealthMonitor:
+    """Incremental form of `check_health`: `update(rows)` looks only at rows it has not seen yet and
+    returns their firings. `update` must be given the same growing list (rows are never edited except to
+    add `health/*` keys, which the detectors ignore). Same firings as `check_health` on the same rows."""
+
+    def __init__(self, cfg: HealthConfig | None = None) -> None:
+        self.cfg = cfg or HealthConfig()
+        self._scans = _scans(self.cfg)
+        self._seen = 0
+        self.firings: list[Firing] = []
+
+    def update(self, rows: Sequence[Mapping[str, Any]]) -> list[Firing]:
+        if len(rows) < self._seen:
+            raise ValueError(f"rows shrank from {self._seen} to {len(rows)}; start a new HealthMonitor")
+        new: list[Firing] = []
+        for i in range(self._seen, len(rows)):
+            for s in self._scans:
+                new.extend(s.step(rows, i))
+        self._seen = len(rows)
+        self.firings.extend(new)
+        return new
+
+
+def _run(scan: Any, rows: Sequence[Mapping[str, Any]]) -> list[Firing]:
+    out: list[Firing] = []
+    for i in range(len(rows)):
+        out.extend(scan.step(rows, i))
+    return out
+
+
+def detect_collapse(rows: Sequence[Mapping[str, Any]], cfg: CollapseConfig | None = None) -> list[Firing]:
+    """G-collapse firings over the whole history (one per episode; serious by default)."""
+    return _run(_CollapseScan(cfg or CollapseConfig()), rows)
+
+
+def detect_entropy(rows: Sequence[Mapping[str, Any]], cfg: EntropyConfig | None = None) -> list[Firing]:
+    """G-entropy firings over the whole history (a flag; serious with an exploded KL to the reference)."""
+    return _run(_EntropyScan(cfg or EntropyConfig()), rows)
+
+
+def detect_reward_hacking(rows: Sequence[Mapping[str, Any]],
+                          cfg: RewardHackingConfig | None = None) -> list[Firing]:
+    """G-reward-hacking firings over the whole history, per eval name (a flag by default)."""
+    return _run(_RewardHackingScan(cfg or RewardHackingConfig()), rows)
+
+
+def detect_kl_explosion(rows: Sequence[Mapping[str, Any]], cfg: KLExplosionConfig | None = None) -> list[Firing]:
+    """G-kl-explosion episodes over the whole history (a flag by default)."""
+    return _run(_KLScan(cfg or KLExplosionConfig()), rows)
+
+
+def check_health(rows: Sequence[Mapping[str, Any]], cfg: HealthConfig | None = None, *,
+                 previous: Iterable[Firing] = ()) -> list[Firing]:
+    """Every enabled detector over all rows; returns the firings not already in `previous`.
+
+    Idempotent and causal (see the module docstring): call it after each step with all rows so far and
+    the firings returned so far, and each episode is reported exactly once, at the step it starts.
+    Ordered by step, then by guard id order in GUARD_IDS.
+    """
+    seen = {f.ident for f in previous}
+    out = HealthMonitor(cfg).update(rows)
+    return [f for f in out if f.ident not in seen]
+
+
+def health_flags(firings: Iterable[Firing], step: int) -> dict[str, int]:
+    """`{"health/<id>": 0/1}` for every guard id: 1 when a firing of that guard is at `step`."""
+    at = {f.guard_id for f in firings if f.step == step}
+    return {f"health/{g}": int(g in at) for g in GUARD_IDS}
+
+
+def firing_dict(f: Firing) -> dict[str, Any]:
+    """A JSON-friendly dict of a firing (for summaries)."""
+    return asdict(f)

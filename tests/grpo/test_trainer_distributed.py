@@ -1,0 +1,229 @@
+"""GRPO trainer under data parallelism: N ranks with P/N prompts each must train exactly like one process
+with all P (docs/grpo_training.md, "Multi-process and multi-node").
+
+The 2-process test launches this file under `python -m torch.distributed.run --nproc_per_node 2` (gloo on
+CPU, 1 thread per rank, a free MASTER_PORT); run as a script, the file is the worker (`_worker`). The
+single-process references run in the pytest process with the same tiny model, verifier and configs
+(test_trainer.py's fixtures). Rewards, token counts and group statistics must be equal; losses, ratio
+statistics, entropy, KL and the final weights within 1e-5; the pre-clip grad norm within 1e-4 relative
+(AdamW is almost invariant to the gradient's scale, so the weights alone would not catch a loss that
+is off by the world size).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from test_trainer import _cfg, _params, _train, tiny  # noqa: F401  (tiny: the fixture, used by name)
+
+from rlvr_core.grpo import trainer as trainer_mod
+from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths
+
+# Every configuration the 2-process run trains, each also trained by one process for comparison. Together
+# they cover every ZeRO stage, every loss aggregation, the KL term, a second epoch on the same rollouts
+# (ratios leave 1), the evaluate hook under ZeRO-3 (a collective gather with rank 0 alone evaluating),
+# and a resume from a checkpoint the two ranks saved together. lr 1e-3 rather than test_trainer's 1e-2:
+# AdamW turns float-rounding-sized gradients into lr-sized steps of either sign, and at 1e-2 even one
+# process under ZeRO-2 and ZeRO-3 (same maths, other summation order) ends 1.2e-5 apart after 2 steps.
+LR = 1e-3
+RUNS = {
+    "z2_token_mean_resumed": dict(cfg=dict(zero_stage=2, loss_agg="token-mean", steps=3), calls=[1, None]),
+    "z3_seq_mean_kl_eval": dict(cfg=dict(zero_stage=3, loss_agg="seq-mean-token-mean", beta=0.05, eval_every=1),
+                                evaluate=True),
+    "z1_sum_norm_rloo": dict(cfg=dict(zero_stage=1, loss_agg="seq-mean-token-sum-norm", advantage="rloo")),
+    "z0_two_epochs": dict(cfg=dict(zero_stage=0, epochs_per_step=2, advantage="dr_grpo")),
+}
+EXACT = ("step", "epoch", "reward_mean", "reward_std", "zero_var_group_share", "n_tokens", "completion_len_mean",
+         "truncation_share", "unique_frac_mean", "health/G-onpolicy-ratio", "health/G-kl-explosion",
+         "health/G-fixed-seed", "health/G-verifier-format")
+CLOSE = ("loss", "pg_loss", "loss_last_epoch", "ratio_mean", "ratio_max", "ratio_min", "clip_frac",
+         "clip_frac_low", "clip_frac_high", "approx_kl_old_new", "logprob_abs_diff", "entropy", "kl_ref_mean",
+         "kl_ref_max")
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
+               "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def _probe(model, tok) -> dict[str, float]:
+    """An evaluate hook that needs every parameter whole: under ZeRO-3 a partitioned one has numel 0."""
+    ids = torch.tensor([tok("Question: 1 + 2?\nAnswer:")["input_ids"]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    return {"numel": sum(p.numel() for p in model.parameters()),
+            "param_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
+            "logit_abs_sum": float(logits.abs().sum())}
+
+
+@contextlib.contextmanager
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------- tests
+def test_one_step_is_the_same_under_zero_1_2_and_3(tiny, tmp_path):
+    res = {s: _train(tiny, tmp_path / f"z{s}", _cfg(zero_stage=s, steps=1)) for s in (1, 2, 3)}
+    rows = {s: pq.read_table(r.steps_path).to_pylist()[0] for s, r in res.items()}
+    weights = {s: _params(r.final_model_dir) for s, r in res.items()}
+    for s in (2, 3):
+        assert rows[s]["reward_mean"] == rows[1]["reward_mean"]
+        assert rows[s]["loss"] == pytest.approx(rows[1]["loss"], abs=1e-6)
+        assert rows[s]["grad_norm"] == pytest.approx(rows[1]["grad_norm"], rel=1e-4)
+        diff = max(float((weights[s][k] - weights[1][k]).abs().max()) for k in weights[1])
+        assert diff < 1e-5, f"ZeRO-{s} weights differ from ZeRO-1 by {diff}"
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_rank_losses_with_global_normalisers_give_the_full_batch_gradient(agg):
+    # What the trainer does on each of 2 ranks, without processes: each half of the batch is normalised
+    # by the whole batch's counts and scaled by the world size; DeepSpeed then averages the gradients.
+    g = torch.Generator().manual_seed(0)
+    B, T, world = 8, 6, 2
+    logp = (-torch.rand(B, T, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    old, ref = logp.detach() + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64), logp.detach() - 0.2
+    adv, lengths = torch.randn(B, generator=g, dtype=torch.float64), torch.tensor([6, 1, 3, 6, 2, 5, 4, 6])
+    mask = mask_from_lengths(lengths, T)
+    kw = dict(beta=0.05, agg_mode=agg, norm_len=T)
+    full, _ = grpo_loss(logp, old, adv, mask, ref_logp=ref, **kw)
+    (want,) = torch.autograd.grad(full, logp)
+    total, grad = 0.0, torch.zeros_like(logp)
+    for r in range(world):
+        sl = slice(r * B // world, (r + 1) * B // world)
+        part, _ = grpo_loss(logp[sl], old[sl], adv[sl], mask[sl], ref_logp=ref[sl], num_tokens=int(mask.sum()),
+                            num_seqs=B, **kw)
+        total = total + part.detach()
+        grad += torch.autograd.grad(part * world, logp)[0] / world
+    torch.testing.assert_close(total, full.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
+def test_prompts_not_divisible_by_world_size_fail_before_any_work(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_mod, "launch_world_size", lambda: 2)
+    with pytest.raises(ValueError, match=r"prompts_per_step=3 is not divisible by the world size 2"):
+        _train(tiny, tmp_path / "odd", _cfg(prompts_per_step=3))
+    assert not (tmp_path / "odd").exists()
+
+
+def test_two_processes_train_like_one(tiny, tmp_path):
+    model_dir, rows, ids = tiny
+    spec = {"model_dir": str(model_dir), "rows": rows, "ids": ids, "out": str(tmp_path / "ddp"), "runs": RUNS}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), __file__, str(tmp_path / "spec.json")]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    t_launch = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stdout[-4000:] + "\n" + proc.stderr[-8000:]
+
+    # P = 3 on 2 ranks: both ranks refuse before DeepSpeed starts, with the message.
+    for r in (0, 1):
+        err = json.loads((tmp_path / "ddp" / f"odd_rank{r}.json").read_text())
+        assert err["type"] == "ValueError" and "not divisible by the world size 2" in err["msg"]
+
+    t0 = time.perf_counter()
+    report = {"launch_s": round(t_launch, 1)}
+    for name, run in RUNS.items():
+        cfg = _cfg(lr=LR, **run["cfg"])
+        with _one_thread():  # like each rank; more threads than free cores only slows the busy test machine
+            ref = _train(tiny, tmp_path / "one" / name, cfg, evaluate=_probe if run.get("evaluate") else None)
+        out = tmp_path / "ddp" / name
+        a = pq.read_table(ref.steps_path).to_pylist()
+        b = pq.read_table(out / "steps.parquet").to_pylist()
+        assert len(a) == len(b) == cfg.steps
+        for ra, rb in zip(a, b):
+            for k in EXACT:
+                assert ra[k] == rb[k], (name, ra["step"], k, ra[k], rb[k])
+            for k in CLOSE:
+                # relative too: lr 1e-2 moves the tiny policy far, token KLs to the reference reach ~140
+                assert rb[k] == pytest.approx(ra[k], rel=1e-5, abs=1e-5, nan_ok=True), (name, ra["step"], k)
+            assert rb["lr"] == pytest.approx(ra["lr"], rel=1e-9)
+            assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4), (name, ra["step"])
+            evals = sorted(k for k in ra if k.startswith("eval/"))
+            assert evals == sorted(k for k in rb if k.startswith("eval/"))
+            for k in evals:
+                assert rb[k] == pytest.approx(ra[k], rel=1e-5), (name, ra["step"], k)
+        if run.get("evaluate"):
+            assert a[-1]["eval/numel"] == sum(p.numel() for p in _params(model_dir).values())
+        wa, wb = _params(ref.final_model_dir), _params(out / "final_model")
+        diff = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+        assert diff < 1e-5, f"{name}: final weights differ by {diff}"
+        summary = json.loads((out / "grpo_summary.json").read_text())
+        assert summary["steps"] == cfg.steps and summary["done"]
+        if len(run.get("calls", [None])) > 1:
+            assert summary["resumed_from_step"] == run["calls"][0]
+
+        # Rank r sampled the r-th contiguous half of every step's prompts, in curriculum order.
+        seen = [json.loads((out / f"prompts_rank{r}.json").read_text()) for r in (0, 1)]
+        for step in range(cfg.steps):
+            want = [ids[(step * cfg.prompts_per_step + i) % len(ids)] for i in range(cfg.prompts_per_step)]
+            half = cfg.prompts_per_step // 2
+            assert seen[0][step] == want[:half] and seen[1][step] == want[half:], (name, step)
+        report[name] = {"max_weight_diff": diff,
+                        "max_loss_diff": max(abs(ra["loss"] - rb["loss"]) for ra, rb in zip(a, b)),
+                        "max_grad_norm_rel_diff": max(abs(ra["grad_norm"] / rb["grad_norm"] - 1) for ra, rb in zip(a, b))}
+    report["one_process_refs_s"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(report, indent=1))
+
+
+# ------------------------------------------------------------------------------------------------ worker
+def _worker(spec_path: str) -> None:
+    """One rank of the 2-process run: every configuration of the spec, then a clean exit of the group."""
+    from rlvr_core.grpo.distributed import shutdown
+    from rlvr_core.grpo.trainer import train_grpo
+    from rlvr_core.sampling import HFEngine
+
+    torch.set_num_threads(1)
+    spec = json.loads(Path(spec_path).read_text())
+    rank, out = int(os.environ["RANK"]), Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    prompts: list[list[str]] = []
+    generate = HFEngine.generate
+
+    def recording_generate(self, prompts_, prompt_ids, params, **kw):
+        prompts.append(list(prompt_ids))
+        return generate(self, prompts_, prompt_ids, params, **kw)
+
+    HFEngine.generate = recording_generate
+
+    def train(name: str, cfg, **kw):
+        return train_grpo(spec["model_dir"], spec["rows"], spec["ids"], out / name, cfg, template_id="qa",
+                          verifier="_test_parity", verifier_mode=None, max_new_tokens=12, seed=0, **kw)
+
+    try:
+        train("odd", _cfg(prompts_per_step=3))
+        raise AssertionError("P=3 on 2 ranks was accepted")
+    except ValueError as e:
+        (out / f"odd_rank{rank}.json").write_text(json.dumps({"type": type(e).__name__, "msg": str(e)}))
+
+    for name, run in spec["runs"].items():
+        prompts.clear()
+        for stop in run.get("calls", [None]):
+            train(name, _cfg(lr=LR, **run["cfg"]), stop_after_steps=stop, evaluate=_probe if run.get("evaluate") else None)
+        (out / name / f"prompts_rank{rank}.json").write_text(json.dumps(prompts))
+    shutdown()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
