@@ -180,6 +180,8 @@ class GRPOConfig(_Strict):
     grad_clip: float = Field(1.0, gt=0)
     rollout_batch_size: int = Field(128, ge=1, description="sequences decoded together by the rollout engine")
     eval_every: int = Field(0, ge=0, description="call the trainer's `evaluate` hook every N steps (0 = only after the last)")
+    eval_samples: int = Field(0, ge=0, description="periodic evaluation: sampled completions per held-out problem "
+                              "for pass@k at eval.temperature (0 = greedy accuracy only)")
     checkpoint_every: int = Field(25, ge=1, description="DeepSpeed checkpoint every N steps (and always at the end)")
     logprob_guard_tol: float | None = Field(None, gt=0, description="G-logprob-temp: max mean |trainer - rollout| "
                                             "log-prob at step 1; None = 1e-3 (fp32) / 5e-2 (bf16, fp16)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -371,7 +372,7 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
         result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
                             verifier=cfg.eval.verifier, verifier_mode=cfg.eval.verifier_mode,
                             max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
-                            progress=lambda msg: progress("grpo", msg))
+                            progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data))
         (folder / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str))
         final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
         (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))
@@ -383,6 +384,35 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     progress("grpo", f"trained model {folder.name} ({'cached' if done else 'trained'})")
     return TrainArtifact(ModelArtifact(str(final), f"grpo-{folder.name}", mh, th, done), paths["steps_path"],
                          str(folder), done, summary)
+
+
+def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, Any], dict[str, float]]:
+    """The trainer's periodic evaluation (every `grpo.eval_every` steps and after the last; G-no-eval,
+    G-reward-hacking): the same held-out problems, prompts, decoding and verifier as `evaluate_stage`,
+    so the curve's last point is the trained model's `accuracy_greedy`. Greedy accuracy always; pass@k
+    from `grpo.eval_samples` sampled completions per problem at `eval.temperature` when that is > 0."""
+    from rlvr_core.passk import passk_curve
+
+    rows = data.test_rows()[: cfg.eval.max_problems or None]
+
+    def evaluate(model: Any, tokenizer: Any) -> dict[str, float]:
+        greedy = sample_and_verify(model, tokenizer, rows, **_sampling_kwargs(
+            cfg, n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens))
+        # `<name>_n` lets the G-reward-hacking guard tell a real drop from binomial noise.
+        out = {"greedy_pass_at_1": sum(r["correct"] for r in greedy) / max(len(rows), 1),
+               "greedy_pass_at_1_n": float(len(rows))}
+        n = cfg.grpo.eval_samples
+        if n:
+            sampled = sample_and_verify(model, tokenizer, rows, **_sampling_kwargs(
+                cfg, n=n, temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens))
+            per_problem: dict[str, int] = {}
+            for r in sampled:
+                per_problem[r["problem_id"]] = per_problem.get(r["problem_id"], 0) + int(r["correct"])
+            curve = passk_curve([n] * len(rows), [per_problem.get(r["id"], 0) for r in rows])
+            out.update({f"pass_at_{k}": v for k, v in curve.items()})
+        return out
+
+    return evaluate
 
 
 def steps_long(steps_path: str | Path) -> pa.Table:

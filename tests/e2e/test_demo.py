@@ -141,7 +141,8 @@ def test_bad_config_fails_before_any_run(tmp_path):
 def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     home, first, _, _ = demo_runs
     grpo = ["--set", "grpo.enabled=true", "--set", "grpo.steps=3", "--set", "grpo.prompts_per_step=2",
-            "--set", "grpo.group_size=4", "--set", "grpo.checkpoint_every=2"]
+            "--set", "grpo.group_size=4", "--set", "grpo.checkpoint_every=2", "--set", "grpo.eval_every=2",
+            "--set", "grpo.eval_samples=2"]
     proc = rlvr(home, "demo", "--json", *SMALL, *grpo)
     assert proc.returncode == 0, proc.stderr[-4000:]
     s = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -162,3 +163,9 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
     history = client.get_metric_history(run, "train/reward_mean")
     assert sorted(m.step for m in history) == [1, 2, 3]
+    # The periodic held-out evaluation (every 2 steps and after the last) uses the final evaluation's
+    # problems, prompts, decoding and verifier: its last point is exactly the trained model's score.
+    curve = {m.step: m.value for m in client.get_metric_history(run, "train/eval/greedy_pass_at_1")}
+    assert sorted(curve) == [2, 3]
+    assert curve[3] == pytest.approx(s["trained_pass_at_1"], abs=1e-12)
+    assert {m.step for m in client.get_metric_history(run, "train/eval/pass_at_2")} == {2, 3}
