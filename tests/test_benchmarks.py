@@ -1,0 +1,409 @@
+"""Benchmark files (configs/benchmarks/*.yaml): every file validates, its data loads from ../shared/data with the
+expected row count and the fields its verifier needs, bad files fail naming the file and field, the hash is
+stable across key order and moves with every number-changing setting, suites resolve."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlvr_core import benchmarks as B
+from rlvr_core.config import ConfigError, load_config
+from rlvr_core.templates import get_template
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+
+# Rows per set, from the table in ../shared/data/README.md (synthetic: the demo's n_test).
+EXPECTED_ROWS = {"gsm8k": 1319, "math500": 500, "minerva_math": 272, "aime24": 30, "amc23": 40, "svamp": 1000,
+                 "aqua": 254, "mmlu_stem": 3018, "ifeval": 541, "synthetic": 200}
+
+
+@pytest.fixture(autouse=True)
+def _data_root(monkeypatch):
+    monkeypatch.delenv(B.DATA_DIR_ENV, raising=False)
+
+
+def raw(name: str) -> dict:
+    return yaml.safe_load((B.BENCHMARK_DIR / f"{name}.yaml").read_text())
+
+
+def write(tmp_path: Path, data: dict, name: str | None = None) -> Path:
+    name = name or data.get("name", "bench")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def fails(path: Path, field: str, *, contains: str = "", **kw) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        B.load_benchmark(path, **kw)
+    err = info.value
+    assert err.source == str(path)
+    assert str(path) in str(err)
+    paths = [p for p, _ in err.problems]
+    assert field in paths, f"expected a problem at {field!r}, got {err.problems}"
+    if contains:
+        assert any(contains in why for p, why in err.problems if p == field), err.problems
+    return err
+
+
+# ------------------------------------------------------------------------------------ files validate
+def test_the_expected_files_exist():
+    assert set(B.known_benchmarks()) == set(EXPECTED_ROWS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_ROWS))
+def test_every_file_validates(name):
+    text = (B.BENCHMARK_DIR / f"{name}.yaml").read_text()
+    assert text.startswith("#"), "each file starts with a comment saying where its settings come from"
+    spec = B.load_benchmark(name, check_data=DATA.is_dir())
+    assert spec.name == name and spec.version
+    assert spec == B.load_benchmark(B.BENCHMARK_DIR / f"{name}.yaml", check_data=False)  # by name == by path
+    h = B.benchmark_hash(spec)
+    assert len(h) == 64 and h == B.benchmark_hash(spec)
+    template = get_template(spec.prompt.template)
+    assert template.kind == spec.prompt.model_kind
+    for v in B.scorings(spec):
+        assert B.build_verifier(v).name == v.name
+
+
+# ----------------------------------------------------------------------------------------------- data
+@needs_data
+@pytest.mark.parametrize("name", sorted(EXPECTED_ROWS))
+def test_data_loads_with_expected_rows_and_verifier_fields(name):
+    spec = B.load_benchmark(name)
+    problems = B.load_benchmark_problems(spec)  # raises on any problem without what the verifiers need
+    assert len(problems) == EXPECTED_ROWS[name]
+    ids = [p["id"] for p in problems]
+    assert len(set(ids)) == len(ids)
+    for p in problems:
+        assert set(p) == {"id", "question", "answer", "solution", "meta"}
+        assert B.problem_issue(spec, p) is None
+        gold = B.gold_for(spec, p)
+        assert gold and (isinstance(gold, str) or spec.verifier.name == "ifeval")
+        for field in spec.breakdown:
+            assert p["meta"][field] is not None
+
+
+@needs_data
+@pytest.mark.parametrize("name", ["gsm8k", "svamp", "synthetic", "aqua", "mmlu_stem"])
+def test_golds_verify_under_every_scoring_cheap_verifiers(name):
+    """The gold written in the format the scoring expects is scored correct: the data/verifier contract."""
+    spec = B.load_benchmark(name)
+    problems = B.load_benchmark_problems(spec)
+    for v in B.scorings(spec):
+        verifier = B.build_verifier(v)
+        for p in problems:
+            response = f"#### {p['answer']}" if v.name == "gsm8k" else f"The answer is ({p['answer']})."
+            out = verifier.verify(response, B.gold_for(spec, p))
+            assert out.correct, (p["id"], B.scoring_label(v), out)
+
+
+@needs_data
+@pytest.mark.parametrize("name", ["math500", "aime24", "amc23"])
+def test_golds_verify_math_sample(name):
+    spec = B.load_benchmark(name)
+    problems = B.load_benchmark_problems(spec)[:10]  # math-verify is slow on 2 shared cores: a sample
+    verifier = B.build_verifier(B.VerifierSpec(name="math", mode="boxed"))
+    for p in problems:
+        assert verifier.verify(f"\\boxed{{{p['answer']}}}", B.gold_for(spec, p)).correct, p["id"]
+
+
+@needs_data
+def test_ifeval_golds_are_verifiable():
+    spec = B.load_benchmark("ifeval")
+    problems = B.load_benchmark_problems(spec)[:40]
+    for v in B.scorings(spec):
+        verifier = B.build_verifier(v)
+        for p in problems:
+            out = verifier.verify("A short answer. It has two sentences.", B.gold_for(spec, p))
+            assert out.status.value in ("correct", "incorrect"), (p["id"], out)
+
+
+@needs_data
+def test_synthetic_is_the_demo_evaluation():
+    """synthetic.yaml = what the demo's evaluate stage does (configs/demo.yaml + rlvr_core/stages.py)."""
+    from rlvr_core import stages
+    from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    spec = B.load_benchmark("synthetic")
+    g = spec.generation
+    assert spec.prompt.template == cfg.prompt.template
+    assert (g.temperature, g.n, g.max_new_tokens, g.top_p, g.seed) == (
+        cfg.eval.temperature, cfg.eval.n_samples, cfg.eval.max_new_tokens, cfg.sampling.top_p, cfg.sampling.seed)
+    assert g.greedy and g.stop is None
+    assert spec.verifier.name == cfg.eval.verifier
+    default_mode = B.build_verifier(B.VerifierSpec(name=cfg.eval.verifier)).mode  # the demo leaves it unset
+    assert spec.verifier.mode == (cfg.eval.verifier_mode or default_mode)
+    assert spec.data.synthetic == cfg.data.synthetic and spec.data.max_problems == cfg.eval.max_problems
+    assert spec.version == getattr(stages, "SYNTHETIC_BENCHMARK_VERSION", spec.version)
+    s = cfg.data.synthetic
+    demo_rows = make_synthetic_dataset(SyntheticSpec(s.n_train, s.n_test, s.seed, s.difficulty))["test"]
+    problems = B.load_benchmark_problems(spec)
+    assert [p["id"] for p in problems] == [r["id"] for r in demo_rows]
+    assert [p["answer"] for p in problems] == [r["final_answer"] for r in demo_rows]
+    assert [p["question"] for p in problems] == [r["question"] for r in demo_rows]
+
+
+# ------------------------------------------------------------------------------------------- prompts
+@needs_data
+def test_gsm8k_shots_come_from_train_and_are_fixed():
+    spec = B.load_benchmark("gsm8k")
+    shots = B.few_shot_examples(spec)
+    assert len(shots) == 5 and shots == B.few_shot_examples(spec)
+    test_questions = {p["question"] for p in B.load_benchmark_problems(spec)}
+    assert not test_questions & {q for q, _ in shots}
+    assert all(a.rstrip().splitlines()[-1].startswith("####") for _, a in shots)
+    t = B.prompt_template(spec)
+    prompt = t.render("What is 2 + 2?")
+    assert prompt.count("Question:") == 6 and prompt.endswith("Question: What is 2 + 2?\nAnswer:")
+    assert t.key == "gsm8k/qa/5shot@1.1"
+
+
+def test_minerva_shots_are_shared_and_rendered_in_minerva_format():
+    a, b = (B.load_benchmark(n, check_data=False) for n in ("math500", "minerva_math"))
+    assert a.prompt.few_shot.examples == b.prompt.few_shot.examples and len(a.prompt.few_shot.examples) == 4
+    prompt = B.prompt_template(a).render("Compute $1+1$.")
+    assert prompt.startswith("Problem:\nFind the domain of the expression  $\\frac{\\sqrt{x-2}}{\\sqrt{5-x}}$.}\n\n"
+                             "Solution: The expressions")
+    assert prompt.count("Final Answer: The final answer is") == 4
+    assert prompt.endswith("\n\nProblem:\nCompute $1+1$.\n\nSolution:")
+    assert B.effective_stop(a) == list(get_template("minerva").stop)
+
+
+# ------------------------------------------------------------------------------------------ bad files
+def test_unknown_key_top_level_and_nested(tmp_path):
+    d = raw("aime24")
+    d["temprature"] = 0.5
+    d["generation"]["temprature"] = 0.5
+    err = fails(write(tmp_path, d), "temprature", contains="unknown key")
+    assert ("generation.temprature", "unknown key") in err.problems
+
+
+def test_unknown_verifier(tmp_path):
+    d = raw("aime24")
+    d["verifier"]["name"] = "mathh"
+    fails(write(tmp_path, d), "verifier.name", contains="unknown verifier 'mathh'")
+
+
+def test_bad_mode(tmp_path):
+    d = raw("gsm8k")
+    d["verifier"]["mode"] = "loose"
+    fails(write(tmp_path, d), "verifier.mode", contains="'flexible' or 'strict'", check_data=False)
+    d = raw("gsm8k")
+    d["side_by_side"][0]["mode"] = "boxed"
+    fails(write(tmp_path, d), "side_by_side.0.mode", check_data=False)
+
+
+def test_mode_required_where_there_are_modes_and_refused_where_there_are_none(tmp_path):
+    d = raw("gsm8k")
+    del d["verifier"]["mode"]
+    fails(write(tmp_path, d), "verifier.mode", contains="name one explicitly", check_data=False)
+    d = raw("math500")
+    d["verifier"]["mode"] = "strict"
+    fails(write(tmp_path, d), "verifier.mode", contains="has no modes", check_data=False)
+
+
+def test_bad_verifier_options(tmp_path):
+    d = raw("mmlu_stem")
+    d["verifier"]["options"] = {"letters": "abcd"}
+    fails(write(tmp_path, d), "verifier.options", contains="upper-case", check_data=False)
+    d["verifier"]["options"] = {"letters": "ABCD", "format_reward": 0.1}
+    fails(write(tmp_path, d), "verifier.options.format_reward", check_data=False)
+
+
+def test_missing_data_file(tmp_path, monkeypatch):
+    d = raw("aime24")
+    d["data"]["path"] = "aime24/no_such_file.jsonl"
+    fails(write(tmp_path, d), "data.path", contains="missing data file")
+    monkeypatch.setenv(B.DATA_DIR_ENV, str(tmp_path / "empty-root"))  # the standard location, elsewhere
+    fails(B.BENCHMARK_DIR / "aime24.yaml", "data.path", contains=str(tmp_path / "empty-root" / "aime24"))
+    fails(B.BENCHMARK_DIR / "gsm8k.yaml", "prompt.few_shot.split")
+
+
+@needs_data
+def test_data_root_from_env(tmp_path, monkeypatch):
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "aime24").symlink_to(DATA / "aime24")
+    monkeypatch.setenv(B.DATA_DIR_ENV, str(tmp_path / "root"))
+    spec = B.load_benchmark("aime24")
+    assert B.data_file(spec) == tmp_path / "root" / "aime24" / "test.jsonl"
+    assert len(B.load_benchmark_problems(spec)) == 30
+
+
+def test_unknown_template_dataset_and_metric(tmp_path):
+    d = raw("svamp")
+    d["prompt"]["template"] = "qa_v9"
+    d["data"]["source"] = "svampp"
+    d["metrics"] = ["accuracy", "pass@"]
+    err = fails(write(tmp_path, d), "prompt.template", contains="unknown template")
+    assert "data.source" in [p for p, _ in err.problems]
+    d = raw("svamp")
+    d["metrics"] = ["accuracy", "pass@"]
+    fails(write(tmp_path, d), "metrics.1", contains="unknown metric", check_data=False)
+
+
+def test_bad_k(tmp_path):
+    d = raw("synthetic")
+    d["metrics"] = ["accuracy", "pass@16"]
+    fails(write(tmp_path, d), "metrics.1", contains="between 1 and generation.n=8")
+    d["metrics"] = ["pass@0"]
+    fails(write(tmp_path, d), "metrics.0", contains="bad k")
+    d = raw("ifeval")
+    d["metrics"] = ["maj@1"]
+    fails(write(tmp_path, d), "metrics.0", contains="maj@k", check_data=False)
+    d = raw("aime24")
+    d["generation"]["greedy"] = False
+    fails(write(tmp_path, d), "metrics.0", contains="greedy", check_data=False)
+
+
+def test_greedy_with_many_samples_is_refused(tmp_path):
+    d = raw("gsm8k")
+    d["generation"]["n"] = 4
+    fails(write(tmp_path, d), "generation.n", check_data=False)
+
+
+def test_chat_template_on_base_model_and_shot_leak(tmp_path):
+    d = raw("svamp")
+    d["prompt"]["template"] = "chat_math"
+    fails(write(tmp_path, d), "prompt.template", contains="G-chat-template", check_data=False)
+    d = raw("gsm8k")
+    d["prompt"]["few_shot"]["split"] = "test"
+    fails(write(tmp_path, d), "prompt.few_shot.split", contains="leak", check_data=False)
+    d = raw("gsm8k")
+    d["prompt"]["few_shot"]["path"] = "gsm8k/test.jsonl"  # "train" shots read from the test file
+    fails(write(tmp_path, d), "prompt.few_shot.split", contains="leak")
+    d = raw("math500")
+    d["prompt"]["few_shot"]["num_shots"] = 3
+    fails(write(tmp_path, d), "prompt.few_shot.examples", check_data=False)
+
+
+def test_breakdown_field_must_exist(tmp_path):
+    d = raw("aqua")
+    d["breakdown"] = ["level"]
+    fails(write(tmp_path, d), "breakdown.0", contains="no meta field", check_data=False)
+
+
+def test_name_must_match_file_and_yaml_must_parse(tmp_path):
+    d = raw("aqua")
+    fails(write(tmp_path, d, name="aqua_copy"), "name", contains="must equal the file name")
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: broken\nversion: [1\n")
+    fails(bad, "", contains="not valid YAML")
+    with pytest.raises(ConfigError, match="no benchmark named 'nope'"):
+        B.load_benchmark("nope")
+
+
+# ------------------------------------------------------------------------------------------------ hash
+def _reverse(obj):
+    if isinstance(obj, dict):
+        return {k: _reverse(obj[k]) for k in reversed(list(obj))}
+    if isinstance(obj, list):
+        return [_reverse(x) for x in obj]
+    return obj
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "math500", "synthetic"])
+def test_hash_stable_across_key_order(tmp_path, name):
+    d = raw(name)
+    reordered = _reverse(d)
+    assert list(reordered) != list(d)
+    a = B.load_benchmark(B.BENCHMARK_DIR / f"{name}.yaml", check_data=False)
+    b = B.load_benchmark(write(tmp_path, reordered), check_data=False)
+    assert B.benchmark_hash(a) == B.benchmark_hash(b)
+
+
+def _hash(d: dict) -> str:
+    return B.benchmark_hash(B.parse_benchmark(d, check_data=False))
+
+
+@pytest.mark.parametrize("path,value", [
+    ("generation.temperature", 0.7), ("generation.max_new_tokens", 49), ("generation.n", 16),
+    ("generation.top_p", 0.9), ("generation.seed", 1), ("generation.stop", ["\nQuestion:"]),
+    ("prompt.template", "qa_fewshot"), ("verifier.mode", "strict"), ("data.max_problems", 50),
+    ("data.synthetic.seed", 1), ("data.synthetic.difficulty", 2), ("version", "2"), ("metrics", ["pass@8"]),
+])
+def test_hash_moves_with_every_number_changing_setting(path, value):
+    base = raw("synthetic")
+    changed = raw("synthetic")
+    node = changed
+    *parents, leaf = path.split(".")
+    for k in parents:
+        node = node[k]
+    if path == "prompt.template":
+        changed["prompt"]["few_shot"] = {"source": "template", "num_shots": 4}
+    if path == "verifier.mode":  # headline and side-by-side swapped: the headline number changes
+        changed["side_by_side"] = [{"name": "gsm8k", "mode": "flexible"}]
+    node[leaf] = value
+    assert _hash(changed) != _hash(base)
+
+
+def test_hash_ignores_description_and_explicit_default_stops():
+    base = raw("synthetic")
+    d = raw("synthetic")
+    d["description"] = "reworded"
+    assert _hash(d) == _hash(base)
+    d["generation"]["stop"] = list(get_template("qa").stop)  # spelling out the template's own stops
+    assert _hash(d) == _hash(base)
+
+
+def test_hash_includes_shots_and_resolved_versions():
+    base = raw("gsm8k")
+    d = raw("gsm8k")
+    d["prompt"]["few_shot"]["seed"] = 1
+    assert _hash(d) != _hash(base)
+    resolved = B.resolved_benchmark(B.parse_benchmark(base, check_data=False))
+    assert resolved["resolved"] == {"template": "qa@1", "verifiers": {"gsm8k:strict": "1", "gsm8k:flexible": "1"}}
+    assert "description" not in resolved
+
+
+# ------------------------------------------------------------------------------------------------ subset
+@needs_data
+def test_subset_first_and_seeded():
+    d = raw("svamp")
+    full = B.load_benchmark_problems(B.parse_benchmark(d))
+    d["data"]["max_problems"] = 25
+    first = B.load_benchmark_problems(B.parse_benchmark(d))
+    assert [p["id"] for p in first] == [p["id"] for p in full[:25]]
+    d["data"]["subset_seed"] = 7
+    seeded = B.load_benchmark_problems(B.parse_benchmark(d))
+    again = B.load_benchmark_problems(B.parse_benchmark(d))
+    assert [p["id"] for p in seeded] == [p["id"] for p in again] and len(seeded) == 25
+    order = {p["id"]: i for i, p in enumerate(full)}
+    assert [order[p["id"]] for p in seeded] == sorted(random.Random(7).sample(range(len(full)), 25))
+    spec = B.parse_benchmark(d)
+    assert B.benchmark_data_hash(spec) == B.benchmark_data_hash(spec, problems=seeded)
+    assert B.benchmark_data_hash(spec) != B.benchmark_data_hash(B.parse_benchmark(raw("svamp")))
+    d["data"]["max_problems"] = None
+    with pytest.raises(ConfigError, match="data.subset_seed"):
+        B.parse_benchmark(d)
+
+
+# ------------------------------------------------------------------------------------------------ suites
+def test_suites_resolve():
+    assert {"math", "demo", "all"} <= set(B.known_suites())
+    assert B.load_suite("math").benchmarks == ["math500", "minerva_math", "aime24", "amc23"]
+    assert B.load_suite("demo").benchmarks == ["synthetic"]
+    assert sorted(B.load_suite("all").benchmarks) == B.known_benchmarks()
+    for name in B.known_suites():
+        specs = B.resolve_suite(name, check_data=DATA.is_dir())
+        assert [s.name for s in specs] == B.load_suite(name).benchmarks
+
+
+def test_bad_suite(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nbenchmarks: [gsm8k, gsm8kk, gsm8k]\nextra: 1\n")
+    with pytest.raises(ConfigError) as info:
+        B.load_suite(path)
+    assert info.value.problems == [("extra", "unknown key")]
+    path.write_text("name: mine\nbenchmarks: [gsm8k, gsm8kk, gsm8k]\n")
+    with pytest.raises(ConfigError) as info:
+        B.load_suite(path)
+    assert info.value.source == str(path)
+    assert [p for p, _ in info.value.problems] == ["benchmarks.1", "benchmarks.2"]
