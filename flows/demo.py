@@ -52,12 +52,15 @@ def demo_flow(config: dict[str, Any], source: str = "<demo>", show_progress: boo
         passrates = t.pass_rate_table(cfg, data, model, progress)
         curriculum = t.build_curriculum(cfg, data, passrates, progress)
         base_eval = t.evaluate(cfg, data, model, "base", "base", progress)
-        trained = trained_eval = None
+        prefix = join(cfg.tracking.experiment, run_id)
+        trained = trained_eval = exported = None
         if cfg.grpo.enabled:
             trained = t.train(cfg, data, model, curriculum, progress)
-            trained_eval = t.evaluate(cfg, data, trained.model, "trained", "trained", progress)
-
-        prefix = join(cfg.tracking.experiment, run_id)
+            # The trained model is scored from its exported, uploaded and checksum-verified copy
+            # (G-lost-ckpt): the numbers belong to the checkpoint users will download.
+            exported = t.export(trained, model, store, join(prefix, "checkpoints", "final"),
+                                {"config_hash": chash, "mlflow_run_id": run_id, "git_sha": git["sha"]}, progress)
+            trained_eval = t.evaluate(cfg, data, exported.model, "trained", "trained", progress)
         duration = time.monotonic() - t0
         man = manifest_mod.build_manifest(
             config_hash=chash, resolved_config=resolved,
@@ -70,7 +73,10 @@ def demo_flow(config: dict[str, Any], source: str = "<demo>", show_progress: boo
             extra={"mlflow_run_id": run_id, "prefect_flow_run_id": prefect_id, "pass_rate_table_id": passrates.table_id,
                    "curriculum_id": curriculum.curriculum_id,
                    "trained_model": ({"id": trained.model.model_id, "hash": trained.model.model_hash,
-                                      "path": trained.model.path} if trained else None)},
+                                      "path": trained.model.path} if trained else None),
+                   "export": ({"uri": exported.uri, "step": exported.step, "dtype": exported.dtype,
+                               "manifest_sha256": exported.manifest_sha256,
+                               "model_hash": exported.model.model_hash} if exported else None)},
         )
         summary = {
             "base_pass_at_1": base_eval.summary["accuracy_greedy"],
@@ -78,6 +84,8 @@ def demo_flow(config: dict[str, Any], source: str = "<demo>", show_progress: boo
             "base_pass_at_k": base_eval.summary["passk"],
             "n_eval": base_eval.summary["n"],
             **(_trained_summary(base_eval, trained_eval, trained) if trained else {}),
+            **({"export": {"uri": exported.uri, "step": exported.step, "dtype": exported.dtype,
+                           "manifest_sha256": exported.manifest_sha256}} if exported else {}),
             "eval": {k: v for k, v in base_eval.summary.items() if k not in ("passk",)},
             "pass_rates": passrates.summary,
             "curriculum": {"id": curriculum.curriculum_id, "strategy": cfg.curriculum.strategy,
@@ -137,7 +145,9 @@ def demo_flow(config: dict[str, Any], source: str = "<demo>", show_progress: boo
             if trained:
                 _log_steps(tracker, run_id, trained.steps_path)
             tracker.set_tags(run_id, {"dataset_hash": data.dataset_hash, "model_hash": model.model_hash,
-                                      "artifact_uri": store.url(prefix)})
+                                      "artifact_uri": store.url(prefix),
+                                      **({"export_uri": exported.uri, "export_step": str(exported.step),
+                                          "export_manifest_sha256": exported.manifest_sha256} if exported else {})})
             tracker.log_artifact(run_id, local)
         progress("record", f"artifacts at {store.url(prefix)}")
         counts = t.ingest(store, prefix)

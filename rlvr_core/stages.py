@@ -386,6 +386,40 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
                          str(folder), done, summary)
 
 
+@dataclass(frozen=True)
+class ExportArtifact:
+    model: ModelArtifact  # the exported, verified folder (from_pretrained-loadable)
+    uri: str  # where it was uploaded and verified in the artifact store
+    step: int
+    dtype: str
+    manifest_sha256: str
+
+
+def export_stage(trained: TrainArtifact, base: ModelArtifact, store: Any, prefix: str, *, dtype: str = "float32",
+                 run_manifest: dict[str, Any] | None = None, progress: Progress = SILENT) -> ExportArtifact:
+    """Export the training run's last DeepSpeed checkpoint to safetensors, upload it under `prefix`
+    and verify every checksum there (G-lost-ckpt: a checkpoint only counts once exported and verified).
+
+    The local export sits in the training stage's folder and is reused when its files still match its
+    manifest; the upload is verified every time.
+    """
+    from rlvr_core.export import MANIFEST_FILE, export_checkpoint, file_sha256, upload_export, verify_local_export
+
+    local = Path(trained.folder) / f"export-{dtype}"
+    try:
+        verify_local_export(local)
+        progress("export", f"reusing the verified export in {local}")
+    except Exception:  # noqa: BLE001 — absent, partial or damaged: export again
+        export_checkpoint(Path(trained.folder) / "checkpoints", base_model_dir=base.path, out_dir=local,
+                          dtype=dtype, run_manifest=run_manifest, overwrite=True)
+    manifest = json.loads((local / MANIFEST_FILE).read_text())
+    upload_export(local, store, prefix)
+    mh, th = _model_hashes(local)
+    progress("export", f"step {manifest['step']} {dtype} exported, uploaded and verified at {store.url(prefix)}")
+    return ExportArtifact(ModelArtifact(str(local), f"{trained.model.model_id}-export", mh, th, trained.cached),
+                          store.url(prefix), int(manifest["step"]), dtype, file_sha256(local / MANIFEST_FILE))
+
+
 def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, Any], dict[str, float]]:
     """The trainer's periodic evaluation (every `grpo.eval_every` steps and after the last; G-no-eval,
     G-reward-hacking): the same held-out problems, prompts, decoding and verifier as `evaluate_stage`,

@@ -58,6 +58,14 @@ def train(cfg: ExperimentConfig, data: stages.DataArtifact, base: stages.ModelAr
     return stages.train_stage(cfg, data, base, curriculum, progress)
 
 
+# Retried on transient storage errors: the local export is reused when it still matches its manifest,
+# and the upload is verified from scratch each time.
+@task(name="export-checkpoint", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def export(trained: stages.TrainArtifact, base: stages.ModelArtifact, store: ArtifactStore, prefix: str,
+           run_manifest: dict | None, progress: Progress) -> stages.ExportArtifact:
+    return stages.export_stage(trained, base, store, prefix, run_manifest=run_manifest, progress=progress)
+
+
 @task(name="evaluate", cache_policy=NO_CACHE, tags=["compute"])
 def evaluate(cfg: ExperimentConfig, data: stages.DataArtifact, model: stages.ModelArtifact, eval_id: str,
              checkpoint: str, progress: Progress) -> stages.EvalArtifact:

@@ -169,3 +169,13 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     assert sorted(curve) == [2, 3]
     assert curve[3] == pytest.approx(s["trained_pass_at_1"], abs=1e-12)
     assert {m.step for m in client.get_metric_history(run, "train/eval/pass_at_2")} == {2, 3}
+    # The trained numbers come from the exported checkpoint, uploaded and verified in the artifact store.
+    from rlvr_core.export import verify_export
+    from rlvr_core.storage import open_store
+
+    assert s["export"]["step"] == 3 and s["export"]["dtype"] == "float32"
+    store = open_store(str(home / "artifacts"))
+    manifest = verify_export(store, f"e2e/{run}/checkpoints/final",
+                             expected_manifest_sha256=s["export"]["manifest_sha256"])
+    assert {"model.safetensors", "config.json"} <= {f["path"] for f in manifest["files"]}
+    assert client.get_run(run).data.tags["export_uri"] == s["export"]["uri"]
