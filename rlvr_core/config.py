@@ -191,6 +191,26 @@ class GRPOConfig(_Strict):
     logprob_temperature: float = Field(1.0, gt=0, description="temperature the trainer divides logits by before "
                                        "log_softmax. Must stay 1 (rollout log-probs are raw); exists to plant "
                                        "the G-logprob-temp bug in tests")
+    # ---- optional algorithms (all off by default; docs/grpo_training.md, "Options") ----
+    dynamic_sampling: bool = Field(False, description="DAPO dynamic sampling (arXiv 2503.14476, sec. 3.2): drop groups "
+                                   "whose (shaped) rewards are all equal and sample the next P curriculum prompts "
+                                   "until P informative groups or dynamic_sampling_max_rounds rounds; a short batch "
+                                   "is trained as it is (G-partial-batch). The data position advances by every "
+                                   "prompt sampled")
+    dynamic_sampling_max_rounds: int = Field(4, ge=1, description="dynamic sampling: at most this many rollout rounds "
+                                             "(of P prompts each) per step, the first included")
+    overlong_buffer_len: int = Field(0, ge=0, description="DAPO soft overlong punishment (sec. 3.4): width in tokens "
+                                     "of the window before max_new_tokens where the reward is lowered linearly, from 0 "
+                                     "at max_new_tokens - len to -overlong_penalty_factor at max_new_tokens "
+                                     "(0 = off; must be <= max_new_tokens)")
+    overlong_penalty_factor: float = Field(1.0, ge=0, description="the largest overlong penalty (a completion of "
+                                           "max_new_tokens tokens); added to the verifier reward before advantages")
+    dlogp_reweight_c: float = Field(0.0, ge=0, description="Δlog p training-time reweighting (seed 004): each "
+                                    "token's advantage is multiplied by 1 + c - c * pi_old(token); 0 = off (the "
+                                    "loss is bit-identical to no reweighting)")
+    rollout_samples_per_step: int = Field(4, ge=0, description="completions per step written to "
+                                          "out_dir/rollouts.parquet (text, reward, status, length; taken "
+                                          "round-robin over the trained groups; 0 = none)")
 
 
 class EvalConfig(_Strict):

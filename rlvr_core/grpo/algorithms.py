@@ -12,6 +12,9 @@ function and an unknown value fails before any expensive work:
 Plus the unregistered pieces: advantages_to_tokens, overlong_penalty, lowprob_token_weights
 (advantages.py), grpo_loss, mask_from_lengths (losses.py), and the sampling strategies
 (sampling_strategies.py). docs/grpo_algorithms.md has the formulas, papers and defaults.
+The trainer uses overlong_penalty (GRPOConfig.overlong_buffer_len), lowprob_token_weights through
+grpo_loss's lowprob_c (GRPOConfig.dlogp_reweight_c) and filter_zero_variance_groups
+(GRPOConfig.dynamic_sampling); docs/grpo_training.md, "Options", says how.
 This module only re-exports; it holds no logic.
 """
 

@@ -12,6 +12,10 @@ process that holds the whole batch (docs/grpo_training.md, "Multi-process and mu
     `loss_agg` mode (each mode is a sum over sequences divided by a batch-wide constant);
   * metrics: sums and extremes are all-reduced and per-sample values gathered in rank order (= curriculum
     order), so rank 0's step row is the single-process row up to float summation order.
+  * decisions: anything that changes control flow (DAPO dynamic sampling's rounds and kept groups) is
+    decided from gathered per-group numbers, identically on every rank, so every rank issues the same
+    collectives. A rank may then train fewer groups than another (or none: it runs a zero-loss forward
+    and backward so the gradient collectives still match); the global normalisers keep the sum exact.
 
 With one process every method returns its input and no collective is issued, so the single-process
 trainer computes exactly what it computed before data parallelism existed. Control flow must be the
@@ -88,6 +92,15 @@ class DataParallel:
         parts = [torch.empty_like(t, device=self.device) for _ in range(self.world)]
         torch.distributed.all_gather(parts, t.to(self.device).contiguous())
         return torch.cat(parts).to(t.device)
+
+    def gather_objects(self, items: list) -> list:
+        """Per-rank lists of picklable objects concatenated in rank order, on every rank (small payloads
+        only: the trainer sends the few rollout rows it logs per step, never whole batches)."""
+        if self.world == 1:
+            return list(items)
+        parts: list = [None] * self.world
+        torch.distributed.all_gather_object(parts, list(items))
+        return [x for part in parts for x in part]
 
     def barrier(self) -> None:
         if self.world > 1:

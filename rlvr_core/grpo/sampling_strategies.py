@@ -16,7 +16,9 @@ or unbounded waiting.
                                   (G-partial-batch: the consumer waited forever for a full final batch).
                                   Every wait has a finite timeout: nothing here can block forever.
 
-No torch in the buffer/batcher (items are opaque); the filter takes reward tensors.
+No torch in the buffer/batcher (items are opaque); the filter takes reward tensors. The GRPO trainer
+uses the filter for `GRPOConfig.dynamic_sampling` (rounds bounded by `dynamic_sampling_max_rounds`, a
+short batch trained as it is); AdaptiveSamplingState, BoundedBuffer and Batcher are not wired into it yet.
 """
 
 from __future__ import annotations

@@ -4,21 +4,31 @@
 the loop; the maths lives in the pure functions next door (advantages.py, losses.py, kl.py), which it
 only calls. One step:
 
-  1. prompts: the next P curriculum ids (cycled; position = step * P), rows looked up by id. An id with
-     no row fails before any work (G-id-mismatch).
+  1. prompts: the next P curriculum ids (cycled; from the data position, step * P unless dynamic
+     sampling consumed more), rows looked up by id. An id with no row fails before any work (G-id-mismatch).
   2. rollout: HFEngine samples G completions per prompt from the *live* policy module (the very
      tensors DeepSpeed updates; under ZeRO-3 a plain copy refreshed from them first), with the
      template's stop strings and per-request seeds derived from (seed, prompt id, epoch, step, sample
      index) (G-fixed-seed). The engine returns each sampled token's RAW (temperature-1) log-prob:
      these are the old log-probs (on-policy, staleness 0).
-  3. reward: VerifierPool (in-process for cheap verifiers) scores each completion against the gold.
-  4. advantages: registered estimator `cfg.advantage` over the (P, G) reward matrix.
+  3. reward: VerifierPool (in-process for cheap verifiers) scores each completion against the gold;
+     optionally plus DAPO's soft overlong penalty on the completion length (`overlong_buffer_len`).
+     With `dynamic_sampling` (DAPO), groups whose rewards are all equal are dropped and rounds of the
+     next P prompts are sampled until P groups are kept or `dynamic_sampling_max_rounds` is reached
+     (the batch is then trained short: no waiting for a full one, G-partial-batch).
+  4. advantages: registered estimator `cfg.advantage` over the (K, G) reward matrix of the trained
+     groups (K = P unless dynamic sampling ran out of rounds).
   5. train: one teacher-forced forward over prompt + completion tokens. The prompt is tokenized
      exactly as the engine tokenized it (same tokenizer call), masks come from lengths, never token
      values (G-pad-mask). log_softmax at temperature 1, like the engine's raw log-probs. With beta > 0 a
      frozen copy of the base model gives reference log-probs. `grpo_loss`, then DeepSpeed
      backward/step (AdamW, warm-up + cosine, grad clipping and the ZeRO stage all come from the
-     DeepSpeed config built from GRPOConfig, `ds_config`).
+     DeepSpeed config built from GRPOConfig, `ds_config`). `dlogp_reweight_c` > 0 multiplies each token's
+     advantage by 1 + c - c * pi_old(token) (Δlog p reweighting; 0 = the plain loss, bit for bit).
+
+Per step the row also counts verifier statuses (`status/*`, errors and timeouts visible: G-verifier-error),
+and `rollout_samples_per_step` completions (text, reward, status, length) go to rollouts.parquet, written
+with steps.parquet at checkpoint time (rows after the resume point are dropped on resume: no duplicates).
 
 Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
   * G-logprob-temp: at step 1 the trainer's log-probs of the sampled tokens must equal the rollout's
@@ -30,9 +40,10 @@ Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
   * G-verifier-format: steps where every group has zero reward variance (no learning signal).
 
 Checkpoints: DeepSpeed `save_checkpoint` every `cfg.checkpoint_every` steps and at the end, with the
-step and the metric rows so far in the client state. If `out_dir/checkpoints` already holds one, the
-run resumes there: model, optimizer, lr schedule and step are restored, and since the data position
-and every sampling seed are functions of the step, the resumed run sees the same prompts and draws.
+step, the data position and the metric rows so far in the client state. If `out_dir/checkpoints`
+already holds one, the run resumes there: model, optimizer, lr schedule, step and data position are
+restored, and since every sampling seed is a function of (seed, prompt id, epoch, step, sample index),
+the resumed run sees the same prompts and draws.
 
 Data parallel: under `torchrun --nproc_per_node N` or the `deepspeed` launcher each rank takes a
 contiguous 1/N of the step's prompts (P must divide), samples them with the seeds a single process would
@@ -64,11 +75,12 @@ from typing import Any, Callable
 import torch
 
 from rlvr_core.config import GRPOConfig
-from rlvr_core.grpo.advantages import get_advantage
+from rlvr_core.grpo.advantages import get_advantage, overlong_penalty
 from rlvr_core.grpo.distributed import (DataParallel, check_divisible, global_normalisers, launch_world_size,
                                         reduce_loss_metrics, shutdown)
 from rlvr_core.grpo.guards import GUARD_IDS, HealthConfig, HealthMonitor, firing_dict
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths
+from rlvr_core.grpo.sampling_strategies import filter_zero_variance_groups
 
 __all__ = ["GRPOResult", "GuardError", "train_grpo", "ds_config", "build_batch", "sequence_logprobs",
            "gold_of", "rows_for_curriculum"]
@@ -77,6 +89,8 @@ CHECKPOINTS = "checkpoints"
 FINAL_MODEL = "final_model"
 STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "grpo_summary.json"
+ROLLOUTS_FILE = "rollouts.parquet"
+STATUSES = ("correct", "incorrect", "no_answer", "error", "timeout")  # verifiers.base.Status values
 
 
 class GuardError(RuntimeError):
@@ -89,6 +103,7 @@ class GRPOResult:
     steps_path: Path           # Parquet, one row per step (metrics listed in docs/grpo_training.md)
     checkpoints_dir: Path      # DeepSpeed checkpoints (tag step<N>, `latest` file)
     summary: dict[str, Any] = field(default_factory=dict)
+    rollouts_path: Path | None = None  # Parquet, rollout_samples_per_step completions per step (docs)
 
 
 # ------------------------------------------------------------------------------------------- environment
@@ -272,6 +287,9 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     if P > len(rows):
         # The engine refuses repeated prompt ids in one call (they would share seeds).
         raise ValueError(f"prompts_per_step={P} exceeds the curriculum's {len(rows)} prompts")
+    if cfg.overlong_buffer_len > max_new_tokens:
+        raise ValueError(f"overlong_buffer_len={cfg.overlong_buffer_len} exceeds max_new_tokens={max_new_tokens}: "
+                         "the penalty window must lie inside the generation cap")
     _ensure_launch_env()
     world = launch_world_size()
     check_divisible(P, world)
@@ -311,13 +329,19 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
         return replica
 
     # ---- resume ---------------------------------------------------------------------------------
-    start_step, step_rows = 0, []
+    # data_pos: curriculum position of the next step's first prompt. Without dynamic sampling it is step * P;
+    # with it, it advances by every prompt a step sampled, so it is checkpointed with the step.
+    start_step, step_rows, data_pos = 0, [], 0
     if (ckpt_dir / "latest").is_file():
         path, client = engine.load_checkpoint(str(ckpt_dir))
         if path is None:
             raise RuntimeError(f"{ckpt_dir} has a 'latest' file but DeepSpeed could not load it")
         start_step, step_rows = int(client["step"]), list(client["step_rows"])
+        data_pos = int(client.get("data_pos", start_step * P))  # checkpoints from before dynamic sampling
         say(f"resumed from {path} at step {start_step}")
+    # Rollout samples of the steps up to the resume point; rows of later steps (written by a call killed
+    # before its checkpoint) are dropped here and sampled again, so nothing is duplicated.
+    rollout_rows = _read_rollouts(out_dir / ROLLOUTS_FILE, start_step) if dp.is_main else []
     last_step = cfg.steps if stop_after_steps is None else min(cfg.steps, start_step + stop_after_steps)
 
     sampler = HFEngine(policy if replica is None else replica, tok, batch_size=cfg.rollout_batch_size, device=dev)
@@ -336,43 +360,117 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     health.update(step_rows)
     health_firings: list[dict] = []
 
+    def write_rollouts() -> None:
+        if dp.is_main and (rollout_rows or (out_dir / ROLLOUTS_FILE).exists()):
+            _write_rows(rollout_rows, out_dir / ROLLOUTS_FILE)
+
     def save(step: int) -> None:
+        # Rollouts first: if the job dies before the checkpoint below, the resume drops their extra rows
+        # (steps after the checkpoint it resumes from); written after it, they could be lost instead.
+        write_rollouts()
         # Collective: under ZeRO every rank writes its own partition of the model/optimizer state.
         engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}",
-                               client_state={"step": step, "step_rows": step_rows})
+                               client_state={"step": step, "step_rows": step_rows, "data_pos": data_pos})
         if dp.is_main:
             _write_rows(step_rows, out_dir / STEPS_FILE)
+
+    L = len(rows)
+    overlong = cfg.overlong_buffer_len > 0
+    max_rounds = cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 1
+    shard = list(range(P))[dp.shard(P)]  # this rank's prompt slots in every round
+
+    def generate(positions: list[int], prompts: list[str], ids: list[str], step: int, epoch: int):
+        if not cfg.dynamic_sampling:
+            return sampler.generate(prompts, ids, params, step=step, epoch=epoch)
+        # Dynamic sampling may sample one prompt twice in a step (rounds run past the curriculum's end):
+        # each prompt's seed gets the epoch of its own position, so (prompt id, epoch) names the position
+        # and no two requests of a step share a seed. One engine call per epoch segment.
+        out: list = []
+        i = 0
+        while i < len(positions):
+            j = i
+            while j < len(positions) and positions[j] // L == positions[i] // L:
+                j += 1
+            out += sampler.generate(prompts[i:j], ids[i:j], params, step=step, epoch=positions[i] // L)
+            i = j
+        return out
 
     try:
         for step in range(start_step, last_step):
             t0 = time.perf_counter()
-            pos = step * P
-            epoch = pos // len(rows)
-            # This rank's contiguous share of the step's P prompts (all of them in one process).
-            mine = [rows[(pos + i) % len(rows)] for i in range(P)][dp.shard(P)]
-            prompts = [template.render(r["question"]) for r in mine]
-            ids = [r["id"] for r in mine]
+            epoch = data_pos // L
             current_weights()  # ZeRO-3: refresh the sampling copy before it samples
-            groups = sampler.generate(prompts, ids, params, step=step, epoch=epoch)
-            policy.eval()  # HFEngine calls .eval() too; keep it explicit
-            t1 = time.perf_counter()
-
-            samples = [s for g in groups for s in g]
-            outcomes = pool.verify_many([(s.text, gold_of(r)) for r, g in zip(mine, groups) for s in g])
-            my_rewards = torch.tensor([float(o.reward) for o in outcomes], dtype=torch.float32).view(len(mine), G)
-            # The advantage sees the whole step's (P, G) rewards, as in one process; each rank keeps its rows.
-            rewards = dp.gather(my_rewards)
-            adv = get_advantage(cfg.advantage)(rewards)[dp.shard(P)].reshape(-1).to(dev)
+            # Rollout rounds. Round k samples the P prompts at positions data_pos + k*P ...; each rank its
+            # contiguous share. Without dynamic sampling there is exactly one round and every group is kept.
+            # Every decision below comes from the gathered (all ranks) per-group numbers, so every rank
+            # agrees on the rounds and on the kept groups.
+            local: dict[int, tuple] = {}  # step-wide group index -> (row, prompt, samples, outcomes), this rank's
+            infos: list[torch.Tensor] = []
+            selected: list[int] = []      # step-wide indices of the groups trained, in sampling order
+            rounds = dropped = 0
+            t_roll, ta = 0.0, t0
+            while rounds < max_rounds and len(selected) < P:
+                positions = [data_pos + rounds * P + i for i in shard]
+                my_rows = [rows[q % L] for q in positions]
+                prompts = [template.render(r["question"]) for r in my_rows]
+                groups = generate(positions, prompts, [r["id"] for r in my_rows], step, epoch)
+                policy.eval()  # HFEngine calls .eval() too; keep it explicit
+                tb = time.perf_counter()
+                t_roll += tb - ta
+                outcomes = pool.verify_many([(x.text, gold_of(r)) for r, g in zip(my_rows, groups) for x in g])
+                # Per group: G verifier rewards, G overlong penalties, unique fraction, generated tokens,
+                # truncations, verifier status counts. One gather gives every rank the round's (P, 2G + 8).
+                info = []
+                for k, (r, g) in enumerate(zip(my_rows, groups)):
+                    outs = outcomes[k * G:(k + 1) * G]
+                    local[rounds * P + shard[k]] = (r, prompts[k], g, outs)
+                    pen = (overlong_penalty(torch.tensor([len(x.token_ids) for x in g]), max_new_tokens,
+                                            cfg.overlong_buffer_len, cfg.overlong_penalty_factor).tolist()
+                           if overlong else [0.0] * G)
+                    info.append([float(o.reward) for o in outs] + pen
+                                + [unique_fraction(g), sum(len(x.token_ids) for x in g),
+                                   sum(x.finish_reason == "length" for x in g)]
+                                + [sum(o.status.value == st for o in outs) for st in STATUSES])
+                info = dp.gather(torch.tensor(info, dtype=torch.float64))
+                infos.append(info)
+                keep = [True] * P
+                if cfg.dynamic_sampling:  # DAPO: a group whose rewards are all equal has advantage 0 everywhere
+                    shaped = info[:, :G].float() + info[:, G:2 * G].float() if overlong else info[:, :G].float()
+                    keep = filter_zero_variance_groups(shaped).keep_groups.tolist()
+                    dropped += keep.count(False)
+                selected += [rounds * P + i for i in range(P) if keep[i]][:P - len(selected)]
+                rounds += 1
+                ta = time.perf_counter()
+            info_all = torch.cat(infos)
+            rewards = info_all[:, :G].float()  # verifier rewards of every group sampled this step
+            penalties = info_all[:, G:2 * G].float()
+            # The advantage sees the trained groups' (K, G) rewards, as in one process; each rank keeps its rows.
+            # K = P, unless dynamic sampling ran out of rounds (a partial batch, trained as it is).
+            K = len(selected)
+            shaped_sel = (rewards + penalties if overlong else rewards)[selected]
+            adv_all = get_advantage(cfg.advantage)(shaped_sel) if K else torch.zeros((0, G))
+            mine = [(j, local[g]) for j, g in enumerate(selected) if g in local]
+            samples = [x for _, (_, _, g, _) in mine for x in g]
+            adv = adv_all[[j for j, _ in mine]].reshape(-1).to(dev)
             t2 = time.perf_counter()
 
-            # Prompt tokens exactly as the engine encoded them (same tokenizer call and flag).
-            enc = [tok(p, add_special_tokens=sampler.add_special_tokens)["input_ids"] for p in prompts]
-            batch = build_batch([enc[i // G] for i in range(len(samples))], [s.token_ids for s in samples],
-                                sampler.pad_token_id)
+            if samples:
+                # Prompt tokens exactly as the engine encoded them (same tokenizer call and flag).
+                enc = [tok(prompt, add_special_tokens=sampler.add_special_tokens)["input_ids"]
+                       for _, (_, prompt, _, _) in mine]
+                batch = build_batch([enc[i // G] for i in range(len(samples))], [x.token_ids for x in samples],
+                                    sampler.pad_token_id)
+                old_rows = [x.logprobs for x in samples]
+            else:
+                # This rank trains no group (dynamic sampling kept fewer than the world size, or none): one
+                # empty completion, mask all False, so the loss is 0 and every gradient exactly 0, but the
+                # forward and backward (and their collectives) run as on every other rank.
+                batch = build_batch([[sampler.pad_token_id]], [[]], sampler.pad_token_id)
+                adv, old_rows = torch.zeros(1, device=dev), [[]]
             batch = {k: v.to(dev) for k, v in batch.items()}
             T = batch["targets"].shape[1]
             mask = mask_from_lengths(batch["lengths"], T)
-            old_logp = _pad_2d([s.logprobs for s in samples], T).to(dev)
+            old_logp = _pad_2d(old_rows, T).to(dev)
             ref_logp = None
             if ref_model is not None:
                 with torch.no_grad():
@@ -380,22 +478,22 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
 
             n_local = int(mask.sum())
             # The whole step's token and sequence counts: the ranks' losses then add up to the 1-process loss.
-            norm = global_normalisers(dp, n_local, P * G)
+            norm = global_normalisers(dp, n_local, max(K * G, 1))
             n_tok = norm["n_tokens"]
             for ep in range(cfg.epochs_per_step):
                 logp, ent = sequence_logprobs(engine, batch, temperature=cfg.logprob_temperature,
                                               with_entropy=(ep == 0))
                 loss, m = grpo_loss(logp, old_logp, adv, mask, ref_logp=ref_logp, beta=cfg.beta,
                                     kl_estimator=cfg.kl_estimator, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                    agg_mode=cfg.loss_agg, norm_len=norm_len, num_tokens=norm["num_tokens"],
-                                    num_seqs=norm["num_seqs"])
+                                    agg_mode=cfg.loss_agg, norm_len=norm_len, lowprob_c=cfg.dlogp_reweight_c,
+                                    num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"])
                 if ep == 0:
                     first = reduce_loss_metrics(dp, {
                         **{k: float(v) for k, v in m.items()},
                         "logprob_abs_diff": _masked_mean((logp.detach() - old_logp).abs(), mask),
                         "entropy": _masked_mean(ent, mask)}, n_local, n_tok)
                     diff = first["logprob_abs_diff"]
-                    if step == 0 and not diff <= guard_tol:
+                    if step == 0 and n_tok and not diff <= guard_tol:  # (no token trained: nothing to compare)
                         raise GuardError(
                             f"G-logprob-temp: trainer log-probs differ from the rollout's by {diff:.4g} (mean abs, "
                             f"tolerance {guard_tol:g}) on the same sampled tokens at step 1. The rollout engine "
@@ -413,20 +511,38 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             loss_last = dp.sum([float(m["loss"])])[0]
             t3 = time.perf_counter()
 
-            # Per-group numbers of the whole step, in curriculum order: every rank derives the same row.
-            per_group = dp.gather(torch.tensor([[unique_fraction(g), sum(len(s.token_ids) for s in g),
-                                                 sum(s.finish_reason == "length" for s in g)] for g in groups],
-                                               dtype=torch.float64))
-            uniq = per_group[:, 0].tolist()
-            gen_tokens, n_trunc = int(per_group[:, 1].sum()), int(per_group[:, 2].sum())
+            # Per-group numbers of every group sampled this step (all rounds), in sampling order: every rank
+            # derives the same row.
+            n_groups = rounds * P
+            uniq = info_all[:, 2 * G].tolist()
+            gen_tokens, n_trunc = int(info_all[:, 2 * G + 1].sum()), int(info_all[:, 2 * G + 2].sum())
+            status = [int(v) for v in info_all[:, 2 * G + 3:].sum(0).tolist()]
             zero_var = float(((rewards.max(1).values - rewards.min(1).values) == 0).float().mean())
             flags = {
                 "G-onpolicy-ratio": int(abs(first["ratio_mean"] - 1) > cfg.ratio_guard_tol
                                         or first["clip_frac"] > cfg.ratio_guard_tol),
                 "G-kl-explosion": int(ref_logp is not None and first.get("kl_ref_max", 0.0) > cfg.kl_spike_max),
-                "G-fixed-seed": int(cfg.temperature > 0 and sum(u == 1 / G for u in uniq) > P // 2),
+                "G-fixed-seed": int(cfg.temperature > 0 and sum(u == 1 / G for u in uniq) > n_groups // 2),
                 "G-verifier-format": int(zero_var == 1.0),
             }
+            # A sample of the trained completions for rollouts.parquet: the k-th is sample k // K of trained
+            # group k % K (round-robin over prompts first). Each rank contributes the ones it holds; rank 0
+            # keeps them in k order, so N ranks log exactly what one process logs.
+            picks = []
+            for k in range(min(cfg.rollout_samples_per_step, K * G)):
+                j, i = k % K, k // K
+                if selected[j] in local:
+                    r, prompt, g, outs = local[selected[j]]
+                    picks.append((k, {
+                        "step": step + 1, "position": data_pos + selected[j], "prompt_id": r["id"],
+                        "sample_index": g[i].sample_index, "prompt": prompt, "completion": g[i].text,
+                        "reward": float(outs[i].reward), "status": outs[i].status.value,
+                        "length": len(g[i].token_ids), "finish_reason": g[i].finish_reason,
+                        "overlong_penalty": float(penalties[selected[j], i]), "advantage": float(adv_all[j, i])}))
+            if K and cfg.rollout_samples_per_step:
+                picked = dp.gather_objects(picks)
+                if dp.is_main:
+                    rollout_rows.extend(row for _, row in sorted(picked, key=lambda kv: kv[0]))
             for g, v in flags.items():
                 guards[g] += v
             row = {
@@ -440,12 +556,17 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 "kl_ref_max": first.get("kl_ref_max", float("nan")),
                 "entropy": first["entropy"], "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                 "zero_var_group_share": zero_var,
-                "completion_len_mean": gen_tokens / (P * G),
-                "truncation_share": n_trunc / (P * G),
+                "completion_len_mean": gen_tokens / (n_groups * G),
+                "truncation_share": n_trunc / (n_groups * G),
                 "unique_frac_mean": sum(uniq) / len(uniq),
                 "grad_norm": grad_norm, "n_tokens": n_tok,
-                "t_rollout_s": t1 - t0, "t_reward_s": t2 - t1, "t_train_s": t3 - t2,
+                "t_rollout_s": t_roll, "t_reward_s": t2 - t0 - t_roll, "t_train_s": t3 - t2,
                 "tokens_per_s": gen_tokens / max(t3 - t0, 1e-9),
+                **{f"status/{st}": n for st, n in zip(STATUSES, status)},
+                "overlong/penalty_mean": float(penalties.mean()),
+                "overlong/penalized_share": float((penalties < 0).float().mean()),
+                "dynamic/rounds": rounds, "dynamic/prompts_consumed": n_groups,
+                "dynamic/groups_dropped": dropped, "dynamic/groups_kept": K,
                 **{f"health/{g}": v for g, v in flags.items()},
             }
             if evaluate is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0)
@@ -467,6 +588,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             serious = [f for f in new if f.serious]
             # One decision for every rank: eval/* columns exist on rank 0 only, and no rank may stop alone.
             if dp.max([float(bool(serious))])[0] > 0:
+                write_rollouts()
                 if dp.is_main:
                     _write_rows(step_rows, out_dir / STEPS_FILE)
                     stopped = _summary(step_rows, cfg, guards, False, time.perf_counter() - t_start, start_step)
@@ -475,6 +597,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 # No checkpoint of the collapsed state: a resume starts from the last good one.
                 raise GuardError("; ".join(f.reason for f in serious)
                                  or f"serious guard firing on rank 0 at step {step + 1}: run collapsed")
+            data_pos += n_groups  # every prompt sampled is consumed, kept or not (checkpointed by save)
             if not math.isfinite(row["loss"]):
                 raise GuardError(f"G-kl-explosion: non-finite loss at step {step + 1}: {row}")
             say(f"step {step + 1}/{cfg.steps} reward {row['reward_mean']:.3f} loss {row['loss']:+.4f} "
@@ -495,6 +618,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             trained.save_pretrained(final_dir)
     summary = _summary(step_rows, cfg, guards, done, time.perf_counter() - t_start, start_step)
     summary["health_firings"] = health_firings
+    summary["data_position"] = data_pos  # curriculum prompts consumed so far (> steps * P with dynamic sampling)
     if dp.is_main:
         _write_rows(step_rows, out_dir / STEPS_FILE)
         if done:
@@ -502,17 +626,29 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
         (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     # No rank returns before rank 0's files exist, so a caller on any rank may read them.
     dp.barrier()
-    return GRPOResult(final_dir, out_dir / STEPS_FILE, ckpt_dir, summary)
+    return GRPOResult(final_dir, out_dir / STEPS_FILE, ckpt_dir, summary, out_dir / ROLLOUTS_FILE)
 
 
 def _write_rows(rows: list[dict], path: Path) -> None:
     """Parquet of the step rows; eval columns exist only on evaluated steps, so take the union of keys
-    (from_pylist would infer the schema from the first row and drop them)."""
+    (from_pylist would infer the schema from the first row and drop them). Written to a temporary file
+    and renamed, so a kill mid-write leaves the previous file whole."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows]), path)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows]), tmp)
+    os.replace(tmp, path)
+
+
+def _read_rollouts(path: Path, up_to_step: int) -> list[dict]:
+    """The rollout rows of steps 1..up_to_step already in `path` (none when it does not exist)."""
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        return []
+    return [r for r in pq.read_table(path).to_pylist() if r["step"] <= up_to_step]
 
 
 def _copy_partitioned(policy, replica) -> None:

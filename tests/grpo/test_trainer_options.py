@@ -1,0 +1,327 @@
+"""GRPO trainer options (docs/grpo_training.md, "Options"): DAPO dynamic sampling, DAPO soft overlong
+punishment, Δlog p advantage reweighting, verifier status counts and the rollouts.parquet sample.
+
+Same tiny model and production path as test_trainer.py (its fixtures are imported). The verifiers here
+make the options observable:
+  * `_test_status`: the status cycles with the completion's character count (len % 5: correct, incorrect,
+    no answer, error, timeout), reward 1 only for correct. About 40% of groups of 4 are all-zero, so
+    dynamic sampling has groups to drop, and every status can occur.
+  * `_test_zero`: always incorrect: every group has zero variance (the partial-batch case).
+  * `_test_sparse` (used by the 2-process test): parity reward only for prompts whose gold is a multiple
+    of 3, 0 otherwise, so a rank may keep no group at all.
+
+Every trainer call records, through monkeypatched hooks, the rewards each advantage estimator was given,
+the tensors each `grpo_loss` call was given, and the prompt ids / step / epoch of each engine call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from test_trainer import _cfg, _params, tiny  # noqa: F401  (tiny: the fixture, used by name)
+
+from rlvr_core.config import GRPOConfig
+from rlvr_core.grpo import trainer as trainer_mod
+from rlvr_core.grpo.losses import grpo_loss
+from rlvr_core.sampling import HFEngine
+from rlvr_core.templates import get_template
+from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier
+
+STATUS_CYCLE = (Status.CORRECT, Status.INCORRECT, Status.NO_ANSWER, Status.ERROR, Status.TIMEOUT)
+STATUS_COLS = [f"status/{s.value}" for s in STATUS_CYCLE]
+ROLLOUT_COLS = {"step", "position", "prompt_id", "sample_index", "prompt", "completion", "reward", "status",
+                "length", "finish_reason", "overlong_penalty", "advantage"}
+P, G, MAX_NEW = 4, 4, 12
+
+
+class _StatusCycle:
+    name, version = "_test_status", "1"
+
+    def verify(self, response: str, gold) -> Outcome:
+        st = STATUS_CYCLE[len(response) % 5]
+        return Outcome(st, float(st is Status.CORRECT), None, self.name, self.version)
+
+
+class _Zero:
+    name, version = "_test_zero", "1"
+
+    def verify(self, response: str, gold) -> Outcome:
+        return Outcome(Status.INCORRECT, 0.0, None, self.name, self.version)
+
+
+class _Sparse:
+    name, version = "_test_sparse", "1"
+
+    def verify(self, response: str, gold) -> Outcome:
+        ok = int(gold) % 3 == 0 and len(response) % 2 == 0
+        return Outcome(Status.CORRECT if ok else Status.INCORRECT, float(ok), None, self.name, self.version)
+
+
+for _cls in (_StatusCycle, _Zero, _Sparse):
+    if _cls.name not in _REGISTRY:
+        register_verifier(_cls.name)(_cls)
+
+
+@dataclass
+class Record:
+    adv_in: list[torch.Tensor] = field(default_factory=list)   # rewards given to the advantage estimator
+    loss_in: list[dict] = field(default_factory=list)          # grpo_loss inputs (detached) and its loss
+    gen: list[tuple[list[str], int, int]] = field(default_factory=list)  # (prompt ids, step, epoch) per call
+
+
+@contextlib.contextmanager
+def recording():
+    rec = Record()
+    real_adv, real_loss, real_gen = trainer_mod.get_advantage, trainer_mod.grpo_loss, HFEngine.generate
+
+    def get_advantage(name):
+        fn = real_adv(name)
+
+        def wrapped(rewards, *a, **kw):
+            rec.adv_in.append(rewards.detach().clone())
+            return fn(rewards, *a, **kw)
+        return wrapped
+
+    def grpo_loss(logp, old_logp, adv, mask, **kw):
+        loss, m = real_loss(logp, old_logp, adv, mask, **kw)
+        rec.loss_in.append(dict(logp=logp.detach().clone(), old=old_logp.clone(), adv=adv.clone(), mask=mask.clone(),
+                                kw=dict(kw), loss=loss.detach().clone()))
+        return loss, m
+
+    def generate(self, prompts, prompt_ids, params, **kw):
+        rec.gen.append((list(prompt_ids), kw["step"], kw["epoch"]))
+        return real_gen(self, prompts, prompt_ids, params, **kw)
+
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer_mod, "get_advantage", get_advantage)
+        mp.setattr(trainer_mod, "grpo_loss", grpo_loss)
+        mp.setattr(HFEngine, "generate", generate)
+        torch.set_num_threads(1)  # the machine's 2 cores are shared; more threads only slow it down
+        try:
+            yield rec
+        finally:
+            torch.set_num_threads(threads)
+
+
+def _run(tiny, out: Path, cfg: GRPOConfig, verifier: str = "_test_status", **kw):
+    model_dir, rows, ids = tiny
+    with recording() as rec:
+        res = trainer_mod.train_grpo(model_dir, rows, ids, out, cfg, template_id="qa", verifier=verifier,
+                                     verifier_mode=None, max_new_tokens=MAX_NEW, seed=0, **kw)
+    return res, rec
+
+
+def _rows(path: Path) -> list[dict]:
+    return pq.read_table(path).to_pylist()
+
+
+def _hand_penalty(length: int, buffer: int, factor: float) -> float:
+    """DAPO's soft overlong punishment written out (docs): 0 up to max - buffer, then linear to -factor at max."""
+    start = MAX_NEW - buffer
+    return 0.0 if length <= start else -factor * (length - start) / buffer
+
+
+def _hand_loss(rec: dict, c: float, clip_low: float = 0.2, clip_high: float = 0.28) -> float:
+    """token-mean PPO-clip loss with advantages A_b * (1 + c - c * pi_old(token)), in float64."""
+    lp, old, m = rec["logp"].double(), rec["old"].double(), rec["mask"]
+    a = rec["adv"].double()[:, None] * (1 + c - c * old.exp())
+    r = (lp - old).exp()
+    per = -torch.minimum(r * a, r.clamp(1 - clip_low, 1 + clip_high) * a)
+    return float(torch.where(m, per, torch.zeros_like(per)).sum() / rec["kw"]["num_tokens"])
+
+
+# ------------------------------------------------------------------------------ one step, each option
+@pytest.fixture(scope="module")
+def base(tiny, tmp_path_factory):
+    """One step with every option at its default, every completion logged (100 > P * G: capped at 16)."""
+    return _run(tiny, tmp_path_factory.mktemp("opt") / "base", _cfg(steps=1, rollout_samples_per_step=100))
+
+
+def test_defaults_are_off_and_bad_buffer_fails_before_work(tiny, tmp_path):
+    d = GRPOConfig()
+    assert (d.dynamic_sampling, d.overlong_buffer_len, d.dlogp_reweight_c) == (False, 0, 0.0)
+    assert d.rollout_samples_per_step == 4 and d.dynamic_sampling_max_rounds == 4 and d.overlong_penalty_factor == 1.0
+    with pytest.raises(ValueError, match="overlong_buffer_len=13 exceeds max_new_tokens=12"):
+        _run(tiny, tmp_path / "bad", _cfg(overlong_buffer_len=13))
+    assert not (tmp_path / "bad").exists()
+
+
+def test_status_counts_and_rollout_rows(base, tiny):
+    res, rec = base
+    (row,) = _rows(res.steps_path)
+    rollouts = _rows(res.rollouts_path)
+    assert len(rollouts) == P * G and set(rollouts[0]) == ROLLOUT_COLS
+    assert sum(row[c] for c in STATUS_COLS) == P * G
+    assert Counter(r["status"] for r in rollouts) == Counter({c.removeprefix("status/"): row[c] for c in STATUS_COLS})
+    assert row["status/error"] + row["status/timeout"] > 0  # visible, not folded into "incorrect" (G-verifier-error)
+    # Round-robin over prompts: the k-th row is sample k // P of prompt k % P; every (prompt, sample) once.
+    _, rows, ids = tiny
+    for k, r in enumerate(rollouts):
+        assert (r["step"], r["position"], r["prompt_id"], r["sample_index"]) == (1, k % P, ids[k % P], k // P)
+        assert r["prompt"] == get_template("qa").render(rows[k % P]["question"])
+        assert r["reward"] == float(r["status"] == "correct") and r["overlong_penalty"] == 0
+        assert 1 <= r["length"] <= MAX_NEW and r["finish_reason"] in ("stop", "length")
+        assert (r["finish_reason"] == "length") <= (r["length"] == MAX_NEW)
+        assert STATUS_CYCLE[len(r["completion"]) % 5].value == r["status"]
+    assert row["reward_mean"] == pytest.approx(sum(r["reward"] for r in rollouts) / (P * G))
+    assert (row["dynamic/rounds"], row["dynamic/prompts_consumed"], row["dynamic/groups_dropped"],
+            row["dynamic/groups_kept"]) == (1, P, 0, P)
+    assert row["overlong/penalty_mean"] == 0 and row["overlong/penalized_share"] == 0
+    assert res.summary["data_position"] == P
+    # c = 0 (the default) is today's loss, bit for bit.
+    (call,) = rec.loss_in
+    assert call["kw"]["lowprob_c"] == 0
+    plain = {k: v for k, v in call["kw"].items() if k != "lowprob_c"}
+    want, _ = grpo_loss(call["logp"], call["old"], call["adv"], call["mask"], **plain)
+    assert torch.equal(call["loss"], want)
+    assert row["loss"] == pytest.approx(_hand_loss(call, 0.0), rel=1e-5, abs=1e-7)
+
+
+def test_dlogp_reweighting_changes_only_the_loss(base, tiny, tmp_path):
+    c = 0.5
+    res, rec = _run(tiny, tmp_path / "dlogp", _cfg(steps=1, rollout_samples_per_step=100, dlogp_reweight_c=c))
+    (row,), (row0,) = _rows(res.steps_path), _rows(base[0].steps_path)
+    # Same rollouts, rewards and advantages as the default run ...
+    assert _rows(res.rollouts_path) == _rows(base[0].rollouts_path)
+    torch.testing.assert_close(rec.adv_in[0], base[1].adv_in[0], rtol=0, atol=0)
+    for k in ("reward_mean", "reward_std", "n_tokens", "completion_len_mean", *STATUS_COLS):
+        assert row[k] == row0[k], k
+    (call,), (call0,) = rec.loss_in, base[1].loss_in
+    assert torch.equal(call["old"], call0["old"]) and torch.equal(call["adv"], call0["adv"])
+    assert call["kw"]["lowprob_c"] == c
+    # ... and the loss is the hand computation with A * (1 + c - c * pi_old), not the unweighted one.
+    want = _hand_loss(call, c)
+    assert row["loss"] == pytest.approx(want, rel=1e-5, abs=1e-7)
+    assert float(call["loss"]) == pytest.approx(want, rel=1e-5, abs=1e-7)
+    assert abs(want - _hand_loss(call, 0.0)) > 1e-4
+    assert row["loss"] != row0["loss"]
+
+
+def test_overlong_penalty_lowers_long_completions_rewards(base, tiny, tmp_path):
+    buffer, factor = 8, 0.5
+    res, rec = _run(tiny, tmp_path / "overlong", _cfg(steps=1, rollout_samples_per_step=100, overlong_buffer_len=buffer,
+                                                       overlong_penalty_factor=factor))
+    (row,), (row0,) = _rows(res.steps_path), _rows(base[0].steps_path)
+    roll, roll0 = _rows(res.rollouts_path), _rows(base[0].rollouts_path)
+    # Same completions and verifier rewards (the verifier reward is what reward_mean reports) ...
+    def strip(rs):
+        return [{k: v for k, v in r.items() if k not in ("overlong_penalty", "advantage")} for r in rs]
+    assert strip(roll) == strip(roll0)
+    for k in ("reward_mean", "reward_std", "zero_var_group_share", *STATUS_COLS):
+        assert row[k] == row0[k], k
+    # ... but the advantage estimator saw reward + penalty, the penalty exactly as documented.
+    pens = [_hand_penalty(r["length"], buffer, factor) for r in roll]
+    assert any(p < 0 for p in pens) and any(r["length"] > MAX_NEW - buffer for r in roll)
+    for r, pen in zip(roll, pens):
+        assert r["overlong_penalty"] == pytest.approx(pen, abs=1e-6)
+        assert float(rec.adv_in[0][r["position"], r["sample_index"]]) == pytest.approx(r["reward"] + pen, abs=1e-6)
+        assert float(base[1].adv_in[0][r["position"], r["sample_index"]]) == r["reward"]
+    assert row["overlong/penalty_mean"] == pytest.approx(sum(pens) / len(pens), abs=1e-6)
+    assert row["overlong/penalized_share"] == sum(p < 0 for p in pens) / len(pens)
+    assert not torch.equal(rec.loss_in[0]["adv"], base[1].loss_in[0]["adv"])
+
+
+# ------------------------------------------------------------------------------------- dynamic sampling
+DYN = dict(steps=4, checkpoint_every=2, warmup_steps=1, dynamic_sampling=True, dynamic_sampling_max_rounds=3)
+
+
+@pytest.fixture(scope="module")
+def dyn(tiny, tmp_path_factory):
+    return _run(tiny, tmp_path_factory.mktemp("opt") / "dyn", _cfg(**DYN))
+
+
+def test_dynamic_sampling_keeps_informative_groups_and_advances_the_data(dyn, tiny):
+    res, rec = dyn
+    _, _, ids = tiny
+    rows = _rows(res.steps_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    # Every advantage call saw only the kept groups, each with reward variance, at most P of them.
+    assert len(rec.adv_in) == sum(r["dynamic/groups_kept"] > 0 for r in rows)
+    kept_calls = iter(rec.adv_in)
+    pos = 0
+    for r in rows:
+        rounds, used, dropped, kept = (r["dynamic/rounds"], r["dynamic/prompts_consumed"], r["dynamic/groups_dropped"],
+                                       r["dynamic/groups_kept"])
+        assert 1 <= rounds <= DYN["dynamic_sampling_max_rounds"] and used == rounds * P
+        assert kept <= P and kept + dropped <= used
+        if dropped:
+            assert used > P  # refilled with the next prompts
+        if kept < P:
+            assert rounds == DYN["dynamic_sampling_max_rounds"]  # partial batch only after the last round
+        if kept:
+            adv_in = next(kept_calls)
+            assert adv_in.shape == (kept, G) and bool(((adv_in.max(1).values - adv_in.min(1).values) > 0).all())
+        assert sum(r[c] for c in STATUS_COLS) == used * G  # every verified completion, all rounds
+        # The engine was asked for the next `used` curriculum prompts in order, each with its own epoch.
+        calls = [c for c in rec.gen if c[1] == r["step"] - 1]
+        assert [i for c in calls for i in c[0]] == [ids[(pos + i) % len(ids)] for i in range(used)]
+        seen = 0
+        for call_ids, _, epoch in calls:
+            assert {(pos + seen + i) // len(ids) for i in range(len(call_ids))} == {epoch}
+            seen += len(call_ids)
+        assert r["epoch"] == pos // len(ids)
+        pos += used
+    assert sum(r["dynamic/groups_dropped"] for r in rows) > 0, "no group was dropped: the test shows nothing"
+    assert res.summary["data_position"] == pos > P * len(rows)
+    # rollouts.parquet: 4 rows per step, from kept (informative) groups of that step.
+    roll = _rows(res.rollouts_path)
+    assert [r["step"] for r in roll] == [s for s in (1, 2, 3, 4) for _ in range(4)]
+
+
+def test_resume_with_dynamic_sampling_equals_uninterrupted_without_duplicate_rollouts(dyn, tiny, tmp_path):
+    full, _ = dyn
+    out = tmp_path / "resumed"
+    first, _ = _run(tiny, out, _cfg(**DYN), stop_after_steps=2)
+    assert not first.summary["done"]
+    # A call killed after it logged step 3's rollouts but before its step-4 checkpoint: the resume from the
+    # step-2 checkpoint must drop those rows, not append a second copy.
+    import pyarrow as pa
+
+    logged = _rows(out / "rollouts.parquet")
+    assert [r["step"] for r in logged] == [1] * 4 + [2] * 4
+    pq.write_table(pa.Table.from_pylist(logged + [dict(r, step=3) for r in logged[:4]]), out / "rollouts.parquet")
+    second, _ = _run(tiny, out, _cfg(**DYN))
+    assert second.summary["resumed_from_step"] == 2 and second.summary["done"]
+    assert second.summary["data_position"] == full.summary["data_position"]
+    a, b = _rows(full.steps_path), _rows(second.steps_path)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        for k in ("reward_mean", "epoch", "n_tokens", "dynamic/rounds", "dynamic/prompts_consumed",
+                  "dynamic/groups_dropped", "dynamic/groups_kept", *STATUS_COLS):
+            assert ra[k] == rb[k], (ra["step"], k)
+        assert ra["lr"] == pytest.approx(rb["lr"], rel=1e-9)
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
+    wa, wb = _params(full.final_model_dir), _params(second.final_model_dir)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
+    ra, rb = _rows(full.rollouts_path), _rows(second.rollouts_path)
+    assert len(rb) == 4 * 4
+    assert len({(r["step"], r["prompt_id"], r["sample_index"]) for r in rb}) == len(rb)
+    for x, y in zip(ra, rb):
+        assert {k: v for k, v in x.items() if k != "advantage"} == {k: v for k, v in y.items() if k != "advantage"}
+        assert x["advantage"] == pytest.approx(y["advantage"], abs=1e-6)
+
+
+def test_partial_batch_is_trained_as_it_is_after_the_last_round(tiny, tmp_path):
+    # Every group has zero variance: two rounds, nothing kept, the step still completes (G-partial-batch)
+    # with a zero gradient, and the data position moved past both rounds.
+    cfg = _cfg(steps=1, dynamic_sampling=True, dynamic_sampling_max_rounds=2)
+    res, rec = _run(tiny, tmp_path / "empty", cfg, verifier="_test_zero")
+    (row,) = _rows(res.steps_path)
+    assert (row["dynamic/rounds"], row["dynamic/prompts_consumed"], row["dynamic/groups_dropped"],
+            row["dynamic/groups_kept"]) == (2, 2 * P, 2 * P, 0)
+    assert row["health/G-verifier-format"] == 1 and row["status/incorrect"] == 2 * P * G
+    assert row["loss"] == 0 and row["n_tokens"] == 0 and row["grad_norm"] == 0
+    assert res.summary["done"] and res.summary["data_position"] == 2 * P
+    assert not rec.adv_in and len(rec.gen) == 2
+    assert not res.rollouts_path.exists()  # nothing trained, nothing to log
+    before, after = _params(tiny[0]), _params(res.final_model_dir)
+    assert all(torch.equal(before[k], after[k]) for k in before)
