@@ -19,8 +19,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,8 +36,6 @@ from rlvr_core.export import (MANIFEST_FILE, ExportError, ExportVerificationErro
 from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier  # noqa: E402
 
 VERIFIER = "_test_parity"
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
-               "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 TIMES: dict[str, float] = {}   # printed by the last test (pytest -s) for the record
 
 
@@ -506,11 +502,6 @@ def test_link_export_to_mlflow_run(runs, base, tmp_path, rlvr_home):
 
 
 # ------------------------------------------------------------------------------------ 2 ranks (ZeRO 2, 3)
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_checkpoints_partitioned_over_two_ranks(base, tmp_path):
     """ZeRO-2 and ZeRO-3 checkpoints written by 2 processes (each rank saves its own partition) export to
@@ -518,13 +509,10 @@ def test_checkpoints_partitioned_over_two_ranks(base, tmp_path):
     model_dir, _ = base
     spec = {"model_dir": str(model_dir), "out": str(tmp_path / "ddp")}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), __file__, str(tmp_path / "spec.json")]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    TIMES["two_rank_launch_s"] = round(time.perf_counter() - t0, 1)
+    from twoproc import run_two_ranks  # here: the launched ranks run this file without tests/ on sys.path
+
+    proc, t_launch = run_two_ranks(__file__, tmp_path / "spec.json")
+    TIMES["two_rank_launch_s"] = round(t_launch, 1)
     assert proc.returncode == 0, proc.stdout[-4000:] + "\n" + proc.stderr[-8000:]
     for name, stage in (("z2", 2), ("z3", 3)):
         run = tmp_path / "ddp" / name

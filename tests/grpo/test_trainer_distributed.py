@@ -15,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,8 +65,6 @@ EXACT = ("step", "epoch", "reward_mean", "reward_std", "zero_var_group_share", "
 CLOSE = ("loss", "pg_loss", "loss_last_epoch", "ratio_mean", "ratio_max", "ratio_min", "clip_frac",
          "clip_frac_low", "clip_frac_high", "approx_kl_old_new", "logprob_abs_diff", "entropy", "kl_ref_mean",
          "kl_ref_max")
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
-               "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
 def _probe(model, tok) -> dict[str, float]:
@@ -90,11 +86,6 @@ def _one_thread():
     finally:
         torch.set_num_threads(n)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------------------- tests
@@ -145,13 +136,9 @@ def test_two_processes_train_like_one(tiny, tmp_path):
     model_dir, rows, ids = tiny
     spec = {"model_dir": str(model_dir), "rows": rows, "ids": ids, "out": str(tmp_path / "ddp"), "runs": RUNS}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), __file__, str(tmp_path / "spec.json")]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    t_launch = time.perf_counter() - t0
+    from twoproc import run_two_ranks  # here: the launched ranks run this file without tests/ on sys.path
+
+    proc, t_launch = run_two_ranks(__file__, tmp_path / "spec.json")
     assert proc.returncode == 0, proc.stdout[-4000:] + "\n" + proc.stderr[-8000:]
 
     # P = 3 on 2 ranks: both ranks refuse before DeepSpeed starts, with the message.
