@@ -40,9 +40,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from rlvr_core.config import ConfigError, SyntheticDataConfig, _Strict, config_hash
+from rlvr_core.config import ConfigError, SyntheticDataConfig, _one_of, _Strict, config_hash
 from rlvr_core.data.loaders import DEFAULT_FILES, DataFormatError, known_datasets, load_problems
-from rlvr_core.templates import PromptTemplate, few_shot, get_template, known_templates, register_template
+from rlvr_core.templates import PromptTemplate, few_shot, get_template, known_templates
 
 __all__ = [
     "BenchmarkSpec", "DataSpec", "PromptSpec", "FewShotSpec", "FewShotExample", "GenerationSpec", "VerifierSpec",
@@ -73,13 +73,6 @@ BREAKDOWN_FIELDS: dict[str, tuple[str, ...]] = {
 # Verifiers whose gold is the problem's `answer` string and whose `extracted` answers can be voted on (maj@k).
 _ANSWER_VERIFIERS = ("gsm8k", "math", "minerva", "mcq")
 
-# A benchmark's prompt may need a template the template module does not have yet. IFEval's prompt is the
-# instruction itself, sent as the user message: no template in rlvr_core.templates does that (chat_qa and
-# chat_math append their own instructions), so it is registered here (if nobody registered it first).
-if "chat_plain" not in known_templates():
-    register_template(PromptTemplate(id="chat_plain", version="1", kind="chat", pattern="{question}", stop=()))
-
-
 def data_root() -> Path:
     """$RLVR_DATA_DIR if set, else ../shared/data next to the project (the public sets the tests use)."""
     env = os.environ.get(DATA_DIR_ENV)
@@ -104,10 +97,7 @@ class DataSpec(_Strict):
     @field_validator("source")
     @classmethod
     def _known_source(cls, v: str) -> str:
-        known = known_datasets() + [SYNTHETIC]
-        if v not in known:
-            raise ValueError(f"unknown data set {v!r}; known: {', '.join(known)}")
-        return v
+        return _one_of(v, known_datasets() + [SYNTHETIC], "data set")
 
 
 class FewShotExample(_Strict):
@@ -140,9 +130,7 @@ class PromptSpec(_Strict):
     @field_validator("template")
     @classmethod
     def _known_template(cls, v: str) -> str:
-        if v not in known_templates():
-            raise ValueError(f"unknown template {v!r}; known: {', '.join(known_templates())}")
-        return v
+        return _one_of(v, known_templates(), "template")
 
 
 class GenerationSpec(_Strict):
@@ -168,9 +156,7 @@ class VerifierSpec(_Strict):
     def _known_verifier(cls, v: str) -> str:
         from rlvr_core.verifiers import known_verifiers
 
-        if v not in known_verifiers():
-            raise ValueError(f"unknown verifier {v!r}; known: {', '.join(known_verifiers())}")
-        return v
+        return _one_of(v, known_verifiers(), "verifier")
 
 
 class BenchmarkSpec(_Strict):

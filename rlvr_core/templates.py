@@ -171,6 +171,10 @@ CHAT_QA = register_template(
     )
 )
 
+# The question alone as the user message: instruction-following sets (IFEval) whose prompt is the
+# whole instruction, with nothing of ours added.
+CHAT_PLAIN = register_template(PromptTemplate(id="chat_plain", version="1", kind="chat", pattern="{question}", stop=()))
+
 
 # ---- checking a template against the model it will be used with (G-chat-template) ----------------------
 
