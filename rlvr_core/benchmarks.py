@@ -607,19 +607,23 @@ def known_benchmarks() -> list[str]:
     return sorted(p.stem for p in BENCHMARK_DIR.glob("*.yaml"))
 
 
+def _named_file(name_or_path: str | Path, folder: Path, what: str, known: list[str]) -> Path:
+    """A path as given, or `folder/<name>.yaml` for a bare name (an unknown name lists the known ones)."""
+    if _is_path(name_or_path):
+        return Path(name_or_path)
+    path = folder / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ConfigError(str(path), [("", f"no {what} named {str(name_or_path)!r}; known: {', '.join(known)}")])
+    return path
+
+
 def load_benchmark(name_or_path: str | Path, *, check_data: bool = True,
                    root: str | Path | None = None) -> BenchmarkSpec:
     """A benchmark by name (configs/benchmarks/<name>.yaml) or from a YAML file; validated before any work.
 
     The spec's `name` must equal the file's stem, so a name always means one file.
     """
-    if _is_path(name_or_path):
-        path = Path(name_or_path)
-    else:
-        path = BENCHMARK_DIR / f"{name_or_path}.yaml"
-        if not path.is_file():
-            raise ConfigError(str(path), [("", f"no benchmark named {str(name_or_path)!r}; known: "
-                                           f"{', '.join(known_benchmarks())}")])
+    path = _named_file(name_or_path, BENCHMARK_DIR, "benchmark", known_benchmarks())
     data = _read_yaml(path)
     if isinstance(data, dict) and "name" in data and data["name"] != path.stem:
         raise ConfigError(str(path), [("name", f"must equal the file name {path.stem!r} (got {data['name']!r})")])
@@ -633,13 +637,7 @@ def known_suites() -> list[str]:
 
 def load_suite(name_or_path: str | Path) -> SuiteSpec:
     """A suite by name (configs/benchmarks/suites/<name>.yaml) or path; every listed benchmark must exist."""
-    if _is_path(name_or_path):
-        path = Path(name_or_path)
-    else:
-        path = SUITE_DIR / f"{name_or_path}.yaml"
-        if not path.is_file():
-            raise ConfigError(str(path), [("", f"no suite named {str(name_or_path)!r}; known: "
-                                           f"{', '.join(known_suites())}")])
+    path = _named_file(name_or_path, SUITE_DIR, "suite", known_suites())
     data = _read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(str(path), [("", f"top level must be a mapping, got {type(data).__name__}")])
