@@ -74,8 +74,8 @@ def plain_loop(pairs):
     return time.perf_counter() - t0, lat, verdicts
 
 
-def pool_run(pairs, workers, timeout_s):
-    with VerifierPool("math", workers=workers, timeout_s=timeout_s) as pool:
+def pool_run(pairs, workers, timeout_s, **pool_options):
+    with VerifierPool("math", workers=workers, timeout_s=timeout_s, **pool_options) as pool:
         pool.verify_many(pairs[:4])  # warm-up: workers import sympy before the clock starts
         pool.latencies.clear()
         t0 = time.perf_counter()
@@ -90,16 +90,23 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=2.0)
     ap.add_argument("--hangs", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3, help="clean/planted run pairs per pool size")
+    ap.add_argument("--sideline-after-s", type=float, default=None, help="VerifierPool sideline_after_s")
+    ap.add_argument("--no-yield", action="store_true", help="VerifierPool(yield_cpu=False): sidelined workers keep their CPU share")
+    ap.add_argument("--hangs-only", action="store_true", help="skip the throughput table (bar 1)")
     args = ap.parse_args()
+    opts = {"yield_cpu": not args.no_yield}
+    if args.sideline_after_s is not None:
+        opts["sideline_after_s"] = args.sideline_after_s
     logging.disable(logging.WARNING)  # math-verify logs every timeout
 
     pairs = build_inputs(args.limit)
     print(f"inputs: {len(pairs)} (MATH-500 gold solutions + perturbed answers), timeout {args.timeout_s:g} s\n")
+    print(f"pool options: {opts}\n")
     base_wall, base_lat, base_verdicts = plain_loop(pairs)
     rows = [("plain math-verify loop", base_wall, base_lat, None)]
     runs, clean_wall = {}, {}
-    for w in (0, 1, 2):
-        wall, lat, outs, stats, _ = pool_run(pairs, w, args.timeout_s)
+    for w in ((2,) if args.hangs_only else (0, 1, 2)):
+        wall, lat, outs, stats, _ = pool_run(pairs, w, args.timeout_s, **opts)
         runs[w], clean_wall[w] = outs, wall
         rows.append((f"pool workers={w}", wall, lat, stats))
 
@@ -135,8 +142,8 @@ def main() -> None:
         for w in (1, 2):
             cleans, rests, walls, p50s, p95s, hang_max, statuses, same = [], [], [], [], [], [], set(), True
             for _ in range(args.repeats):
-                cleans.append(pool_run(pairs, w, args.timeout_s)[0])
-                wall, lat, outs, stats, done = pool_run(hang_pairs, w, args.timeout_s)
+                cleans.append(pool_run(pairs, w, args.timeout_s, **opts)[0])
+                wall, lat, outs, stats, done = pool_run(hang_pairs, w, args.timeout_s, **opts)
                 walls.append(wall)
                 rests.append(max(d for i, d in enumerate(done) if i not in hset))
                 hang_lat = sorted(lat)[-args.hangs:]  # latencies are in completion order; hangs are the largest

@@ -18,8 +18,16 @@ Throughput and hangs (docs/benchmarks/verifiers.md):
 - A worker that has run one item for `_SIDELINE_AFTER_S` is *sidelined*: a spare takes its slot and
   what was queued behind the slow item goes to the others, so a possible hang holds up no worker
   while it waits out its timeout. If the item finishes after all, the worker rejoins as a spare; if
-  not, it is killed at the deadline. (On a machine with no core to spare, a hung sympy call still
-  takes CPU from the rest until it is killed.)
+  not, it is killed at the deadline.
+- A sidelined worker also *yields the CPU* (Linux `SCHED_IDLE`): it runs only on cores the rest of
+  the batch leaves idle, so on a machine with no core to spare a hung sympy call no longer takes CPU
+  from the working items. Its item's clock then leaves out the time the process sat runnable but
+  kept off the CPU (`/proc/PID/schedstat`), with a wall-clock cap of `timeout_s + grace_s`: a hang
+  is killed once it has had `timeout_s` of its own time (running, or blocked on I/O or a child
+  process), or at the cap if it was starved. The price: a legitimately slow item that is starved
+  past the cap comes back as `timeout` (detail "starved"), never as `incorrect`; on a machine with
+  a spare core, or when the batch ends first, it simply finishes. `yield_cpu=False` keeps the plain
+  wall-clock deadline.
 - A gold answer is parsed once per pool, not once per worker: a worker reports the golds it parsed
   (pickled) with its result, and the parent attaches that parse to the next item with the same gold
   sent to any other worker. A worker that replaces a killed one therefore does not parse the batch's
@@ -73,6 +81,10 @@ _PREFETCH_MAX_BYTES = 32 * 1024
 # A worker that has run one item this long is sidelined (capped at a quarter of the timeout for tiny
 # timeouts). Clean MATH-500 verifications take at most ~0.25 s here, most a few milliseconds.
 _SIDELINE_AFTER_S = 0.25
+# A sidelined worker that yields the CPU is killed at `timeout_s + grace` wall seconds even if it
+# has not used `timeout_s` of CPU (it was starved): a verdict still comes within the timeout plus
+# a second.
+_GRACE_S = 0.75
 # Verifiers cache parsed gold answers per process, so an item goes preferably to the worker that
 # already had its gold: a worker with room takes the first of the next few to-do items whose gold
 # is new or its own, else the next one (never waits for a busy worker).
@@ -85,6 +97,36 @@ _PRELOAD = ["__main__", "rlvr_core.verifiers", "math_verify", "rlvr_core.verifie
 # The spare is re-forked from a working worker after this many results, so that a replacement has
 # the batch's golds and sympy state of a moment ago rather than of the pool's start.
 _REFRESH_SPARE_AFTER = 200
+
+
+def _queue_wait_s(pid: int) -> float | None:
+    """Seconds the process has spent runnable but waiting for a CPU (Linux `/proc/PID/schedstat`:
+    time on CPU, time waiting on a run queue, in ns); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _set_idle(pid: int, idle: bool) -> bool:
+    """Move a process to `SCHED_IDLE` (runs only on otherwise idle CPU) or back to `SCHED_OTHER`.
+    False where the platform or the process's limits do not allow it (an unprivileged process may
+    not always leave SCHED_IDLE again; such a worker is retired rather than reused)."""
+    if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_IDLE"):
+        return False
+    try:
+        os.sched_setscheduler(pid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
+        return True
+    except OSError:
+        return False
+
+
+def _is_idle(pid: int) -> bool:
+    try:
+        return os.sched_getscheduler(pid) == os.SCHED_IDLE
+    except (AttributeError, OSError):
+        return False
 
 
 def _context() -> Any:
@@ -213,6 +255,11 @@ class _Worker:
     clock: float = 0.0  # when queue[0] started, as seen by the parent
     fork_pending: bool = False  # asked to fork a spare, which has not arrived yet
     golds: set[str] = field(default_factory=set)  # golds it has parsed or been sent parsed
+    # Set while sidelined: whether it yields the CPU, and the process's run-queue wait (seconds
+    # runnable but off the CPU) when its running item's clock was last set; the item is charged its
+    # wall time less the wait since. None: the wait cannot be read here; the wall clock counts.
+    idle: bool = False
+    wait_mark: float | None = None
 
 
 @dataclass
@@ -244,6 +291,9 @@ class VerifierPool:
         workers: int = 2,
         timeout_s: float = 5.0,
         spares: int = 1,
+        yield_cpu: bool = True,
+        grace_s: float = _GRACE_S,
+        sideline_after_s: float = _SIDELINE_AFTER_S,
     ) -> None:
         if workers < 0 or spares < 0:
             raise ValueError(f"workers and spares must be >= 0, got {workers}, {spares}")
@@ -254,7 +304,9 @@ class VerifierPool:
         self.n_workers = workers
         self.n_spares = spares if workers else 0
         self.timeout_s = timeout_s
-        self._sideline_after = min(_SIDELINE_AFTER_S, timeout_s / 4)
+        self._sideline_after = min(sideline_after_s, timeout_s / 4)
+        self.yield_cpu = yield_cpu
+        self.grace_s = grace_s if yield_cpu else 0.0
         # Built here too: validates name and options before any process starts, gives the version for
         # timeout outcomes, and is the verifier itself when workers=0.
         self._local = get_verifier(name, **self.options)
@@ -266,6 +318,7 @@ class VerifierPool:
         self._spares: list[_Worker] = []
         # Workers taken out of service while they run a slow item (maybe a hang); see `_sideline`.
         self._sidelined: list[_Worker] = []
+        self._dying: list[_Worker] = []  # killed, not reaped yet
         self._gold_home: dict[str, _Worker] = {}  # gold text -> worker that was last sent it
         # Gold text -> its parse, pickled, as reported by the worker that parsed it (see `_send`).
         self._parsed_golds: dict[str, bytes] = {}
@@ -329,6 +382,10 @@ class VerifierPool:
             raise
         now = time.monotonic()
         spare = _Worker(process=_Forked(pid), conn=Connection(fd), started_at=now)
+        if _is_idle(pid) and not _set_idle(pid, False):  # forked while its donor was sidelined and yielding
+            spare.process.kill()
+            spare.conn.close()
+            return
         self._forked += 1
         self._since_spare = 0
         self._spares.append(spare)
@@ -344,11 +401,23 @@ class VerifierPool:
             pass
         self._kill(w)
 
-    def _kill(self, w: _Worker) -> None:
+    def _kill(self, w: _Worker, wait: bool = True) -> None:
+        if w.idle:  # a process starved of CPU would also be slow to exit and free its memory
+            _set_idle(w.process.pid, False)
         if w.process.is_alive():
             w.process.kill()  # SIGKILL: a hung sympy call ignores anything gentler
-        w.process.join(timeout=5)
         w.conn.close()
+        if wait:
+            w.process.join(timeout=5)
+        else:  # reaped later (`_reap`), so the batch does not wait for a big process to exit
+            self._dying.append(w)
+
+    def _reap(self, timeout: float = 0.0) -> None:
+        give_up = time.monotonic() + timeout
+        for w in list(self._dying):
+            w.process.join(timeout=max(0.0, give_up - time.monotonic()))
+            if not w.process.is_alive():
+                self._dying.remove(w)
 
     def _replace(self, w: _Worker) -> None:
         """Kill `w` and put a spare in its slot (a ready one if any), then start a new spare."""
@@ -375,6 +444,7 @@ class VerifierPool:
             if not w.queue:  # a busy worker would not read the shutdown message
                 w.process.join(timeout=max(0.0, give_up - time.monotonic()))
             self._kill(w)
+        self._reap(timeout=5)
         self._workers, self._sidelined, self._spares = [], [], []
 
     def _drop_pending_fork(self, w: _Worker) -> None:
@@ -547,10 +617,15 @@ class VerifierPool:
 
     def _next_wakeup(self, b: _Batch) -> float | None:
         """Seconds until the earliest deadline, sideline point or start-up limit (None: no limit)."""
-        times = [w.clock + self.timeout_s for w in self._workers + self._sidelined if w.queue]
+        now = time.monotonic()
+        times = [w.clock + self.timeout_s for w in self._workers if w.queue]
         times += [w.clock + self._sideline_after for w in self._workers if w.queue]
+        # A sidelined item's charged time grows at most as fast as the wall clock: check again when
+        # its budget could be spent at the earliest, or at its wall-clock cap.
+        times += [min(w.clock + self.timeout_s + self.grace_s, now + max(0.01, self.timeout_s - self._item_time(w, now)))
+                  for w in self._sidelined if w.queue]
         times += [w.started_at + _START_TIMEOUT_S for w in self._workers + self._spares if not w.ready]
-        return max(0.0, min(times) - time.monotonic()) if times else None
+        return max(0.0, min(times) - now) if times else None
 
     def _receive(self, b: _Batch, timeout: float | None) -> None:
         """Read results and ready signals; a closed pipe means the worker died."""
@@ -578,8 +653,11 @@ class VerifierPool:
                         if self._record(b, i, outcome):
                             self.latencies.append(now - w.clock)
                         w.clock = now  # the next queued item started when this one ended
-                        if w in self._sidelined and not w.queue:
-                            self._reinstate(w)
+                        if w in self._sidelined:
+                            if not w.queue:
+                                self._reinstate(w)
+                            else:  # it goes on, still yielding, with what was queued behind
+                                w.wait_mark = _queue_wait_s(w.process.pid) if w.idle else None
                     elif kind == "failed":
                         self._kill(w)
                         raise RuntimeError(f"verifier worker for {self.name!r} failed to start: {payload}")
@@ -621,7 +699,17 @@ class VerifierPool:
                 b.todo.appendleft(i)
         self._workers[self._workers.index(w)] = self._take_spare()
         self._sidelined.append(w)
+        w.wait_mark = _queue_wait_s(w.process.pid) if self.yield_cpu else None
+        w.idle = w.wait_mark is not None and _set_idle(w.process.pid, True)
         self._fill_spares()
+
+    def _item_time(self, w: _Worker, now: float) -> float:
+        """The time charged to the running item of sidelined `w`: its wall time, less the time it
+        was kept off the CPU since it started yielding (plain wall time where `w` does not yield)."""
+        if not w.idle or w.wait_mark is None:
+            return now - w.clock
+        wait = _queue_wait_s(w.process.pid)
+        return now - w.clock - (0.0 if wait is None else wait - w.wait_mark)
 
     def _take_spare(self) -> _Worker:
         """The newest ready spare (a fresh worker if there is none)."""
@@ -634,6 +722,11 @@ class VerifierPool:
     def _reinstate(self, w: _Worker) -> None:
         """A sidelined worker finished after all: it is warm, so it becomes the newest spare."""
         self._sidelined.remove(w)
+        if w.idle and not _set_idle(w.process.pid, False):
+            self._retire(w)  # it would keep yielding as a worker; a fresh spare replaces it
+            self._fill_spares()
+            return
+        w.idle, w.wait_mark = False, None
         self._spares.append(w)
         while len(self._spares) > self.n_spares:
             self._retire(self._spares.pop(0))
@@ -651,15 +744,23 @@ class VerifierPool:
     def _enforce_deadlines(self, b: _Batch) -> None:
         now = time.monotonic()
         for w in list(self._sidelined):
-            if w.queue and now >= w.clock + self.timeout_s:
+            if not w.queue:
+                continue
+            charged, wall = self._item_time(w, now), now - w.clock
+            if charged >= self.timeout_s or wall >= self.timeout_s + self.grace_s:
                 i = w.queue.popleft()
-                if self._record(b, i, self._outcome(Status.TIMEOUT, f"worker killed after {self.timeout_s:g} s")):
+                detail = f"worker killed after {self.timeout_s:g} s"
+                if charged < self.timeout_s:
+                    detail += (f" (starved: {wall:.2f} s wall, of which {wall - charged:.2f} s kept off the CPU"
+                               " by busier processes)")
+                if self._record(b, i, self._outcome(Status.TIMEOUT, detail)):
                     self._timeouts += 1
                     self.latencies.append(now - w.clock)
                 self._give_back(b, w)
                 self._sidelined.remove(w)
-                self._kill(w)
+                self._kill(w, wait=False)
                 self._restarts += 1
+        self._reap()
         for w in list(self._workers):
             if self._stuck(w, now):
                 self._sideline(b, w)
