@@ -211,6 +211,23 @@ class GRPOConfig(_Strict):
     rollout_samples_per_step: int = Field(4, ge=0, description="completions per step written to "
                                           "out_dir/rollouts.parquet (text, reward, status, length; taken "
                                           "round-robin over the trained groups; 0 = none)")
+    # ---- LoRA (peft): train low-rank adapters instead of every weight ----
+    lora_rank: int = Field(0, ge=0, description="LoRA adapter rank (peft) on the policy's linear layers; 0 = full "
+                           "fine-tuning. With LoRA the KL reference is the base model itself (adapters switched "
+                           "off), so no second copy of the model is held")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scale numerator: an adapter's update is scaled by "
+                              "lora_alpha / lora_rank")
+    lora_target_modules: list[str] | None = Field(None, description="names of the modules to adapt, e.g. "
+                                                  "[q_proj, v_proj]; None = every linear layer except the "
+                                                  "output head (peft's 'all-linear')")
+
+    @model_validator(mode="after")
+    def _lora_fits(self) -> "GRPOConfig":
+        if self.lora_rank and self.zero_stage == 3:
+            # ZeRO-3 partitions the model that peft wraps, and the trainer's ZeRO-3 path samples from a
+            # replica filled by parameter name; adapters are small, so ZeRO 0-2 loses little.
+            raise ValueError("lora_rank > 0 needs zero_stage 0, 1 or 2 (LoRA with ZeRO-3 is not supported)")
+        return self
 
 
 class EvalConfig(_Strict):

@@ -29,6 +29,7 @@ import inspect
 import io
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -166,6 +167,44 @@ def _consolidate(checkpoint_dir: Path, tag: str, tag_dir: Path, meta: dict[str, 
     return sd, "deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint"
 
 
+LORA_CONFIG = "lora_config.json"  # written into the checkpoint folder by a LoRA training run
+_PEFT_PREFIX = "base_model.model."
+
+
+def _merge_lora(state: dict[str, Any], lora: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The plain model's state dict from a peft LoRA model's: W = W_base + scale * B @ A for every adapted
+    linear layer (scale = lora_alpha / r, or / sqrt(r) with rsLoRA), peft's key prefixes removed.
+
+    Written out rather than calling peft's `merge_and_unload`, so export needs no peft model and the
+    training-time merge (which does use peft) is checked against an independent computation."""
+    import torch
+
+    r = int(lora["r"])
+    scale = float(lora["lora_alpha"]) / (math.sqrt(r) if lora.get("use_rslora") else r)
+    out: dict[str, Any] = {}
+    adapters: dict[str, tuple[str, str]] = {}
+    for k in state:
+        if not k.startswith(_PEFT_PREFIX):
+            raise ExportError(f"{where}: LoRA checkpoint key {k!r} lacks peft's {_PEFT_PREFIX!r} prefix")
+        name = k[len(_PEFT_PREFIX):]
+        if ".lora_A." in name:
+            module, rest = name.split(".lora_A.", 1)
+            adapters[module] = (k, _PEFT_PREFIX + module + ".lora_B." + rest)
+        elif ".lora_B." not in name:
+            out[name.replace(".base_layer.", ".")] = state[k]
+    if not adapters:
+        raise ExportError(f"{where}: {LORA_CONFIG} says LoRA but the checkpoint has no lora_A weights")
+
+    def full(t: Any) -> torch.Tensor:
+        return (t if isinstance(t, torch.Tensor) else t.contiguous()).to(torch.float32)
+
+    for module, (ka, kb) in adapters.items():
+        if kb not in state or module + ".weight" not in out:
+            raise ExportError(f"{where}: adapter of {module!r} is incomplete (lora_B or base weight missing)")
+        out[module + ".weight"] = full(out[module + ".weight"]) + scale * (full(state[kb]) @ full(state[ka]))
+    return out
+
+
 def _load_into_model(model, state: dict[str, Any], source: str) -> tuple[int, list[str]]:
     """Copy every consolidated tensor into `model` (fp32) and check the match both ways.
 
@@ -286,6 +325,11 @@ def export_checkpoint(checkpoint_dir: str | Path, tag: str | None = None, *, bas
 
     state, method = _consolidate(checkpoint_dir, tag, tag_dir, meta)
     meta.pop("module", None)
+    lora = None
+    if (checkpoint_dir / LORA_CONFIG).is_file():
+        lora = json.loads((checkpoint_dir / LORA_CONFIG).read_text())
+        state = _merge_lora(state, lora, tag_dir)
+        method += f" + LoRA adapters merged (r={lora['r']}, alpha={lora['lora_alpha']})"
 
     config = AutoConfig.from_pretrained(base_model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -321,6 +365,7 @@ def export_checkpoint(checkpoint_dir: str | Path, tag: str | None = None, *, bas
             "tag": tag,
             "dtype": dtype,
             "zero_stage": meta["zero_stage"],
+            "lora": lora,
             "checkpoint": {"dir": str(checkpoint_dir.resolve()), "tag_dir": str(tag_dir.resolve()),
                            "global_steps": meta["global_steps"], "client_step": meta["client_step"],
                            "dp_world_size": meta["dp_world_size"], "ds_version": meta["ds_version"],

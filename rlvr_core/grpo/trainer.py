@@ -75,6 +75,7 @@ from typing import Any, Callable
 import torch
 
 from rlvr_core.config import GRPOConfig
+from rlvr_core.export import LORA_CONFIG  # written beside the checkpoints: what export needs to merge adapters
 from rlvr_core.grpo.advantages import get_advantage, overlong_penalty
 from rlvr_core.grpo.distributed import (DataParallel, check_divisible, global_normalisers, launch_world_size,
                                         reduce_loss_metrics, shutdown)
@@ -87,6 +88,7 @@ __all__ = ["GRPOResult", "GuardError", "train_grpo", "ds_config", "build_batch",
 
 CHECKPOINTS = "checkpoints"
 FINAL_MODEL = "final_model"
+LORA_ADAPTER = "lora_adapter"  # with lora_rank > 0: the trained adapters alone, in peft's format
 STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "grpo_summary.json"
 ROLLOUTS_FILE = "rollouts.parquet"
@@ -159,6 +161,21 @@ def ds_config(cfg: GRPOConfig, batch_size: int, world_size: int = 1) -> dict[str
     elif cfg.precision == "fp16":
         conf["fp16"] = {"enabled": True, "initial_scale_power": 12}
     return conf
+
+
+def with_lora(model, cfg: GRPOConfig, seed: int):
+    """`model` wrapped with peft LoRA adapters (B = 0 at the start, so the wrapped model computes exactly
+    what the base does); only the adapters train. Returns the PeftModel.
+
+    A is initialised at random from a generator seeded with `seed`: two runs with the same seed start
+    from the same adapters (peft would draw them from the global torch RNG, whatever state it is in)."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, bias="none",
+                      target_modules=cfg.lora_target_modules or "all-linear", task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, lora)
 
 
 def _engine(model, cfg: GRPOConfig, batch_size: int, world_size: int):
@@ -300,8 +317,11 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     tok = AutoTokenizer.from_pretrained(base_model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(base_model_dir, local_files_only=True, dtype=torch.float32)
     ref_model = None
-    if cfg.beta > 0:
+    if cfg.lora_rank:
+        model = with_lora(model, cfg, seed)
+    elif cfg.beta > 0:
         # Copied before DeepSpeed wraps the policy, so ZeRO-3 never partitions it: every rank holds it whole.
+        # (With LoRA the reference is the policy with its adapters switched off, in the step below.)
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     # ZeRO-3 partitions the policy and its forward hooks run collectives, so no rank may run it alone
     # (rank 0 evaluating) or a data-dependent number of times (decoding until every row stops). Sampling,
@@ -311,6 +331,12 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     engine, scheduler = _engine(model, cfg, P * G, world)
     policy = engine.module
     dev = engine.device
+    if cfg.lora_rank and DataParallel.current(dev).is_main:
+        lc = policy.peft_config["default"]
+        (ckpt_dir / LORA_CONFIG).write_text(json.dumps({
+            "r": lc.r, "lora_alpha": lc.lora_alpha, "use_rslora": bool(getattr(lc, "use_rslora", False)),
+            "target_modules": sorted(lc.target_modules) if isinstance(lc.target_modules, (set, list)) else lc.target_modules,
+        }, indent=2) + "\n")
     dp = DataParallel.current(dev)
     # No dropout anywhere: the rollout and the teacher-forced pass must see the same function.
     policy.eval()
@@ -475,6 +501,9 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             if ref_model is not None:
                 with torch.no_grad():
                     ref_logp, _ = sequence_logprobs(ref_model, batch)
+            elif cfg.lora_rank and cfg.beta > 0:
+                with torch.no_grad(), policy.disable_adapter():  # the base model, exactly
+                    ref_logp, _ = sequence_logprobs(policy, batch)
 
             n_local = int(mask.sum())
             # The whole step's token and sequence counts: the ranks' losses then add up to the 1-process loss.
@@ -613,6 +642,10 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     if done:
         trained = current_weights()  # every rank: a collective under ZeRO-3
         if dp.is_main:
+            if cfg.lora_rank:
+                # The adapters alone (peft format, small), then the merged model as the loadable final model.
+                trained.save_pretrained(out_dir / LORA_ADAPTER)
+                trained = copy.deepcopy(trained).merge_and_unload()
             if cfg.precision != "fp32":  # export fp32 weights, like the base model
                 trained = copy.deepcopy(trained).float()
             trained.save_pretrained(final_dir)
