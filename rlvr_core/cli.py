@@ -246,6 +246,11 @@ def _register_optional_commands() -> None:
         from rlvr_core.verifiers.cli import verify_command
 
         app.command("verify", help="Verify a jsonl file of responses with a named verifier.")(verify_command)
+    if importlib.util.find_spec("rlvr_core.eval_cli") is not None:
+        from rlvr_core.eval_cli import compare_command, eval_command
+
+        app.command("eval", help="Evaluate a checkpoint on benchmarks (docs/evaluation.md).")(eval_command)
+        app.command("compare", help="Compare two evaluations: paired deltas, capability boundary.")(compare_command)
 
 
 _register_optional_commands()

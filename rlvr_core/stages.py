@@ -23,7 +23,6 @@ from rlvr_core.cache import cached_dir, mark_done, resumable_dir
 from rlvr_core.config import ExperimentConfig
 from rlvr_core.manifest import file_sha256, rows_sha256
 from rlvr_core.progress import SILENT, Progress
-from rlvr_core.stats import wilson_interval
 from rlvr_core.templates import get_template
 
 # Bump when a stage's code changes what it produces, so stale cache entries are not reused.
@@ -422,28 +421,25 @@ def export_stage(trained: TrainArtifact, base: ModelArtifact, store: Any, prefix
 
 def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, Any], dict[str, float]]:
     """The trainer's periodic evaluation (every `grpo.eval_every` steps and after the last; G-no-eval,
-    G-reward-hacking): the same held-out problems, prompts, decoding and verifier as `evaluate_stage`,
-    so the curve's last point is the trained model's `accuracy_greedy`. Greedy accuracy always; pass@k
-    from `grpo.eval_samples` sampled completions per problem at `eval.temperature` when that is > 0."""
-    from rlvr_core.passk import passk_curve
+    G-reward-hacking): the evaluator (`rlvr_core.evaluate`) on the same held-out benchmark as
+    `evaluate_stage`, so the curve's last point is the trained model's `accuracy_greedy`. Greedy accuracy
+    always; pass@k from `grpo.eval_samples` sampled completions per problem at `eval.temperature` when
+    both are > 0."""
+    from rlvr_core.evaluate import evaluate_spec
+    from rlvr_core.sampling import HFEngine
 
-    rows = data.test_rows()[: cfg.eval.max_problems or None]
+    n = cfg.grpo.eval_samples
+    spec = held_out_spec(cfg, n=n if n else None, greedy_only=not n)
+    problems = held_out_problems(cfg, data, spec)
+    run = _run_settings(cfg)
 
     def evaluate(model: Any, tokenizer: Any) -> dict[str, float]:
-        greedy = sample_and_verify(model, tokenizer, rows, **_sampling_kwargs(
-            cfg, n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens))
+        engine = HFEngine(model, tokenizer, batch_size=cfg.sampling.batch_size)
+        res = evaluate_spec(engine, tokenizer, spec, run=run, problems=problems, eval_id="periodic")
         # `<name>_n` lets the G-reward-hacking guard tell a real drop from binomial noise.
-        out = {"greedy_pass_at_1": sum(r["correct"] for r in greedy) / max(len(rows), 1),
-               "greedy_pass_at_1_n": float(len(rows))}
-        n = cfg.grpo.eval_samples
+        out = {"greedy_pass_at_1": res.summary["accuracy_greedy"], "greedy_pass_at_1_n": float(len(problems))}
         if n:
-            sampled = sample_and_verify(model, tokenizer, rows, **_sampling_kwargs(
-                cfg, n=n, temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens))
-            per_problem: dict[str, int] = {}
-            for r in sampled:
-                per_problem[r["problem_id"]] = per_problem.get(r["problem_id"], 0) + int(r["correct"])
-            curve = passk_curve([n] * len(rows), [per_problem.get(r["id"], 0) for r in rows])
-            out.update({f"pass_at_{k}": v for k, v in curve.items()})
+            out.update({f"pass_at_{k}": v for k, v in res.curve.items()})
         return out
 
     return evaluate
@@ -474,79 +470,99 @@ class EvalArtifact:
     metrics: pa.Table
     curve: dict[int, float]
     summary: dict[str, Any]
+    curves: pa.Table | None = None  # pass@k for k = 1..n per scoring (warehouse `passk_curves` columns)
+    result: Any = None  # the evaluator's BenchmarkResult (records, settings), for comparisons
 
 
-def _after_answer(text: str) -> bool:
-    """G-stop-seq: does the completion keep writing after its final `#### N` line?"""
-    i = text.find("####")
-    if i < 0:
-        return False
-    rest = text[i:].split("\n", 1)
-    return len(rest) > 1 and rest[1].strip() != ""
+def held_out_spec(cfg: ExperimentConfig, *, n: int | None = None, greedy_only: bool = False):
+    """The experiment's held-out evaluation as a benchmark spec, so it runs through the evaluator.
+
+    Synthetic data: configs/benchmarks/synthetic.yaml with the config's data, template, decoding and
+    verifier written into it; with the demo's defaults it is that file exactly (same benchmark hash), so
+    `rlvr eval CHECKPOINT --benchmark synthetic` reproduces the demo's numbers. Other data sources: the
+    same settings on the config's test file (benchmark `<source>_heldout`, zero-shot).
+    n: sampled completions (default eval.n_samples). greedy_only: the greedy completion alone (temperature 0).
+    eval.temperature 0 is greedy-only as well (n samples at temperature 0 would all be the greedy one).
+    """
+    from rlvr_core.benchmarks import load_benchmark, parse_benchmark
+    from rlvr_core.evaluate import default_verifier_mode
+    from rlvr_core.passk import default_ks
+
+    base = load_benchmark("synthetic").model_dump(mode="json")
+    d = json.loads(json.dumps(base))
+    template = get_template(cfg.prompt.template)
+    if cfg.data.source == "synthetic":
+        d["data"]["synthetic"] = cfg.data.synthetic.model_dump(mode="json")
+    else:
+        d["name"] = f"{cfg.data.source}_heldout"
+        d["description"] = f"the held-out split of the experiment's {cfg.data.source} data"
+        d["data"] = {"source": cfg.data.source, "split": "test", "path": str(Path(cfg.data.test_path).resolve())}
+    d["data"]["max_problems"] = cfg.eval.max_problems
+    d["prompt"] = {"template": template.id, "model_kind": template.kind}
+    n = cfg.eval.n_samples if n is None else n
+    greedy_only = greedy_only or cfg.eval.temperature == 0
+    d["generation"] = {"temperature": 0.0 if greedy_only else cfg.eval.temperature, "top_p": cfg.sampling.top_p,
+                       "max_new_tokens": cfg.eval.max_new_tokens, "n": 1 if greedy_only else n,
+                       "greedy": not greedy_only, "seed": cfg.sampling.seed}
+    verifier = {"name": cfg.eval.verifier, "mode": cfg.eval.verifier_mode or default_verifier_mode(cfg.eval.verifier)}
+    d["verifier"] = verifier
+    # The file's side-by-side scorings (gsm8k strict next to flexible) where they are another mode of the
+    # same verifier; none for other verifiers.
+    d["side_by_side"] = [v for v in base["side_by_side"]
+                         if v["name"] == verifier["name"] and v.get("mode") != verifier["mode"]]
+    d["metrics"] = ["accuracy"] + [f"pass@{k}" for k in default_ks(d["generation"]["n"])]
+    d["breakdown"] = []
+    return parse_benchmark(d, "<held-out evaluation of the experiment config>", check_data=False)
+
+
+def held_out_problems(cfg: ExperimentConfig, data: DataArtifact, spec) -> list[dict]:
+    """The spec's problems, checked against the data stage's held-out rows (same ids, same order).
+
+    Synthetic: the benchmark generates them itself (as `rlvr eval` does) and they must be the data stage's
+    test rows; a mismatch means the generator changed under one of them. Other sources: the data stage's
+    rows (already read through the loaders).
+    """
+    from rlvr_core.benchmarks import load_benchmark_problems
+
+    rows = data.test_rows()[: cfg.eval.max_problems or None]
+    if spec.data.source != "synthetic":
+        return rows
+    problems = load_benchmark_problems(spec)
+    if [p["id"] for p in problems] != [r["id"] for r in rows] or any(
+            p["question"] != r["question"] or p["answer"] != r.get("final_answer", r["answer"])
+            for p, r in zip(problems, rows)):
+        raise ValueError(f"the synthetic benchmark's problems differ from the data stage's test rows "
+                         f"({data.test_path}): the generator and the cached data disagree")
+    return problems
+
+
+def _run_settings(cfg: ExperimentConfig):
+    from rlvr_core.evaluate import RunSettings
+
+    return RunSettings(engine="hf", dtype=cfg.model.dtype, batch_size=cfg.sampling.batch_size,
+                       verifier_workers=cfg.eval.verifier_workers, verifier_timeout_s=cfg.eval.verifier_timeout_s)
 
 
 def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifact, *, eval_id: str = "base",
                    checkpoint: str = "base", progress: Progress = SILENT) -> EvalArtifact:
-    """Greedy accuracy (with Wilson 95% CI and n) and sampled pass@k on the held-out split."""
-    from rlvr_core.passk import passk_curve
+    """Greedy accuracy (with Wilson 95% CI and n) and sampled pass@k on the held-out split, through the
+    evaluator (`rlvr_core.evaluate`) with `held_out_spec(cfg)`: the code path of `rlvr eval`."""
+    from rlvr_core.evaluate import curves_table, evaluate_spec, metrics_table, samples_table
+    from rlvr_core.sampling import HFEngine
 
-    rows = data.test_rows()
-    if cfg.eval.max_problems:
-        rows = rows[: cfg.eval.max_problems]
+    spec = held_out_spec(cfg)
+    problems = held_out_problems(cfg, data, spec)
     m, tok = load_model(model.path, cfg.model.dtype)
-    t0 = time.monotonic()
-    greedy = sample_and_verify(m, tok, rows, progress=progress, stage=f"eval/{eval_id}",
-                               **_sampling_kwargs(cfg, n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens))
-    sampled = sample_and_verify(m, tok, rows, progress=progress, stage=f"eval/{eval_id}",
-                                **_sampling_kwargs(cfg, n=cfg.eval.n_samples, temperature=cfg.eval.temperature,
-                                                   max_new_tokens=cfg.eval.max_new_tokens))
-    template = get_template(cfg.prompt.template)
-    settings = {"template": template.key, "max_new_tokens": cfg.eval.max_new_tokens, "top_p": cfg.sampling.top_p,
-                "dtype": cfg.model.dtype, "engine": cfg.sampling.engine, "parallelism": "single-process",
-                "verifier": cfg.eval.verifier, "verifier_mode": cfg.eval.verifier_mode,
-                "verifier_version": greedy[0]["verifier_version"] if greedy else None,
-                "benchmark_version": SYNTHETIC_BENCHMARK_VERSION, "seed": cfg.sampling.seed}
-
-    def sample_rows(records: list[dict], is_greedy: bool, temperature: float) -> list[dict]:
-        return [{"eval_id": eval_id, "benchmark": "synthetic", "benchmark_version": SYNTHETIC_BENCHMARK_VERSION,
-                 "checkpoint": checkpoint, "problem_id": r["problem_id"], "sample_index": r["sample_index"],
-                 "greedy": is_greedy, "response": r["response"], "extracted": r["extracted"], "status": r["status"],
-                 "reward": r["reward"], "finish_reason": r["finish_reason"], "length": r["length"],
-                 "prompt_template": template.key, "temperature": temperature,
-                 "max_new_tokens": cfg.eval.max_new_tokens, "dtype": cfg.model.dtype,
-                 "verifier": r["verifier"], "verifier_version": r["verifier_version"]} for r in records]
-
-    samples = pa.Table.from_pylist(sample_rows(greedy, True, 0.0) + sample_rows(sampled, False, cfg.eval.temperature))
-
-    n = len(rows)
-    k_correct = sum(r["correct"] for r in greedy)
-    lo, hi = wilson_interval(k_correct, n)
-    per_problem: dict[str, int] = {}
-    for r in sampled:
-        per_problem[r["problem_id"]] = per_problem.get(r["problem_id"], 0) + int(r["correct"])
-    cs = [per_problem.get(r["id"], 0) for r in rows]
-    curve = passk_curve([cfg.eval.n_samples] * n, cs) if n else {}
-    everything = greedy + sampled
-    shares = {
-        "truncation_share": sum(r["finish_reason"] == "length" for r in everything) / max(len(everything), 1),
-        "verifier_error_share": sum(r["status"] == "error" for r in everything) / max(len(everything), 1),
-        "verifier_timeout_share": sum(r["status"] == "timeout" for r in everything) / max(len(everything), 1),
-        "no_answer_share": sum(r["status"] == "no_answer" for r in everything) / max(len(everything), 1),
-        "continuation_after_answer_share": sum(_after_answer(r["response"]) for r in everything) / max(len(everything), 1),
-    }
-    metric_rows = [{"metric": "accuracy_greedy", "value": k_correct / max(n, 1), "n": n, "ci_low": lo, "ci_high": hi,
-                    "settings": json.dumps({**settings, "temperature": 0.0, "n_samples": 1})}]
-    sampled_settings = json.dumps({**settings, "temperature": cfg.eval.temperature, "n_samples": cfg.eval.n_samples})
-    for k, v in curve.items():
-        metric_rows.append({"metric": f"pass@{k}", "value": v, "n": n, "ci_low": None, "ci_high": None,
-                            "settings": sampled_settings})
-    for name, v in shares.items():
-        metric_rows.append({"metric": name, "value": v, "n": len(everything), "ci_low": None, "ci_high": None,
-                            "settings": sampled_settings})
-    for r in metric_rows:
-        r.update({"eval_id": eval_id, "benchmark": "synthetic", "checkpoint": checkpoint})
-    summary = {"accuracy_greedy": k_correct / max(n, 1), "accuracy_greedy_ci": [lo, hi], "n": n,
-               "passk": {str(k): v for k, v in curve.items()}, **shares, "duration_s": time.monotonic() - t0}
-    progress(f"eval/{eval_id}", f"greedy accuracy {summary['accuracy_greedy']:.3f} "
-             f"[{lo:.3f}, {hi:.3f}] n={n}; pass@{cfg.eval.n_samples} {curve.get(cfg.eval.n_samples, float('nan')):.3f}")
-    return EvalArtifact(samples, pa.Table.from_pylist(metric_rows), curve, summary)
+    engine = HFEngine(m, tok, batch_size=cfg.sampling.batch_size)
+    identity = {"model_path": model.path, "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash}
+    res = evaluate_spec(engine, tok, spec, run=_run_settings(cfg), problems=problems, eval_id=eval_id,
+                        checkpoint=checkpoint, identity=identity, progress=progress)
+    s = res.summary
+    summary = {"accuracy_greedy": s["accuracy_greedy"], "accuracy_greedy_ci": s["accuracy_greedy_ci"], "n": s["n"],
+               "passk": s["passk"],
+               **{k: s[k] for k in ("truncation_share", "verifier_error_share", "verifier_timeout_share",
+                                    "no_answer_share", "continuation_after_answer_share")},
+               "benchmark": spec.name, "benchmark_version": spec.version, "benchmark_hash": s["benchmark_hash"],
+               "duration_s": s["duration_s"]}
+    return EvalArtifact(samples_table(res.samples), metrics_table(res.metrics), res.curve, summary,
+                        curves_table(res.curves), res)
