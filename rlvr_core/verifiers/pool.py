@@ -314,6 +314,10 @@ class VerifierPool:
         # Spares are forked from warm workers where the platform can (see `_fork_spare`).
         self._can_fork = self._ctx is not None and self._ctx.get_start_method() == "forkserver"
         self._since_spare = 0  # results since the newest spare was made
+        # The refresh carries a worker's parsed golds and sympy caches to the spare; verifiers without
+        # such state (gsm8k, mcq, …) skip it: each fork of a large parent (one that imported torch,
+        # say) costs the donor time for nothing.
+        self._refresh_spares = hasattr(self._local, "add_parsed_gold")
         self._workers: list[_Worker] = []
         self._spares: list[_Worker] = []
         # Workers taken out of service while they run a slow item (maybe a hang); see `_sideline`.
@@ -530,7 +534,7 @@ class VerifierPool:
             self._dispatch(b)
             self._receive(b, self._next_wakeup(b))
             self._enforce_deadlines(b)
-            if (self._since_spare >= _REFRESH_SPARE_AFTER and self.n_spares
+            if (self._refresh_spares and self._since_spare >= _REFRESH_SPARE_AFTER and self.n_spares
                     and not any(w.fork_pending for w in self._workers)):
                 self._since_spare = 0
                 self._ask_for_fork()
