@@ -1,8 +1,13 @@
-"""The demo pipeline as a Prefect flow: data → base model → pass@k table → curriculum → held-out eval → record.
+"""The demo pipeline as a Prefect flow: data → base model → pass@k table → curriculum → held-out eval
+(→ GRPO → export → eval of the exported checkpoint) → record.
 
 `rlvr demo` runs it in ephemeral Prefect with MLflow on sqlite, a DuckDB file and a local artifact
-folder; pointing the environment at real services runs the same flow against them. Later stages
-(GRPO on the curriculum, export, probes) slot in between the curriculum and the final evaluation.
+folder; pointing the environment at real services runs the same flow against them.
+
+Tracking follows docs/tracking.md: the demo is one parent MLflow run (the resolved config as params,
+the headline numbers, the run folder as artifacts, system metrics) with one child run per stage
+(its config section, its own metrics and tags); every run carries the standard tags. Nothing recorded
+holds a secret: the config is redacted before it becomes params, config.yaml or the manifest.
 """
 
 from __future__ import annotations
@@ -13,19 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import yaml
 import pyarrow.parquet as pq
 from prefect import flow
 from prefect.runtime import flow_run
 
 from rlvr_core import manifest as manifest_mod
 from rlvr_core import settings
-from rlvr_core.config import dump_yaml, parse_config
+from rlvr_core.artifacts_index import write_run_index
+from rlvr_core.config import parse_config
 from rlvr_core.progress import Progress
 from rlvr_core.runrecord import upload_run_folder, write_run_folder
 from rlvr_core.storage import join, open_store
 from rlvr_core.templates import get_template
 from rlvr_core.stages import steps_long
-from rlvr_core.tracking import Tracker, flatten
+from rlvr_core.tracking import Tracker, common_tags, config_params, redact
 from tasks import stages as t
 
 
@@ -36,128 +43,182 @@ def demo_flow(config: dict[str, Any], source: str = "<demo>", show_progress: boo
     cfg = parse_config(config, source)  # already validated by the CLI; cheap, and flows can be called directly
     progress = Progress(show_progress)
     resolved = cfg.resolved()
+    public = redact(resolved)  # the config as recorded anywhere (params, config.yaml, manifest): no secrets
     chash = cfg.config_hash()
     template = get_template(cfg.prompt.template)
     store = open_store(cfg.storage.artifact_uri, cfg.storage.s3_endpoint_url)
-    tracker = Tracker(cfg.tracking.experiment, cfg.tracking.tracking_uri)
     git = manifest_mod.git_state()
     prefect_id = str(flow_run.id) if flow_run.id else None
-    tags = {"config_hash": chash, "git_sha": git["sha"], "git_dirty": git["dirty"], "prefect_flow_run_id": prefect_id,
-            "kind": "demo", "prompt_template": template.key}
-    run_id = tracker.start_run(cfg.name, tags)
-    progress("tracking", f"MLflow run {run_id} in experiment {cfg.tracking.experiment!r}")
+    tracker = Tracker(cfg.tracking.experiment, cfg.tracking.tracking_uri,
+                      common=common_tags(config_hash=chash, git_sha=git["sha"], prefect_flow_run_id=prefect_id))
+    run_id = tracker.start_run(cfg.name, {"kind": "demo", "git_dirty": git["dirty"], "prompt_template": template.key})
+    progress("tracking", f"MLflow run {run_id} in experiment {cfg.tracking.experiment!r} ({tracker.display_uri})")
     try:
-        data = t.make_data(cfg, progress)
-        model = t.warm_start_base(cfg, data, progress)
-        passrates = t.pass_rate_table(cfg, data, model, progress)
-        curriculum = t.build_curriculum(cfg, data, passrates, progress)
-        base_eval = t.evaluate(cfg, data, model, "base", "base", progress)
-        prefix = join(cfg.tracking.experiment, run_id)
-        trained = trained_eval = exported = None
-        if cfg.grpo.enabled:
-            trained = t.train(cfg, data, model, curriculum, progress)
-            # The trained model is scored from its exported, uploaded and checksum-verified copy
-            # (G-lost-ckpt): the numbers belong to the checkpoint users will download.
-            exported = t.export(trained, model, store, join(prefix, "checkpoints", "final"),
-                                {"config_hash": chash, "mlflow_run_id": run_id, "git_sha": git["sha"]}, progress)
-            trained_eval = t.evaluate(cfg, data, exported.model, "trained", "trained", progress)
-        duration = time.monotonic() - t0
-        man = manifest_mod.build_manifest(
-            config_hash=chash, resolved_config=resolved,
-            datasets={"train": data.train_hash, "test": data.test_hash},
-            seeds={"experiment": cfg.seed, "sampling": cfg.sampling.seed, "data": cfg.data.synthetic.seed,
-                   "warm_start": cfg.model.warm_start.seed, "curriculum": cfg.curriculum.seed},
-            model={"id": model.model_id, "hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
-                   "path": model.path, "source": cfg.model.source, "kind": cfg.model.kind, "dtype": cfg.model.dtype},
-            template=template.key,
-            extra={"mlflow_run_id": run_id, "prefect_flow_run_id": prefect_id, "pass_rate_table_id": passrates.table_id,
-                   "curriculum_id": curriculum.curriculum_id,
-                   "trained_model": ({"id": trained.model.model_id, "hash": trained.model.model_hash,
-                                      "path": trained.model.path} if trained else None),
-                   "export": ({"uri": exported.uri, "step": exported.step, "dtype": exported.dtype,
-                               "manifest_sha256": exported.manifest_sha256,
-                               "model_hash": exported.model.model_hash} if exported else None)},
-        )
-        summary = {
-            "base_pass_at_1": base_eval.summary["accuracy_greedy"],
-            "base_pass_at_1_ci95": base_eval.summary["accuracy_greedy_ci"],
-            "base_pass_at_k": base_eval.summary["passk"],
-            "n_eval": base_eval.summary["n"],
-            **(_trained_summary(base_eval, trained_eval, trained) if trained else {}),
-            **({"export": {"uri": exported.uri, "step": exported.step, "dtype": exported.dtype,
-                           "manifest_sha256": exported.manifest_sha256}} if exported else {}),
-            "eval": {k: v for k, v in base_eval.summary.items() if k not in ("passk",)},
-            "pass_rates": passrates.summary,
-            "curriculum": {"id": curriculum.curriculum_id, "strategy": cfg.curriculum.strategy,
-                           "n_prompts": curriculum.n_prompts},
-            "cached": {"data": data.cached, "base_model": model.cached, "pass_rate_table": passrates.cached,
-                       "curriculum": curriculum.cached},
-            "config_hash": chash,
-            "mlflow_run_id": run_id,
-            "mlflow_tracking_uri": tracker.tracking_uri,
-            "prefect_flow_run_id": prefect_id,
-            "warehouse_path": str(settings.warehouse_path()),
-            "artifact_uri": store.url(prefix),
-            "duration_s": round(duration, 2),
-        }
-        run_row = {"run_id": run_id, "experiment": cfg.tracking.experiment, "name": cfg.name, "kind": "demo",
-                   "status": "FINISHED", "started_at": started,
-                   "finished_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "duration_s": duration,
-                   "config_hash": chash, "git_sha": git["sha"], "git_dirty": git["dirty"], "model_id": model.model_id,
-                   "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
-                   "dataset_hash": data.dataset_hash, "prompt_template": template.key,
-                   "artifact_uri": store.url(prefix), "mlflow_run_id": run_id, "prefect_flow_run_id": prefect_id}
-        params = flatten(resolved)
-        pr_table = pq.read_table(passrates.table_path)
-        context = {"table_id": passrates.table_id, "model_hash": model.model_hash, "prompt_template": template.key,
-                   "temperature": cfg.sampling.temperature, "max_new_tokens": cfg.sampling.max_new_tokens,
-                   "verifier": cfg.eval.verifier}
-        for name, value in context.items():  # the settings that produced these numbers travel with them
-            pr_table = pr_table.append_column(name, pa.array([value] * pr_table.num_rows))
-        cur_table = pq.read_table(curriculum.path)
-        cur_table = cur_table.append_column("curriculum_id", pa.array([curriculum.curriculum_id] * cur_table.num_rows))
-        cur_table = cur_table.append_column("strategy", pa.array([cfg.curriculum.strategy] * cur_table.num_rows))
-        curve_rows = [{"source": f"eval/{name}", "k": k, "value": v, "n_problems": ev.summary["n"]}
-                      for name, ev in (("base", base_eval), ("trained", trained_eval)) if ev
-                      for k, v in ev.curve.items()]
-        with tempfile.TemporaryDirectory(prefix="rlvr-run-") as tmp:
-            local = write_run_folder(
-                Path(tmp), run=run_row, params=params, manifest=man, config_yaml=dump_yaml(cfg), summary=summary,
-                tables={"passk/pass_rate_table.parquet": pr_table, "passk_curves.parquet": pa.Table.from_pylist(curve_rows),
-                        "curriculum/curriculum.parquet": cur_table,
-                        **_eval_tables(base_eval, trained_eval),
-                        **({"train/steps.parquet": pq.read_table(trained.steps_path),
-                            "train/steps_long.parquet": steps_long(trained.steps_path)} if trained else {})})
-            upload_run_folder(store, prefix, local)
-            tracker.log_params(run_id, params)
-            metrics = {"eval/synthetic/accuracy_greedy": summary["base_pass_at_1"],
-                       "eval/synthetic/n": summary["n_eval"],
-                       **{f"eval/synthetic/pass_at_{k}": v for k, v in base_eval.curve.items()},  # MLflow forbids "@"
-                       **{f"eval/synthetic/{k}": v for k, v in base_eval.summary.items()
-                          if k.endswith("_share")},
-                       **{f"passk/{k.replace('@', '_at_')}": float(v) for k, v in passrates.summary.items()
-                          if isinstance(v, (int, float))},
-                       "curriculum/n_prompts": curriculum.n_prompts}
-            if trained_eval:
-                metrics.update({"eval/synthetic/trained/accuracy_greedy": trained_eval.summary["accuracy_greedy"],
-                                **{f"eval/synthetic/trained/pass_at_{k}": v for k, v in trained_eval.curve.items()}})
-            tracker.log_metrics(run_id, metrics)
-            if trained:
-                _log_steps(tracker, run_id, trained.steps_path)
-            tracker.set_tags(run_id, {"dataset_hash": data.dataset_hash, "model_hash": model.model_hash,
-                                      "artifact_uri": store.url(prefix),
-                                      **({"export_uri": exported.uri, "export_step": str(exported.step),
-                                          "export_manifest_sha256": exported.manifest_sha256} if exported else {})})
-            tracker.log_artifact(run_id, local)
-        progress("record", f"artifacts at {store.url(prefix)}")
-        counts = t.ingest(store, prefix)
-        progress("warehouse", f"ingested {sum(counts.values())} rows into {settings.warehouse_path()}")
+        with tracker.system_metrics(run_id):
+            summary = _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker, run_id,
+                                  progress, t0, started)
         summary["duration_s"] = round(time.monotonic() - t0, 2)
         tracker.end_run(run_id, "FINISHED")
         return summary
     except BaseException:
         tracker.end_run(run_id, "FAILED")
         raise
+
+
+def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: Tracker, run_id: str,
+                progress: Progress, t0: float, started: str) -> dict[str, Any]:
+    params = config_params(public)
+    tracker.log_params(run_id, params)  # first: a run that fails later still shows what it was
+    children: dict[str, str] = {}
+
+    def stage(name: str, *sections: str, **tags: Any):
+        """A child run for one stage, with its config sections as params."""
+        return tracker.child_run(run_id, tags.pop("stage", name), name=name, tags=tags,
+                                 params=config_params(public, *sections))
+
+    with stage("data", "data") as child:
+        children["data"] = child
+        data = t.make_data(cfg, progress)
+        tracker.add_common_tags(dataset_hash=data.dataset_hash)  # now known: stamp it on every run
+        tracker.log_metrics(child, {"data/n_train": data.n_train, "data/n_test": data.n_test})
+        tracker.set_tags(child, {"cached": data.cached})
+    with stage("base-model", "model") as child:
+        children["base-model"] = child
+        model = t.warm_start_base(cfg, data, progress)
+        tracker.set_tags(child, {"model_id": model.model_id, "model_hash": model.model_hash,
+                                 "tokenizer_hash": model.tokenizer_hash, "cached": model.cached})
+    with stage("passk", "passk", "sampling", "prompt") as child:
+        children["passk"] = child
+        passrates = t.pass_rate_table(cfg, data, model, progress)
+        tracker.log_metrics(child, _passk_metrics(passrates))
+        tracker.set_tags(child, {"pass_rate_table_id": passrates.table_id, "cached": passrates.cached})
+    with stage("curriculum", "curriculum") as child:
+        children["curriculum"] = child
+        curriculum = t.build_curriculum(cfg, data, passrates, progress)
+        tracker.log_metrics(child, {"curriculum/n_prompts": curriculum.n_prompts})
+        tracker.set_tags(child, {"curriculum_id": curriculum.curriculum_id, "cached": curriculum.cached})
+    with stage("evaluate-base", "eval", stage="evaluate", eval_id="base") as child:
+        children["evaluate-base"] = child
+        base_eval = t.evaluate(cfg, data, model, "base", "base", progress)
+        tracker.log_metrics(child, _eval_metrics(base_eval))
+    prefix = join(cfg.tracking.experiment, run_id)
+    trained = trained_eval = exported = None
+    if cfg.grpo.enabled:
+        with stage("train", "grpo") as child:
+            children["train"] = child
+            trained = t.train(cfg, data, model, curriculum, progress)
+            _log_steps(tracker, child, trained.steps_path)
+        # The trained model is scored from its exported, uploaded and checksum-verified copy
+        # (G-lost-ckpt): the numbers belong to the checkpoint users will download.
+        with stage("export") as child:
+            children["export"] = child
+            exported = t.export(trained, model, store, join(prefix, "checkpoints", "final"),
+                                {"config_hash": chash, "mlflow_run_id": run_id, "git_sha": git["sha"]}, progress)
+            tracker.log_metrics(child, {"export/step": exported.step})
+            tracker.set_tags(child, {"export_uri": exported.uri, "export_dtype": exported.dtype,
+                                     "export_manifest_sha256": exported.manifest_sha256})
+        with stage("evaluate-trained", "eval", stage="evaluate", eval_id="trained") as child:
+            children["evaluate-trained"] = child
+            trained_eval = t.evaluate(cfg, data, exported.model, "trained", "trained", progress)
+            tracker.log_metrics(child, _eval_metrics(trained_eval))
+    duration = time.monotonic() - t0
+    man = manifest_mod.build_manifest(
+        config_hash=chash, resolved_config=public,
+        datasets={"train": data.train_hash, "test": data.test_hash},
+        seeds={"experiment": cfg.seed, "sampling": cfg.sampling.seed, "data": cfg.data.synthetic.seed,
+               "warm_start": cfg.model.warm_start.seed, "curriculum": cfg.curriculum.seed},
+        model={"id": model.model_id, "hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
+               "path": model.path, "source": cfg.model.source, "kind": cfg.model.kind, "dtype": cfg.model.dtype},
+        template=template.key,
+        extra={"mlflow_run_id": run_id, "mlflow_child_run_ids": children, "prefect_flow_run_id": prefect_id,
+               "pass_rate_table_id": passrates.table_id, "curriculum_id": curriculum.curriculum_id,
+               "trained_model": ({"id": trained.model.model_id, "hash": trained.model.model_hash,
+                                  "path": trained.model.path} if trained else None),
+               "export": ({"uri": exported.uri, "step": exported.step, "dtype": exported.dtype,
+                           "manifest_sha256": exported.manifest_sha256,
+                           "model_hash": exported.model.model_hash} if exported else None)},
+    )
+    summary = {
+        "base_pass_at_1": base_eval.summary["accuracy_greedy"],
+        "base_pass_at_1_ci95": base_eval.summary["accuracy_greedy_ci"],
+        "base_pass_at_k": base_eval.summary["passk"],
+        "n_eval": base_eval.summary["n"],
+        **(_trained_summary(base_eval, trained_eval, trained) if trained else {}),
+        **({"export": {"uri": exported.uri, "step": exported.step, "dtype": exported.dtype,
+                       "manifest_sha256": exported.manifest_sha256}} if exported else {}),
+        "eval": {k: v for k, v in base_eval.summary.items() if k not in ("passk",)},
+        "pass_rates": passrates.summary,
+        "curriculum": {"id": curriculum.curriculum_id, "strategy": cfg.curriculum.strategy,
+                       "n_prompts": curriculum.n_prompts},
+        "cached": {"data": data.cached, "base_model": model.cached, "pass_rate_table": passrates.cached,
+                   "curriculum": curriculum.cached},
+        "config_hash": chash,
+        "mlflow_run_id": run_id,
+        "mlflow_child_run_ids": children,
+        "mlflow_experiment_id": tracker.experiment_id,
+        "mlflow_tracking_uri": tracker.display_uri,
+        "prefect_flow_run_id": prefect_id,
+        "warehouse_path": str(settings.warehouse_path()),
+        "artifact_uri": store.url(prefix),
+        "duration_s": round(duration, 2),
+    }
+    run_row = {"run_id": run_id, "experiment": cfg.tracking.experiment, "name": cfg.name, "kind": "demo",
+               "status": "FINISHED", "started_at": started,
+               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "duration_s": duration,
+               "config_hash": chash, "git_sha": git["sha"], "git_dirty": git["dirty"], "model_id": model.model_id,
+               "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
+               "dataset_hash": data.dataset_hash, "prompt_template": template.key,
+               "artifact_uri": store.url(prefix), "mlflow_run_id": run_id, "prefect_flow_run_id": prefect_id}
+    pr_table = pq.read_table(passrates.table_path)
+    context = {"table_id": passrates.table_id, "model_hash": model.model_hash, "prompt_template": template.key,
+               "temperature": cfg.sampling.temperature, "max_new_tokens": cfg.sampling.max_new_tokens,
+               "verifier": cfg.eval.verifier}
+    for name, value in context.items():  # the settings that produced these numbers travel with them
+        pr_table = pr_table.append_column(name, pa.array([value] * pr_table.num_rows))
+    cur_table = pq.read_table(curriculum.path)
+    cur_table = cur_table.append_column("curriculum_id", pa.array([curriculum.curriculum_id] * cur_table.num_rows))
+    cur_table = cur_table.append_column("strategy", pa.array([cfg.curriculum.strategy] * cur_table.num_rows))
+    curve_rows = [{"source": f"eval/{name}", "k": k, "value": v, "n_problems": ev.summary["n"]}
+                  for name, ev in (("base", base_eval), ("trained", trained_eval)) if ev
+                  for k, v in ev.curve.items()]
+    with tempfile.TemporaryDirectory(prefix="rlvr-run-") as tmp:
+        local = write_run_folder(
+            Path(tmp), run=run_row, params=params, manifest=man,
+            config_yaml=yaml.safe_dump(public, sort_keys=False), summary=summary,
+            tables={"passk/pass_rate_table.parquet": pr_table, "passk_curves.parquet": pa.Table.from_pylist(curve_rows),
+                    "curriculum/curriculum.parquet": cur_table,
+                    **_eval_tables(base_eval, trained_eval),
+                    **({"train/steps.parquet": pq.read_table(trained.steps_path),
+                        "train/steps_long.parquet": steps_long(trained.steps_path)} if trained else {})})
+        upload_run_folder(store, prefix, local)
+        # The parent holds the headline numbers (runs compare at the top level of the MLflow UI); each
+        # child holds its stage's detail.
+        metrics = {**_eval_metrics(base_eval), **_passk_metrics(passrates), "curriculum/n_prompts": curriculum.n_prompts}
+        if trained_eval:
+            metrics.update(_eval_metrics(trained_eval, "eval/synthetic/trained"))
+        tracker.log_metrics(run_id, metrics)
+        tracker.set_tags(run_id, {"model_hash": model.model_hash, "artifact_uri": store.url(prefix),
+                                  **({"export_uri": exported.uri, "export_step": str(exported.step),
+                                      "export_manifest_sha256": exported.manifest_sha256} if exported else {})})
+        tracker.log_artifact(run_id, local)  # through the server's artifact proxy when there is one
+    links = {"MLflow run": tracker.run_url(run_id)} if tracker.tracking_uri.startswith("http") else None
+    write_run_index(store, prefix, links)
+    progress("record", f"artifacts at {store.url(prefix)} (index: {store.url(join(prefix, 'index.html'))})")
+    counts = t.ingest(store, prefix)
+    progress("warehouse", f"ingested {sum(counts.values())} rows into {settings.warehouse_path()}")
+    return summary
+
+
+def _eval_metrics(ev, ns: str = "eval/synthetic") -> dict[str, float]:
+    """An evaluation's numbers under `eval/<benchmark>/…` (pass@k stored as pass_at_k)."""
+    return {f"{ns}/accuracy_greedy": ev.summary["accuracy_greedy"], f"{ns}/n": ev.summary["n"],
+            **{f"{ns}/pass@{k}": v for k, v in ev.curve.items()},
+            **{f"{ns}/{k}": v for k, v in ev.summary.items() if k.endswith("_share")}}
+
+
+def _passk_metrics(passrates) -> dict[str, float]:
+    return {f"passk/{k}": float(v) for k, v in passrates.summary.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _trained_summary(base_eval, trained_eval, trained) -> dict[str, Any]:
@@ -179,10 +240,11 @@ def _eval_tables(base_eval, trained_eval) -> dict[str, pa.Table]:
 
 
 def _log_steps(tracker: Tracker, run_id: str, steps_path: str) -> None:
-    """Per-step training metrics to MLflow as `train/<name>` at their step."""
+    """Per-step training metrics at their step: `train/<name>`, except guard columns, which already
+    carry their own namespace (`health/<guard id>`)."""
     table = pq.read_table(steps_path).to_pylist()
     for row in table:
         step = int(row.get("step", 0))
-        tracker.log_metrics(run_id, {f"train/{k.replace('@', '_at_')}": v for k, v in row.items()
+        tracker.log_metrics(run_id, {(k if k.startswith("health/") else f"train/{k}"): v for k, v in row.items()
                                      if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)},
                             step=step)

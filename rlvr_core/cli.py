@@ -251,6 +251,12 @@ def _register_optional_commands() -> None:
 
         app.command("eval", help="Evaluate a checkpoint on benchmarks (docs/evaluation.md).")(eval_command)
         app.command("compare", help="Compare two evaluations: paired deltas, capability boundary.")(compare_command)
+    from rlvr_core.artifacts_index import artifacts_index, artifacts_open
+    from rlvr_core.stack import stack_app
+
+    app.add_typer(stack_app, name="stack")
+    artifacts_app.command("open")(artifacts_open)
+    artifacts_app.command("index")(artifacts_index)
 
 
 _register_optional_commands()

@@ -79,6 +79,11 @@ def s3_endpoint_url(configured: str | None = None) -> str | None:
     return configured or os.environ.get("RLVR_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
+def system_metrics_enabled() -> bool:
+    """MLflow system metrics (CPU, memory, GPU) on pipeline runs: on unless RLVR_SYSTEM_METRICS=0."""
+    return os.environ.get("RLVR_SYSTEM_METRICS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def warehouse_path() -> Path:
     return Path(os.environ.get("RLVR_WAREHOUSE", str(paths().warehouse))).expanduser().resolve()
 
@@ -97,7 +102,8 @@ def configure_environment() -> Paths:
     # Ephemeral server start-up can take >10 s on a busy 2-core machine; Prefect's default is tighter.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    # MLflow's system-metrics thread and git probing are noise for a CPU demo; real runs can turn them on.
+    # MLflow's *fluent* system-metrics switch stays off: our runs are client runs, whose system metrics
+    # `Tracker.system_metrics` starts explicitly (RLVR_SYSTEM_METRICS=0 turns those off). Git probing is noise.
     os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(p.torch_extensions))

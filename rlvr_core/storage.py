@@ -36,6 +36,10 @@ class ArtifactStore(ABC):
         """All keys under `prefix` (recursive), sorted."""
 
     @abstractmethod
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """{key: size in bytes} for all keys under `prefix` (recursive)."""
+
+    @abstractmethod
     def url(self, key: str) -> str:
         """A URI a person or another tool can open (a path or s3://…)."""
 
@@ -54,6 +58,17 @@ class ArtifactStore(ABC):
         for f in sorted(p for p in root.rglob("*") if p.is_file()):
             keys.append(self.put_file(join(prefix, f.relative_to(root).as_posix()), f))
         return keys
+
+    def get_dir(self, prefix: str, local_dir: str | Path, skip: tuple[str, ...] = ()) -> list[Path]:
+        """Copy every key under `prefix` into `local_dir`, keeping relative paths; keys whose path
+        below `prefix` starts with one of `skip` (e.g. "checkpoints/") are left out."""
+        base = prefix.strip("/")
+        out = []
+        for key in self.list(base):
+            rel = key[len(base) + 1:] if base else key
+            if rel and not rel.startswith(skip):
+                out.append(self.get_file(key, Path(local_dir) / rel))
+        return out
 
     def put_text(self, key: str, text: str) -> str:
         return self.put_bytes(key, text.encode())
@@ -124,6 +139,9 @@ class LocalStore(ArtifactStore):
             if p.is_file() and not p.name.startswith(".tmp-")
         )
 
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        return {k: (self.root / k).stat().st_size for k in self.list(prefix)}
+
     def url(self, key: str) -> str:
         return str(self._path(key))
 
@@ -169,16 +187,21 @@ class S3Store(ArtifactStore):
             raise
 
     def list(self, prefix: str = "") -> list[str]:
+        return sorted(self.sizes(prefix))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
         full = join(self.prefix, prefix.strip("/"))
-        keys = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+        # Under a store prefix, list "prefix/…" only, never a sibling "prefix-other/…".
+        s3_prefix = full + "/" if full and not prefix.strip("/") else full
+        out = {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=s3_prefix):
             for obj in page.get("Contents", []):
                 k = obj["Key"]
                 # S3 prefixes are plain string prefixes: keep "a/b" and "a/b/…", not "a/bc".
                 if full and not (k == full or k.startswith(full + "/")):
                     continue
-                keys.append(k[len(self.prefix) + 1:] if self.prefix else k)
-        return sorted(keys)
+                out[k[len(self.prefix) + 1:] if self.prefix else k] = int(obj["Size"])
+        return out
 
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"

@@ -1,23 +1,68 @@
-"""MLflow conventions in one place.
+"""MLflow conventions in one place (docs/tracking.md explains them for users).
 
 We use `MlflowClient` with explicit run ids rather than MLflow's fluent "active run" globals, because
 stages run in Prefect worker threads and subprocesses where a thread-local active run is a trap.
-Conventions (extended by the tracking issue): one experiment per project config; hierarchical metric
-names (`eval/<benchmark>/pass@1`); the same tags on every run (`config_hash`, `git_sha`, …); params
-are the resolved config flattened to dotted keys.
+
+The conventions, each enforced here rather than remembered by callers:
+
+- One experiment per project config (`tracking.experiment`).
+- A pipeline run is a parent run; each stage is a child run (`child_run(parent_id, stage)`). A sweep
+  is a parent run with one child per trial; trials run in other processes, so they receive the parent
+  id and the sweep's common tags and call `start_run(..., parent_run_id=...)` themselves.
+- Every run carries the same standard tags (`STANDARD_TAGS`): `common_tags()` builds them, and a
+  Tracker stamps its common tags on every run it starts and re-stamps them when one becomes known
+  later (`add_common_tags`), so the parent and all children always agree.
+- Metric names are hierarchical, `<namespace>/<...>/<name>` (`train/reward_mean`,
+  `eval/gsm8k/pass@1`, `health/G-kl-explosion`), and the namespace must be one of `METRIC_NAMESPACES`.
+  MLflow forbids `@` in names, so `pass@1` is stored as `pass_at_1` (`metric_key`).
+- Params are the resolved config flattened to dotted keys, with secrets redacted (`config_params`).
+- System metrics (CPU, memory, disk, network, GPU) are sampled into the run as `system/*`
+  (`system_metrics`); MLflow's monitor takes an explicit run id, so it works with client-created runs.
+- Artifacts go through the client, so against `mlflow server --serve-artifacts` they travel through
+  the server's proxy and the client needs no bucket credentials.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import os
+import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 from rlvr_core import settings
 
 _PARAM_VALUE_MAX = 6000  # MLflow's limit on a param value
+
+# The tags every run carries (value "" when it does not apply, e.g. `sweep_id` outside a sweep), so a
+# search like `tags.config_hash = '…'` finds parents and children alike.
+STANDARD_TAGS = ("sweep_id", "trial_id", "config_hash", "git_sha", "prefect_flow_run_id", "dataset_hash")
+KIND_TAG = "kind"  # on every run: demo, pipeline, sweep, trial (parents) or stage (children)
+STAGE_TAG = "stage"  # on stage runs: data, base-model, passk, curriculum, train, export, evaluate
+
+# Top-level metric namespaces; a metric outside them is a bug in the caller (a typo splits a chart).
+METRIC_NAMESPACES = frozenset({
+    "train",       # per-step training numbers
+    "eval",        # eval/<benchmark>/<metric>
+    "passk",       # pass-rate table summaries
+    "curriculum",  # curriculum size and shape
+    "data",        # data set sizes
+    "model",       # base-model facts (parameters, warm-start loss)
+    "export",      # exported checkpoint facts
+    "health",      # guard firings: health/<guard id from BUGZOO>
+    "probe",       # probes: token KL, Δlog p, entropy
+    "sweep",       # sweep-level aggregates on a sweep's parent run
+    "system",      # MLflow's system metrics monitor
+    "time",        # stage durations in seconds
+})
+_SEGMENT = re.compile(r"^[A-Za-z0-9_.\-:@ ]+$")
+_SECRET_KEY = re.compile(r"(password|passwd|secret|token|api_key|apikey|access_key|credential)", re.I)
+REDACTED = "***"
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -32,18 +77,94 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def redact_url(value: str) -> str:
+    """Drop the password from a URL's userinfo: `http://u:pw@host` → `http://u:***@host`.
+
+    MLflow and requests accept credentials inside the tracking URI; anything we record (params, tags,
+    summaries, manifests, index pages) must not carry them."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return value
+    if not parts.scheme or "@" not in parts.netloc:
+        return value
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    # `user:password@` keeps the user; a lone `token@` (tokens passed as the user name) goes entirely.
+    user, has_password = userinfo.split(":", 1)[0], ":" in userinfo
+    return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}" if user and has_password
+                                     else f"{REDACTED}@{host}"))
+
+
+def redact(value: Any, key: str = "") -> Any:
+    """Recursively redact secrets in a config-like structure: values under secret-looking keys, and
+    passwords inside URLs."""
+    if isinstance(value, dict):
+        return {k: redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, key) for v in value]
+    if key and _SECRET_KEY.search(key) and value not in (None, ""):
+        return REDACTED
+    if isinstance(value, str):
+        return redact_url(value)
+    return value
+
+
+def config_params(resolved: dict[str, Any], *sections: str) -> dict[str, Any]:
+    """MLflow params from a resolved config: flattened, redacted; only `sections` when given."""
+    flat = flatten(redact(resolved))
+    if sections:
+        flat = {k: v for k, v in flat.items() if k.split(".", 1)[0] in sections}
+    return flat
+
+
+def metric_key(*parts: str) -> str:
+    """Join name segments into a conventional MLflow metric key and validate it.
+
+    >>> metric_key("eval", "gsm8k", "pass@1")
+    'eval/gsm8k/pass_at_1'
+    >>> metric_key("health/G-kl-explosion")
+    'health/G-kl-explosion'
+    """
+    segments = [s for p in parts for s in str(p).split("/")]
+    name = "/".join(segments)
+    if len(segments) < 2:
+        raise ValueError(f"metric {name!r}: needs a namespace, e.g. 'train/{name}' "
+                         f"(namespaces: {', '.join(sorted(METRIC_NAMESPACES))})")
+    if segments[0] not in METRIC_NAMESPACES:
+        raise ValueError(f"metric {name!r}: unknown namespace {segments[0]!r} "
+                         f"(namespaces: {', '.join(sorted(METRIC_NAMESPACES))})")
+    for s in segments:
+        if not _SEGMENT.match(s) or s in (".", ".."):
+            raise ValueError(f"metric {name!r}: segment {s!r} may hold only letters, digits, _ . - : @ and spaces")
+    return name.replace("@", "_at_")  # MLflow rejects "@"; `pass@1` is stored as `pass_at_1`
+
+
+def common_tags(*, config_hash: str | None = None, git_sha: str | None = None,
+                prefect_flow_run_id: str | None = None, dataset_hash: str | None = None,
+                sweep_id: str | None = None, trial_id: str | None = None) -> dict[str, str]:
+    """The standard tag set, every key present ("" where it does not apply)."""
+    values = {"sweep_id": sweep_id, "trial_id": trial_id, "config_hash": config_hash, "git_sha": git_sha,
+              "prefect_flow_run_id": prefect_flow_run_id, "dataset_hash": dataset_hash}
+    return {k: "" if values[k] is None else str(values[k]) for k in STANDARD_TAGS}
+
+
 def _param_str(v: Any) -> str:
     s = v if isinstance(v, str) else json.dumps(v)
     return s[:_PARAM_VALUE_MAX]
 
 
 class Tracker:
-    """A thin, explicit MLflow client bound to one tracking URI and experiment."""
+    """A thin, explicit MLflow client bound to one tracking URI and experiment.
 
-    def __init__(self, experiment: str, tracking_uri: str | None = None):
+    `common` tags (see `common_tags`) go on every run this Tracker starts."""
+
+    def __init__(self, experiment: str, tracking_uri: str | None = None, common: dict[str, Any] | None = None):
         import mlflow
         from mlflow.tracking import MlflowClient
 
+        # Against a server, MlflowClient prints "View run … at <tracking URI>" to *stdout* when a run
+        # ends: that breaks `--json` output and would print credentials kept in the URI.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.tracking_uri = settings.mlflow_tracking_uri(tracking_uri)
         mlflow.set_tracking_uri(self.tracking_uri)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -53,6 +174,8 @@ class Tracker:
             if self.tracking_uri.startswith("sqlite:"):
                 # MLflow's default artifact root for a sqlite store is ./mlruns in the cwd: keep it in RLVR_HOME.
                 location = (settings.paths().mlflow_artifacts / experiment).as_uri()
+            # Against a server no location is given: the server picks its own (with --serve-artifacts,
+            # `mlflow-artifacts:/…`, so uploads go through its proxy to the bucket).
             try:
                 self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
             except Exception:  # created concurrently by another process
@@ -63,25 +186,82 @@ class Tracker:
         else:
             self.experiment_id = exp.experiment_id
         self.experiment = experiment
+        self.common: dict[str, str] = {k: "" if v is None else str(v) for k, v in (common or {}).items()}
+        self._runs: list[str] = []  # runs started here, so late common tags reach all of them
+
+    @property
+    def display_uri(self) -> str:
+        """The tracking URI without any password in it: safe to print and record."""
+        return redact_url(self.tracking_uri)
 
     def start_run(self, name: str, tags: dict[str, Any], parent_run_id: str | None = None) -> str:
-        t = {k: str(v) for k, v in tags.items() if v is not None}
+        t = {**self.common, **{k: str(v) for k, v in tags.items() if v is not None}}
         if parent_run_id:
             t["mlflow.parentRunId"] = parent_run_id
-        return self.client.create_run(self.experiment_id, run_name=name, tags=t).info.run_id
+        run_id = self.client.create_run(self.experiment_id, run_name=name, tags=t).info.run_id
+        self._runs.append(run_id)
+        return run_id
+
+    def add_common_tags(self, **tags: Any) -> None:
+        """A common tag that became known mid-pipeline (e.g. `dataset_hash` after the data stage):
+        set it on every run started so far and on every later one."""
+        new = {k: "" if v is None else str(v) for k, v in tags.items()}
+        self.common.update(new)
+        for run_id in self._runs:
+            self.set_tags(run_id, new)
+
+    @contextlib.contextmanager
+    def child_run(self, parent_run_id: str, stage: str, *, params: dict[str, Any] | None = None,
+                  tags: dict[str, Any] | None = None, name: str | None = None) -> Iterator[str]:
+        """A stage of a pipeline as a child run: yields its id; ends FINISHED, or FAILED on an exception.
+
+        The stage's time is logged as `time/<stage>_s` on the child."""
+        run_id = self.start_run(name or stage, {KIND_TAG: "stage", STAGE_TAG: stage, **(tags or {})},
+                                parent_run_id=parent_run_id)
+        if params:
+            self.log_params(run_id, params)
+        t0 = time.monotonic()
+        try:
+            yield run_id
+        except BaseException:
+            self.end_run(run_id, "FAILED")
+            raise
+        self.log_metrics(run_id, {f"time/{stage}_s": time.monotonic() - t0})
+        self.end_run(run_id, "FINISHED")
+
+    @contextlib.contextmanager
+    def system_metrics(self, run_id: str, sampling_interval: float = 10.0) -> Iterator[None]:
+        """Sample CPU/memory/disk/network (and GPU, when present) into `run_id` as `system/*`.
+
+        MLflow's monitor takes an explicit run id and tracking URI, so it works with client-created
+        runs; MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL overrides the interval. Off with
+        RLVR_SYSTEM_METRICS=0. A run shorter than one interval records nothing."""
+        if not settings.system_metrics_enabled():
+            yield
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # start/stop INFO lines are noise
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=sampling_interval, tracking_uri=self.tracking_uri)
+        monitor.start()
+        try:
+            yield
+        finally:
+            monitor.finish()
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k[:250], _param_str(v)) for k, v in sorted(params.items())]
+        items = [Param(k[:250], _param_str(v)) for k, v in sorted(redact(params).items())]
         for i in range(0, len(items), 100):  # MLflow's batch limit is 100 params
             self.client.log_batch(run_id, params=items[i:i + 100])
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        """Log metrics named by the conventions (`metric_key` validates each name; `@` → `_at_`)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items())
+        items = [Metric(metric_key(k), float(v), now, step) for k, v in sorted(metrics.items())
                  if v is not None and not (isinstance(v, float) and math.isnan(v))]
         for i in range(0, len(items), 1000):
             self.client.log_batch(run_id, metrics=items[i:i + 1000])
@@ -89,7 +269,7 @@ class Tracker:
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         for k, v in tags.items():
             if v is not None:
-                self.client.set_tag(run_id, k, str(v))
+                self.client.set_tag(run_id, k, redact(str(v), k))
 
     def log_artifact(self, run_id: str, local: str | Path, artifact_path: str | None = None) -> None:
         p = Path(local)
@@ -102,4 +282,7 @@ class Tracker:
         self.client.set_terminated(run_id, status)
 
     def run_url(self, run_id: str) -> str:
-        return f"{self.tracking_uri}#/experiments/{self.experiment_id}/runs/{run_id}"
+        """The run's page in the MLflow UI (a server), or its place in the store; no credentials in it."""
+        parts = urlsplit(self.tracking_uri)
+        base = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1])) if parts.scheme else self.tracking_uri
+        return f"{base}#/experiments/{self.experiment_id}/runs/{run_id}"

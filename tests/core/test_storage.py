@@ -1,6 +1,7 @@
 """The artifact store behaves the same on a local folder and on S3 (moto_server over HTTP)."""
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,70 @@ def test_open_store_resolution(rlvr_home, monkeypatch, tmp_path):
     assert isinstance(open_store(f"file://{tmp_path}/f"), LocalStore)
     with pytest.raises(ValueError, match="scheme"):
         open_store("gs://bucket/x")
+
+
+def test_sizes_and_get_dir(store, tmp_path):
+    store.put_bytes("exp/run/a.bin", b"12345")
+    store.put_text("exp/run/checkpoints/final/model.safetensors", "w" * 10)
+    store.put_text("exp/run-other/x", "x")
+    assert store.sizes("exp/run") == {"exp/run/a.bin": 5, "exp/run/checkpoints/final/model.safetensors": 10}
+    got = store.get_dir("exp/run", tmp_path / "copy", skip=("checkpoints/",))
+    assert got == [tmp_path / "copy" / "a.bin"] and (tmp_path / "copy" / "a.bin").read_bytes() == b"12345"
+
+
+def test_run_index_links_every_file_relatively(store):
+    import json
+    import re
+
+    from rlvr_core.artifacts_index import write_run_index
+
+    store.put_text("exp/r1/run.json", json.dumps({"experiment": "exp", "status": "FINISHED", "duration_s": 1.23456}))
+    store.put_text("exp/r1/manifest.json", "{}")
+    store.put_text("exp/r1/reports/summary report.html", "<p>hi</p>")
+    store.put_bytes("exp/r1/evals/samples.parquet", b"x" * 2048)
+    key = write_run_index(store, "exp/r1", links={"MLflow run": "http://mlflow:5000/#/experiments/1/runs/r1"})
+    assert key == "exp/r1/index.html"
+    page = store.get_text(key)
+    hrefs = re.findall(r'href="([^"]+)"', page)
+    assert set(hrefs) == {"run.json", "manifest.json", "reports/summary%20report.html", "evals/samples.parquet",
+                          "http://mlflow:5000/#/experiments/1/runs/r1"}
+    assert hrefs.count("reports/summary%20report.html") == 2  # listed under Reports and under reports/
+    assert "2.0 KB" in page and "1.23" in page and "1.23456" not in page
+    # Rewriting after a stage adds a file picks it up; the index never lists itself.
+    store.put_text("exp/r1/probes/kl.parquet", "k")
+    assert "probes/kl.parquet" in store.get_text(write_run_index(store, "exp/r1"))
+    assert 'href="index.html"' not in store.get_text(key)
+    with pytest.raises(FileNotFoundError, match="no run folder 'exp/none'"):
+        write_run_index(store, "exp/none")
+
+
+def test_artifacts_open_prints_a_local_path(store, rlvr_home, monkeypatch):
+    """`open --print` on a run folder gives its index page; on S3 the folder is copied to a local cache
+    (without checkpoints/), so the page's relative links resolve there."""
+    import typer
+    from typer.testing import CliRunner
+
+    from rlvr_core.artifacts_index import artifacts_open, write_run_index
+
+    endpoint = getattr(store, "endpoint_url", None)
+    if endpoint:
+        monkeypatch.setenv("RLVR_S3_ENDPOINT_URL", endpoint)
+    store.put_text("exp/r2/manifest.json", "{}")
+    store.put_text("exp/r2/checkpoints/final/model.safetensors", "w")
+    write_run_index(store, "exp/r2")
+    app = typer.Typer()
+    app.command("open")(artifacts_open)
+    app.command("noop")(lambda: None)  # two commands, so typer keeps the command name
+    run = CliRunner().invoke(app, ["open", "exp/r2", "--print", "--artifact-uri", store.uri])
+    assert run.exit_code == 0, run.output
+    page = Path(run.output.strip().splitlines()[-1])
+    assert page.name == "index.html" and (page.parent / "manifest.json").read_text() == "{}"
+    if endpoint:
+        assert page.is_relative_to(rlvr_home / "cache" / "artifact-views" / store.bucket)
+        assert not (page.parent / "checkpoints").exists()
+    else:
+        assert page == store.root / "exp" / "r2" / "index.html"
+    one = CliRunner().invoke(app, ["open", "exp/r2/manifest.json", "--print", "--artifact-uri", store.uri])
+    assert one.exit_code == 0 and Path(one.output.strip()).read_text() == "{}"
+    missing = CliRunner().invoke(app, ["open", "exp/nope", "--print", "--artifact-uri", store.uri])
+    assert missing.exit_code == 1 and "no artifact or folder 'exp/nope'" in missing.output

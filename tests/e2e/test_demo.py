@@ -114,6 +114,10 @@ def test_mlflow_and_artifacts_hold_the_run(demo_runs):
     assert run.data.params["eval.verifier"] == "gsm8k"
     names = {a.path for a in client.list_artifacts(s["mlflow_run_id"])}
     assert {"config.yaml", "manifest.json", "run.json"} <= names
+    # One child run per stage under the demo's parent run.
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{s['mlflow_run_id']}'")
+    assert {c.info.run_name for c in children} == {"data", "base-model", "passk", "curriculum", "evaluate-base"}
+    assert (Path(s["artifact_uri"]) / "index.html").is_file()
     run_dir = Path(s["artifact_uri"])
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["config_hash"] == s["config_hash"] and manifest["prompt_template"] == "qa@1"
@@ -161,14 +165,19 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
-    history = client.get_metric_history(run, "train/reward_mean")
+    # Per-step training numbers live on the pipeline's `train` child run (docs/tracking.md).
+    train_run = s["mlflow_child_run_ids"]["train"]
+    assert client.get_run(train_run).data.tags["mlflow.parentRunId"] == run
+    history = client.get_metric_history(train_run, "train/reward_mean")
     assert sorted(m.step for m in history) == [1, 2, 3]
     # The periodic held-out evaluation (every 2 steps and after the last) uses the final evaluation's
     # problems, prompts, decoding and verifier: its last point is exactly the trained model's score.
-    curve = {m.step: m.value for m in client.get_metric_history(run, "train/eval/greedy_pass_at_1")}
+    curve = {m.step: m.value for m in client.get_metric_history(train_run, "train/eval/greedy_pass_at_1")}
     assert sorted(curve) == [2, 3]
     assert curve[3] == pytest.approx(s["trained_pass_at_1"], abs=1e-12)
-    assert {m.step for m in client.get_metric_history(run, "train/eval/pass_at_2")} == {2, 3}
+    assert {m.step for m in client.get_metric_history(train_run, "train/eval/pass_at_2")} == {2, 3}
+    assert client.get_run(run).data.metrics["eval/synthetic/trained/accuracy_greedy"] == pytest.approx(
+        s["trained_pass_at_1"])
     # The trained numbers come from the exported checkpoint, uploaded and verified in the artifact store.
     from rlvr_core.export import verify_export
     from rlvr_core.storage import open_store

@@ -49,6 +49,33 @@ def test_demo_flow_on_prefect_server_and_s3(rlvr_home, s3_env, monkeypatch):
                                                           "evals/samples.parquet")} <= keys
     manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"team/real-services/{run_id}/manifest.json")["Body"].read())
     assert manifest["prefect_flow_run_id"] == summary["prefect_flow_run_id"]
+    # The run's index page sits at its root and links its files relatively.
+    index = s3.get_object(Bucket=bucket, Key=f"team/real-services/{run_id}/index.html")["Body"].read().decode()
+    assert 'href="manifest.json"' in index and 'href="evals/samples.parquet"' in index
+    # MLflow: the demo is a parent run with one finished child per stage, all carrying the same standard tags.
+    from mlflow.tracking import MlflowClient
+
+    from rlvr_core.tracking import STANDARD_TAGS
+
+    client = MlflowClient(tracking_uri=settings.mlflow_tracking_uri())
+    parent = client.get_run(run_id)
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    assert {c.info.run_name for c in children} == {"data", "base-model", "passk", "curriculum", "evaluate-base"}
+    assert {c.info.run_name: c.info.run_id for c in children} == summary["mlflow_child_run_ids"]
+    assert all(c.info.status == "FINISHED" for c in children)
+    for r in (parent, *children):
+        assert {k: r.data.tags.get(k) for k in STANDARD_TAGS} == {
+            "sweep_id": "", "trial_id": "", "config_hash": summary["config_hash"], "git_sha": manifest["code"]["sha"] or "",
+            "prefect_flow_run_id": summary["prefect_flow_run_id"], "dataset_hash": json.loads(
+                s3.get_object(Bucket=bucket, Key=f"team/real-services/{run_id}/run.json")["Body"].read())["dataset_hash"]}
+    # Each stage's numbers live on its child; the headline numbers on the parent.
+    (ev,) = [c for c in children if c.info.run_name == "evaluate-base"]
+    assert ev.data.tags["stage"] == "evaluate" and ev.data.params["eval.verifier"] == "gsm8k"
+    assert "passk.n_samples" not in ev.data.params  # a child carries only its own config sections
+    assert ev.data.metrics["eval/synthetic/accuracy_greedy"] == parent.data.metrics["eval/synthetic/accuracy_greedy"] \
+        == summary["base_pass_at_1"]
+    (pk,) = [c for c in children if c.info.run_name == "passk"]
+    assert pk.data.params["passk.n_samples"] == "2" and pk.data.metrics["passk/n_problems"] == 8
     # The warehouse was filled from S3, and a rebuild from the bucket gives the same rows.
     q = "select count(*) as n from eval_samples where run_id = ?"
     before = warehouse.query_records(q, [run_id])
