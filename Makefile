@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast clean
+.PHONY: install browser demo test test-fast clean
 
 install: $(STAMP)
 
@@ -18,7 +18,11 @@ $(STAMP): pyproject.toml requirements.lock
 demo: install
 	$(VENV)/bin/rlvr demo
 
-test: install
+# The dashboard tests drive Debian's chromium (through playwright, with no browser download).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: install browser
 	$(PY) -m pytest -q
 
 test-fast: install

@@ -166,24 +166,6 @@ def config_show(file: Optional[Path] = typer.Argument(None, help="experiment YAM
     typer.echo(dump_yaml(cfg) + f"# config hash: {cfg.config_hash()}")
 
 
-@warehouse_app.command("query")
-def warehouse_query(sql: str = typer.Argument(..., help="SQL to run read-only"),
-                    json_out: bool = typer.Option(False, "--json", help="rows as a JSON list of objects")) -> None:
-    """Run SQL against the warehouse (read-only)."""
-    import duckdb
-
-    from rlvr_core import warehouse
-
-    try:
-        if json_out:
-            print(json.dumps(warehouse.query_records(sql)))
-            return
-        cols, rows = warehouse.query(sql)
-    except (duckdb.Error, FileNotFoundError) as e:
-        _fail(f"query failed: {e}", 1)
-    _print_table(cols, rows)
-
-
 def _print_table(cols: list[str], rows: list[tuple]) -> None:
     cells = [[("" if v is None else str(v))[:60] for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
@@ -192,17 +174,6 @@ def _print_table(cols: list[str], rows: list[tuple]) -> None:
     for r in cells:
         typer.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)))
     typer.echo(f"({len(rows)} rows)", err=True)
-
-
-@warehouse_app.command("ingest")
-def warehouse_ingest(run: str = typer.Argument(..., help="run folder in the artifact store: EXPERIMENT/RUN_ID"),
-                     artifact_uri: Optional[str] = typer.Option(None, help="artifact store root")) -> None:
-    """(Re-)ingest one run's files into the warehouse; idempotent."""
-    from rlvr_core import warehouse
-    from rlvr_core.storage import open_store
-
-    counts = warehouse.ingest_run(open_store(artifact_uri), run)
-    typer.echo(json.dumps(counts))
 
 
 @warehouse_app.command("rebuild")
@@ -251,6 +222,13 @@ def _register_optional_commands() -> None:
 
         app.command("eval", help="Evaluate a checkpoint on benchmarks (docs/evaluation.md).")(eval_command)
         app.command("compare", help="Compare two evaluations: paired deltas, capability boundary.")(compare_command)
+    from rlvr_core.report import dashboard_command, report_command
+    from rlvr_core.warehouse_queries import ingest_command, query_command
+
+    warehouse_app.command("query")(query_command)    # SQL, or --canned NAME --param k=v, --list, --json
+    warehouse_app.command("ingest")(ingest_command)  # EXPERIMENT/RUN_ID or --all, --force
+    app.command("report")(report_command)
+    app.command("dashboard")(dashboard_command)
     from rlvr_core.artifacts_index import artifacts_index, artifacts_open
     from rlvr_core.stack import stack_app
 
