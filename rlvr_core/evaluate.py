@@ -583,7 +583,7 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
     max_problems, n, temperature, max_new_tokens, seed: overrides applied to every spec (`override_spec`);
         they change the benchmark hash, so the results say they were overridden.
     """
-    from rlvr_core.stages import _model_hashes
+    from rlvr_core.stages import model_hashes
 
     path = Path(checkpoint_dir)
     if not (path / "config.json").is_file():
@@ -591,7 +591,7 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
                                 "exported checkpoint)")
     checkpoint = checkpoint or str(path)
     eval_id = eval_id or path.name
-    model_hash, tok_hash = _model_hashes(path)
+    model_hash, tok_hash = model_hashes(path)
     identity = {"model_path": str(path.resolve()), "model_hash": model_hash, "tokenizer_hash": tok_hash}
     todo, skipped = [], []
     for spec in specs:

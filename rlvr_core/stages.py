@@ -111,7 +111,7 @@ class ModelArtifact:
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
-def _model_hashes(path: Path) -> tuple[str, str]:
+def model_hashes(path: Path) -> tuple[str, str]:
     weights = sorted(list(path.glob("*.safetensors")) + list(path.glob("*.bin")) + [path / "config.json"])
     model_hash = _files_hash([f for f in weights if f.is_file()])
     tok_hash = _files_hash([path / f for f in _TOKENIZER_FILES if (path / f).is_file()])
@@ -142,7 +142,7 @@ def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Prog
         path = Path(cfg.model.path).expanduser().resolve()
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model.path {path} has no config.json (a local Hugging Face model directory)")
-        mh, th = _model_hashes(path)
+        mh, th = model_hashes(path)
         return ModelArtifact(str(path), path.name, mh, th, cached=True)
 
     from rlvr_core.tiny.warmstart import warm_start
@@ -158,7 +158,7 @@ def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Prog
 
     folder, hit = cached_dir("base_model", key, build)
     info = json.loads((folder / "warmstart.json").read_text()) if (folder / "warmstart.json").exists() else {}
-    mh, th = _model_hashes(folder)
+    mh, th = model_hashes(folder)
     progress("warm-start", f"base model {folder.name} ({'cached' if hit else 'trained'})")
     return ModelArtifact(str(folder), f"tiny-{folder.name}", mh, th, hit, info)
 
@@ -378,7 +378,7 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
         mark_done(folder)
     paths = json.loads((folder / "result.json").read_text())
     final = Path(paths["final_model_dir"])
-    mh, th = _model_hashes(final)
+    mh, th = model_hashes(final)
     summary = json.loads((folder / "summary.json").read_text())
     progress("grpo", f"trained model {folder.name} ({'cached' if done else 'trained'})")
     return TrainArtifact(ModelArtifact(str(final), f"grpo-{folder.name}", mh, th, done), paths["steps_path"],
@@ -413,7 +413,7 @@ def export_stage(trained: TrainArtifact, base: ModelArtifact, store: Any, prefix
                           dtype=dtype, run_manifest=run_manifest, overwrite=True)
     manifest = json.loads((local / MANIFEST_FILE).read_text())
     upload_export(local, store, prefix)
-    mh, th = _model_hashes(local)
+    mh, th = model_hashes(local)
     progress("export", f"step {manifest['step']} {dtype} exported, uploaded and verified at {store.url(prefix)}")
     return ExportArtifact(ModelArtifact(str(local), f"{trained.model.model_id}-export", mh, th, trained.cached),
                           store.url(prefix), int(manifest["step"]), dtype, file_sha256(local / MANIFEST_FILE))

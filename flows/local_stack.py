@@ -1,0 +1,254 @@
+"""A real Prefect stack on a laptop: server on 127.0.0.1, process work pools, workers, deployed flows.
+
+`prefect_up(home)` starts, in this order:
+  1. `prefect server start --host 127.0.0.1 --port <free>` (SQLite under `home/prefect-server`);
+  2. two process work pools from `infra/prefect/process-base-job-template.json`: `rlvr-gpu` (pipeline
+     trials, nightly evaluations: the GPU stages) and `rlvr-cpu` (the sweep driver, which only waits on
+     its trials, so losing a GPU worker never takes the sweep down with it);
+  3. a `gpu` tag concurrency limit (the slots GPU tasks take) and the automation that marks a flow run
+     Crashed when its heartbeats stop (a lost worker), so the sweep can launch it again;
+  4. the deployments of `infra/prefect/prefect.yaml` (`prefect deploy --all`);
+  5. one worker per pool.
+It returns a JSON-able state dict; `prefect_down(state)` stops everything by pid (workers before the
+server: a worker whose server is gone ignores SIGINT, STACK.md). `rlvr stack up/down` calls these;
+`python -m flows.local_stack up|down --home DIR` does the same from a shell.
+
+The workers run flows in the project checkout with `RLVR_HOME=home`, so flows, the MLflow store, the
+warehouse and the stage cache all live under `home`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFECT_FILE = ROOT / "infra" / "prefect" / "prefect.yaml"
+PROCESS_TEMPLATE = ROOT / "infra" / "prefect" / "process-base-job-template.json"
+GPU_POOL, CPU_POOL = "rlvr-gpu", "rlvr-cpu"
+HEARTBEAT_S = 30  # Prefect's minimum flow-run heartbeat interval
+LOST_AFTER_S = 75  # no heartbeat for this long: the flow run's worker is gone
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def stack_env(home: Path, api_url: str) -> dict[str, str]:
+    """The environment of every stack process (and of anyone who wants to talk to the stack)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update({
+        "PREFECT_API_URL": api_url,
+        "PREFECT_HOME": str(home / "prefect-server"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
+        "PREFECT_WORKER_QUERY_SECONDS": "2",  # local: pick up runs quickly (default 10 s)
+        "PREFECT_LOGGING_LEVEL": "INFO",
+        "RLVR_HOME": str(home),
+        "RLVR_PROJECT_ROOT": str(ROOT),
+        "RLVR_GPU_POOL": GPU_POOL,
+        "RLVR_CPU_POOL": CPU_POOL,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    })
+    return env
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # Own session: the process and every flow run it starts share one process group, stopped together.
+    return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait_healthy(api_url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prefect server exited with {proc.returncode}; see {log}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(api_url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"prefect server not healthy at {api_url} after {timeout_s:.0f} s; see {log}")
+
+
+def _run(cmd: list[str], env: dict[str, str], what: str, timeout_s: float = 300) -> str:
+    p = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=timeout_s)
+    if p.returncode != 0:
+        raise RuntimeError(f"{what} failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    return p.stdout
+
+
+def start_worker(state: dict[str, Any], pool: str = GPU_POOL, name: str | None = None) -> int:
+    """Start a worker for `pool`; its pid is added to the state (and returned)."""
+    home = Path(state["home"])
+    env = stack_env(home, state["api_url"])
+    name = name or f"{pool}-{int(time.time())}"
+    proc = _spawn([_bin("prefect"), "worker", "start", "--pool", pool, "--name", name, "--type", "process"],
+                  env, home / "logs" / f"worker-{name}.log")
+    state["pids"].append(proc.pid)
+    state["workers"][pool] = proc.pid
+    return proc.pid
+
+
+def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True) -> dict[str, Any]:
+    """Start server, pools, limits, automation, deployments and workers; returns the state for prefect_down."""
+    home = Path(home).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = stack_env(home, api_url)
+    state: dict[str, Any] = {"home": str(home), "api_url": api_url, "ui_url": f"http://127.0.0.1:{port}",
+                             "pids": [], "workers": {}, "work_pool": GPU_POOL, "work_pools": [GPU_POOL, CPU_POOL]}
+    log = home / "logs" / "prefect-server.log"
+    server = _spawn([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, log)
+    state["pids"].append(server.pid)
+    state["server_pid"] = server.pid
+    try:
+        _wait_healthy(api_url, server, log)
+        _run([sys.executable, "-m", "flows.local_stack", "_setup", "--gpu-slots", str(gpu_slots)], env, "stack setup")
+        if deploy:
+            _run([_bin("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_FILE)], env,
+                 "prefect deploy")
+        start_worker(state, CPU_POOL, "local-cpu")
+        start_worker(state, GPU_POOL, "local-gpu")
+    except BaseException:
+        prefect_down(state)
+        raise
+    (home / "prefect-stack.json").write_text(json.dumps(state, indent=2))
+    return state
+
+
+def _setup(gpu_slots: int) -> None:
+    """Runs in a child process with the stack's PREFECT_API_URL: pools, the GPU limit, the lost-worker automation."""
+    import asyncio
+    from datetime import timedelta
+
+    from prefect.automations import Automation
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import EventTrigger, Posture
+    from prefect.exceptions import ObjectAlreadyExists
+
+    template = json.loads(PROCESS_TEMPLATE.read_text())
+
+    async def pools() -> None:
+        async with get_client() as client:
+            for pool in (GPU_POOL, CPU_POOL):
+                try:
+                    await client.create_work_pool(WorkPoolCreate(name=pool, type="process",
+                                                                 base_job_template=template))
+                except ObjectAlreadyExists:
+                    pass
+            await client.create_concurrency_limit(tag="gpu", concurrency_limit=gpu_slots)
+
+    asyncio.run(pools())
+    name = "rlvr-crash-lost-flow-runs"
+    try:
+        Automation.read(name=name)
+    except ValueError:
+        Automation(
+            name=name, description="A flow run whose heartbeats stopped lost its worker: mark it Crashed so the "
+                                   "sweep launches it again (it resumes from its checkpoint).",
+            trigger=EventTrigger(
+                after={"prefect.flow-run.heartbeat"},
+                expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+                        "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
+                match={"prefect.resource.id": ["prefect.flow-run.*"]}, for_each={"prefect.resource.id"},
+                posture=Posture.Proactive, threshold=1, within=timedelta(seconds=LOST_AFTER_S)),
+            actions=[ChangeFlowRunState(state=StateType.CRASHED,
+                                        message=f"no heartbeat for {LOST_AFTER_S} s: its worker was lost")],
+        ).create()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of ours is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+def stop_pid(pid: int, timeout_s: float = 20) -> None:
+    """SIGTERM the process group (the process and what it started), then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            if not _alive(pid):
+                return
+            time.sleep(0.2)
+
+
+def prefect_down(state: dict[str, Any]) -> None:
+    """Stop workers first, then the server, by pid (never by name)."""
+    server = state.get("server_pid")
+    for pid in [p for p in state.get("pids", []) if p != server]:
+        stop_pid(pid)
+    if server:
+        stop_pid(server)
+    state["pids"] = []
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m flows.local_stack")
+    ap.add_argument("command", choices=["up", "down", "_setup"])
+    ap.add_argument("--home", type=Path, default=Path(os.environ.get("RLVR_HOME", ".rlvr")))
+    ap.add_argument("--gpu-slots", type=int, default=2)
+    a = ap.parse_args(argv)
+    if a.command == "_setup":
+        _setup(a.gpu_slots)
+        return 0
+    state_file = a.home.resolve() / "prefect-stack.json"
+    if a.command == "up":
+        state = prefect_up(a.home, gpu_slots=a.gpu_slots)
+        print(json.dumps(state, indent=2))
+        print(f"\nexport PREFECT_API_URL={state['api_url']} RLVR_HOME={state['home']}", file=sys.stderr)
+        return 0
+    if not state_file.is_file():
+        print(f"no stack state at {state_file}", file=sys.stderr)
+        return 1
+    prefect_down(json.loads(state_file.read_text()))
+    state_file.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,178 @@
+"""The `nightly-eval` flow: evaluate every exported checkpoint that has no evaluation for the current
+benchmark suite version, ingest the results, publish a report. Deployed with a cron schedule
+(`0 3 * * *`, infra/prefect/prefect.yaml); running it twice is a no-op the second time.
+
+    prefect deployment run 'nightly-eval/nightly'
+    prefect deployment run 'nightly-eval/nightly' --param overrides='{"eval.max_problems": 100}'
+
+Checkpoints: every `<experiment>/<run_id>/checkpoints/final/` export in the artifact store (the
+pipeline uploads and verifies them; `export_manifest.json` marks a complete one).
+Suite version: the benchmark's version and a hash of everything that decides the numbers (held-out data,
+prompt template, decoding, verifier), so changing any of them makes every checkpoint "new" again.
+Done marker: `nightly-eval/index/<suite>/<checkpoint hash>.json` in the artifact store, written after
+the evaluation is recorded and ingested, so a crash in between re-evaluates (idempotently: the eval run
+id is derived from checkpoint + suite, and ingest is delete-then-insert).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+
+from rlvr_core import manifest as manifest_mod
+from rlvr_core import settings, stages
+from rlvr_core.config import ExperimentConfig, config_hash, dump_yaml
+from rlvr_core.export import MANIFEST_FILE, verify_local_export
+from rlvr_core.progress import SILENT
+from rlvr_core.storage import ArtifactStore, join, open_store
+from rlvr_core.tracking import Tracker, flatten
+from tasks import pipeline as tp
+from tasks import stages as t
+from tasks.retry import retry_condition_fn
+
+EXPERIMENT = "nightly-eval"
+INDEX = "nightly-eval/index"
+
+
+def suite_version(cfg: ExperimentConfig) -> str:
+    """`synthetic@<benchmark version>-<hash of the settings that decide the numbers>`."""
+    decides = {"data": cfg.data.model_dump(mode="json"), "prompt": cfg.prompt.model_dump(mode="json"),
+               "eval": cfg.eval.model_dump(mode="json", exclude={"verifier_workers"}),
+               "sampling": {"top_p": cfg.sampling.top_p, "seed": cfg.sampling.seed}, "dtype": cfg.model.dtype}
+    return f"synthetic@{stages.SYNTHETIC_BENCHMARK_VERSION}-{config_hash(decides)[:10]}"
+
+
+def find_checkpoints(store: ArtifactStore) -> list[str]:
+    """Prefixes of complete exported checkpoints (`…/checkpoints/final`), sorted."""
+    suffix = f"/checkpoints/final/{MANIFEST_FILE}"
+    return sorted(k[: -len(MANIFEST_FILE) - 1] for k in store.list() if k.endswith(suffix)
+                  and not k.startswith(EXPERIMENT + "/"))
+
+
+def _ckpt_hash(prefix: str) -> str:
+    return hashlib.sha256(prefix.encode()).hexdigest()[:20]
+
+
+def marker_key(suite: str, prefix: str) -> str:
+    return join(INDEX, suite, _ckpt_hash(prefix) + ".json")
+
+
+@task(name="fetch-checkpoint", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 8, 30],
+      retry_condition_fn=retry_condition_fn)
+def fetch_checkpoint(store: ArtifactStore, prefix: str) -> stages.ModelArtifact:
+    """Download (or reuse) the checkpoint into the cache and verify every checksum against its manifest."""
+    manifest = json.loads(store.get_text(join(prefix, MANIFEST_FILE)))
+    msha = hashlib.sha256(store.get_bytes(join(prefix, MANIFEST_FILE))).hexdigest()
+    local = settings.paths().cache / "nightly_checkpoints" / msha[:20]
+    try:
+        verify_local_export(local)
+    except Exception:  # noqa: BLE001 - absent or damaged: download again
+        for f in manifest["files"]:
+            store.get_file(join(prefix, f["path"]), local / f["path"])
+        store.get_file(join(prefix, MANIFEST_FILE), local / MANIFEST_FILE)
+        verify_local_export(local)
+    mh, th = stages.model_hashes(local)
+    return stages.ModelArtifact(str(local), f"ckpt-{_ckpt_hash(prefix)}", mh, th, True)
+
+
+@task(name="record-nightly-eval", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 8, 30],
+      retry_condition_fn=retry_condition_fn)
+def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix: str, model: stages.ModelArtifact,
+                data: stages.DataArtifact, ev: stages.EvalArtifact) -> dict[str, Any]:
+    tracker = Tracker(EXPERIMENT, cfg.tracking.tracking_uri)
+    tags = {"kind": "eval", "suite_version": suite, "checkpoint": store.url(prefix), "checkpoint_key": prefix,
+            "prefect_flow_run_id": str(flow_run.id) if flow_run.id else None}
+    # One MLflow run per (checkpoint, suite): a re-run after a crash reuses it.
+    found = tracker.client.search_runs([tracker.experiment_id],
+                                       f"tags.suite_version = '{suite}' and tags.checkpoint_key = '{prefix}'",
+                                       max_results=1)
+    run_id = found[0].info.run_id if found else tracker.start_run(f"eval {prefix}", tags)
+    run_prefix = join(EXPERIMENT, run_id)
+    row = {"run_id": run_id, "experiment": EXPERIMENT, "name": f"eval {prefix}", "kind": "eval",
+           "status": "FINISHED", "started_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+           "finished_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "duration_s": ev.summary["duration_s"],
+           "config_hash": cfg.config_hash(), "model_id": model.model_id, "model_hash": model.model_hash,
+           "tokenizer_hash": model.tokenizer_hash, "dataset_hash": data.dataset_hash,
+           "prompt_template": cfg.prompt.template, "artifact_uri": store.url(run_prefix), "mlflow_run_id": run_id,
+           "prefect_flow_run_id": tags["prefect_flow_run_id"]}
+    summary = {"checkpoint": store.url(prefix), "suite_version": suite, **{k: v for k, v in ev.summary.items()}}
+    man = manifest_mod.build_manifest(config_hash=cfg.config_hash(), resolved_config=cfg.resolved(),
+                                      datasets={"train": data.train_hash, "test": data.test_hash},
+                                      seeds={"sampling": cfg.sampling.seed},
+                                      model={"id": model.model_id, "hash": model.model_hash, "path": model.path},
+                                      template=cfg.prompt.template, extra={"suite_version": suite,
+                                                                           "checkpoint": store.url(prefix)})
+    curve = pa.Table.from_pylist([{"source": f"eval/{suite}", "k": k, "value": v, "n_problems": ev.summary["n"]}
+                                  for k, v in ev.curve.items()])
+    report = (f"# Nightly evaluation of `{prefix}`\n\nSuite `{suite}`: greedy accuracy "
+              f"{ev.summary['accuracy_greedy']:.3f} (n = {ev.summary['n']})\n")
+    tp.record.fn(store, run_prefix, (EXPERIMENT, cfg.tracking.tracking_uri), run_id, run_row=row,
+                 params={**flatten(cfg.resolved()), "suite_version": suite, "checkpoint": prefix},
+                 manifest=man, config_yaml=dump_yaml(cfg), summary=summary,
+                 tables={"evals/samples.parquet": ev.samples, "evals/metrics.parquet": ev.metrics,
+                         "passk_curves.parquet": curve},
+                 metrics={"eval/synthetic/accuracy_greedy": ev.summary["accuracy_greedy"],
+                          **{f"eval/synthetic/pass_at_{k}": v for k, v in ev.curve.items()}},
+                 tags=tags, report_md=report, steps_path=None)
+    from rlvr_core import warehouse
+
+    warehouse.ingest_run(store, run_prefix)
+    tracker.end_run(run_id, "FINISHED")
+    # Last: the marker says "done" only once everything above is stored.
+    store.put_text(marker_key(suite, prefix), json.dumps({"checkpoint": prefix, "suite_version": suite,
+                                                          "mlflow_run_id": run_id, "run_prefix": run_prefix,
+                                                          "accuracy_greedy": ev.summary["accuracy_greedy"],
+                                                          "evaluated_at": row["finished_at"]}))
+    return {"checkpoint": prefix, "mlflow_run_id": run_id, "accuracy_greedy": ev.summary["accuracy_greedy"],
+            "n": ev.summary["n"]}
+
+
+@flow(name="nightly-eval", log_prints=True, validate_parameters=False)
+def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides: dict[str, Any] | None = None,
+                      max_checkpoints: int | None = None) -> dict[str, Any]:
+    from flows.pipeline import resolve_config
+
+    settings.configure_environment()
+    log = get_run_logger()
+    cfg = resolve_config(config, overrides)
+    suite = suite_version(cfg)
+    store = open_store(cfg.storage.artifact_uri, cfg.storage.s3_endpoint_url)
+    all_ckpts = find_checkpoints(store)
+    new = [p for p in all_ckpts if not store.exists(marker_key(suite, p))]
+    if max_checkpoints:
+        new = new[:max_checkpoints]
+    log.info(f"suite {suite}: {len(all_ckpts)} checkpoints, {len(new)} without an evaluation")
+    results = []
+    if new:
+        data = t.make_data(cfg, SILENT)
+        for prefix in new:
+            model = fetch_checkpoint(store, prefix)
+            ev = tp.evaluate(cfg, data, model, f"nightly-{suite}", store.url(prefix))
+            results.append(record_eval(store, cfg, suite, prefix, model, data, ev))
+    report = _report(suite, all_ckpts, results)
+    store.put_text(join(EXPERIMENT, "reports", f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{suite}.md"), report)
+    create_markdown_artifact(report, key="nightly-eval-report", description=f"nightly evaluation, suite {suite}")
+    if results:
+        create_table_artifact(results, key="nightly-eval-results", description=f"checkpoints evaluated ({suite})")
+    return {"suite_version": suite, "n_checkpoints": len(all_ckpts), "evaluated": results}
+
+
+def _report(suite: str, all_ckpts: list[str], results: list[dict[str, Any]]) -> str:
+    lines = [f"# Nightly evaluation — suite `{suite}`", "",
+             f"{len(all_ckpts)} checkpoints in the store; {len(results)} evaluated in this run.", ""]
+    if results:
+        lines += ["| checkpoint | greedy accuracy | n | MLflow run |", "|---|---|---|---|"]
+        lines += [f"| `{r['checkpoint']}` | {r['accuracy_greedy']:.3f} | {r['n']} | `{r['mlflow_run_id']}` |"
+                  for r in results]
+    else:
+        lines.append("Nothing new: every checkpoint already has an evaluation for this suite version.")
+    return "\n".join(lines) + "\n"

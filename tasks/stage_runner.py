@@ -1,0 +1,102 @@
+"""Run one heavy stage in a clean child process: `python -m tasks.stage_runner STAGE REQUEST.json RESULT.json`.
+
+Why a subprocess: GPU memory, DeepSpeed's process-group state and any leaked threads go away with the
+process, and a kill (pre-emption, a lost node) is visible to the parent as death by signal, which the
+retry policy treats as transient. A retried training stage resumes because `rlvr_core.stages.train_stage`
+keys its folder on its inputs and `train_grpo` resumes from the last DeepSpeed checkpoint there.
+
+The request holds the resolved config and the input artifacts (dataclasses as dicts); the result file
+holds the output artifact, or the error with the child's own transient/deterministic verdict
+(`tasks.retry.is_transient`). No Prefect in the child: it starts fast and needs no API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+
+def _die_with_parent() -> None:
+    """If the task process that launched us dies (a killed flow run), stop too: an orphaned trainer would keep
+    writing checkpoints into the folder a retry is about to resume from."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(137)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def _artifacts(req: dict[str, Any]):
+    from rlvr_core import stages
+    from rlvr_core.config import parse_config
+
+    cfg = parse_config(req["config"], req.get("source", "<stage request>"))
+    data = stages.DataArtifact(**req["data"]) if "data" in req else None
+    base = stages.ModelArtifact(**req["base"]) if "base" in req else None
+    cur = stages.CurriculumArtifact(**req["curriculum"]) if "curriculum" in req else None
+    return cfg, data, base, cur
+
+
+def run(stage: str, req: dict[str, Any]) -> dict[str, Any]:
+    from rlvr_core import stages
+    from rlvr_core.progress import Progress
+
+    cfg, data, base, cur = _artifacts(req)
+    progress = Progress(True)
+    if stage == "train":
+        out = stages.train_stage(cfg, data, base, cur, progress)
+        return asdict(out)
+    if stage == "evaluate":
+        model = stages.ModelArtifact(**req["model"])
+        ev = stages.evaluate_stage(cfg, data, model, eval_id=req["eval_id"], checkpoint=req["checkpoint"],
+                                   progress=progress)
+        # Tables travel as Parquet files next to the result (they can be large).
+        import pyarrow.parquet as pq
+
+        out_dir = Path(req["out_dir"])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        pq.write_table(ev.samples, out_dir / "samples.parquet")
+        pq.write_table(ev.metrics, out_dir / "metrics.parquet")
+        return {"samples": str(out_dir / "samples.parquet"), "metrics": str(out_dir / "metrics.parquet"),
+                "curve": {str(k): v for k, v in ev.curve.items()}, "summary": ev.summary}
+    raise SystemExit(f"unknown stage {stage!r} (train, evaluate)")
+
+
+def main(argv: list[str]) -> int:
+    stage, request, result = argv[1], Path(argv[2]), Path(argv[3])
+    _die_with_parent()
+    threads = int(os.environ.get("RLVR_STAGE_THREADS", "0"))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    req = json.loads(request.read_text())
+    try:
+        out = {"ok": True, "result": run(stage, req)}
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent, classified
+        from tasks.retry import is_transient
+
+        out = {"ok": False, "error_type": f"{type(e).__module__}.{type(e).__name__}", "message": str(e),
+               "transient": is_transient(e), "traceback": traceback.format_exc()}
+        code = 1
+    tmp = result.with_name(result.name + ".tmp")
+    tmp.write_text(json.dumps(out, default=str))
+    os.replace(tmp, result)
+    sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
