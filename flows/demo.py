@@ -24,8 +24,9 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from rlvr_core import manifest as manifest_mod
-from rlvr_core import settings
+from rlvr_core import settings, warehouse
 from rlvr_core.artifacts_index import write_run_index
+from rlvr_core.compare import compare, from_result, write_report
 from rlvr_core.config import parse_config
 from rlvr_core.progress import Progress
 from rlvr_core.runrecord import upload_run_folder, write_run_folder
@@ -121,6 +122,11 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
             children["evaluate-trained"] = child
             trained_eval = t.evaluate(cfg, data, exported.model, "trained", "trained", progress)
             tracker.log_metrics(child, _eval_metrics(trained_eval))
+    # Base vs trained on the same problems, paired (rlvr_core.compare): the delta's interval is much tighter
+    # than two independent accuracies' would be, and the solvable sets show whether RL widened or sharpened.
+    comparison = (compare(from_result(base_eval.result, "base"), from_result(trained_eval.result, "trained"))
+                  if trained_eval else None)
+    collapsed = bool(trained) and _collapsed(trained.summary)
     duration = time.monotonic() - t0
     man = manifest_mod.build_manifest(
         config_hash=chash, resolved_config=public,
@@ -146,6 +152,7 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
         **(_trained_summary(base_eval, trained_eval, trained) if trained else {}),
         **({"export": {"uri": exported.uri, "step": exported.step, "dtype": exported.dtype,
                        "manifest_sha256": exported.manifest_sha256}} if exported else {}),
+        **({"comparison": _comparison_summary(comparison, base_eval.summary["benchmark"])} if comparison else {}),
         "eval": {k: v for k, v in base_eval.summary.items() if k not in ("passk",)},
         "pass_rates": passrates.summary,
         "curriculum": {"id": curriculum.curriculum_id, "strategy": cfg.curriculum.strategy,
@@ -168,7 +175,9 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
                "config_hash": chash, "git_sha": git["sha"], "git_dirty": git["dirty"], "model_id": model.model_id,
                "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
                "dataset_hash": data.dataset_hash, "prompt_template": template.key,
-               "artifact_uri": store.url(prefix), "mlflow_run_id": run_id, "prefect_flow_run_id": prefect_id}
+               "artifact_uri": store.url(prefix), "mlflow_run_id": run_id, "prefect_flow_run_id": prefect_id,
+               # run.json tags become warehouse run_tags; `collapsed` is what the collapsed_runs query looks for.
+               **({"tags": {"collapsed": "true"}} if collapsed else {})}
     pr_table = pq.read_table(passrates.table_path)
     context = {"table_id": passrates.table_id, "model_hash": model.model_hash, "prompt_template": template.key,
                "temperature": cfg.sampling.temperature, "max_new_tokens": cfg.sampling.max_new_tokens,
@@ -178,18 +187,14 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
     cur_table = pq.read_table(curriculum.path)
     cur_table = cur_table.append_column("curriculum_id", pa.array([curriculum.curriculum_id] * cur_table.num_rows))
     cur_table = cur_table.append_column("strategy", pa.array([cfg.curriculum.strategy] * cur_table.num_rows))
-    curve_rows = [{"source": f"eval/{name}", "k": k, "value": v, "n_problems": ev.summary["n"]}
-                  for name, ev in (("base", base_eval), ("trained", trained_eval)) if ev
-                  for k, v in ev.curve.items()]
     with tempfile.TemporaryDirectory(prefix="rlvr-run-") as tmp:
         local = write_run_folder(
             Path(tmp), run=run_row, params=params, manifest=man,
             config_yaml=yaml.safe_dump(public, sort_keys=False), summary=summary,
-            tables={"passk/pass_rate_table.parquet": pr_table, "passk_curves.parquet": pa.Table.from_pylist(curve_rows),
-                    "curriculum/curriculum.parquet": cur_table,
-                    **_eval_tables(base_eval, trained_eval),
-                    **({"train/steps.parquet": pq.read_table(trained.steps_path),
-                        "train/steps_long.parquet": steps_long(trained.steps_path)} if trained else {})})
+            tables={"passk/pass_rate_table.parquet": pr_table, "curriculum/curriculum.parquet": cur_table,
+                    **_eval_tables(base_eval, trained_eval), **(_train_tables(trained) if trained else {})})
+        if comparison:
+            write_report(comparison, local)  # comparison.md / .json beside the evaluations they compare
         upload_run_folder(store, prefix, local)
         # The parent holds the headline numbers (runs compare at the top level of the MLflow UI); each
         # child holds its stage's detail.
@@ -235,8 +240,54 @@ def _trained_summary(base_eval, trained_eval, trained) -> dict[str, Any]:
 def _eval_tables(base_eval, trained_eval) -> dict[str, pa.Table]:
     evals = [e for e in (base_eval, trained_eval) if e is not None]
     # "default" promotion: a column that is all-null in one eval (e.g. no extracted answers) still concatenates.
+    # The curves are the evaluator's own: pass@k for every k = 1..n, per scoring, with eval_id, benchmark,
+    # checkpoint and scoring as columns (warehouse `passk_curves`), so they match `rlvr eval`'s file.
     return {"evals/samples.parquet": pa.concat_tables([e.samples for e in evals], promote_options="default"),
-            "evals/metrics.parquet": pa.concat_tables([e.metrics for e in evals], promote_options="default")}
+            "evals/metrics.parquet": pa.concat_tables([e.metrics for e in evals], promote_options="default"),
+            "passk_curves.parquet": pa.concat_tables([e.curves for e in evals])}
+
+
+def _train_tables(trained) -> dict[str, pa.Table]:
+    """The training stage's files in the run folder (docs/warehouse.md says which table each fills)."""
+    from rlvr_core.grpo.trainer import ROLLOUTS_FILE
+
+    tables = {"train/steps.parquet": pq.read_table(trained.steps_path),
+              "train/steps_long.parquet": steps_long(trained.steps_path),
+              # Written even when nothing fired: an empty file says "no firings", whereas a missing one makes
+              # the warehouse fall back to the per-step health/* flags.
+              "train/health_events.parquet": warehouse.health_events_table(trained.summary.get("health_firings") or [])}
+    rollouts = Path(trained.folder) / ROLLOUTS_FILE  # absent with grpo.rollout_samples_per_step = 0
+    if rollouts.is_file():
+        tables["train/rollouts.parquet"] = pq.read_table(rollouts)
+    return tables
+
+
+def _collapsed(train_summary: dict[str, Any]) -> bool:
+    """Did a serious guard stop training? The trainer tags its summary `collapsed` then; a serious firing
+    in the summary's health_firings says the same for summaries written without tags."""
+    return ("collapsed" in (train_summary.get("tags") or [])
+            or any(f.get("serious") for f in train_summary.get("health_firings") or []))
+
+
+def _comparison_summary(cmp: dict[str, Any], benchmark: str) -> dict[str, Any]:
+    """The headline part of `compare`'s result for the JSON summary (the whole of it is comparison.json)."""
+    r = cmp["benchmarks"][benchmark]
+    d = r["deltas"]
+    a, b = cmp["a"]["label"], cmp["b"]["label"]
+    return {
+        "a": a, "b": b, "benchmark": benchmark, "scoring": r["scoring"],
+        "n_problems": r["n_problems"],
+        # B − A, paired over the same problems, with the 95% paired t interval (McNemar p for greedy).
+        "accuracy_greedy": {k: d["accuracy_greedy"][k] for k in ("delta", "ci_low", "ci_high", "n", "mcnemar_p")}
+        if "accuracy_greedy" in d else None,
+        "pass_at_k": {m.removeprefix("pass@"): {k: v[k] for k in ("delta", "ci_low", "ci_high")}
+                      for m, v in d.items() if m.startswith("pass@")},
+        "solvable_overlap": r["solvable_overlap"],  # at least one of n samples correct: both / a_only / b_only / neither
+        # Problems solved by one side only: greedily, and by at least one of the n samples ("ever").
+        "solved_greedy_only": {a: len(r["solved_greedy"]["a_only"]), b: len(r["solved_greedy"]["b_only"])},
+        "solved_ever_only": {a: len(r["solved_ever"]["a_only"]), b: len(r["solved_ever"]["b_only"])},
+        "report": "comparison.md",
+    }
 
 
 def _log_steps(tracker: Tracker, run_id: str, steps_path: str) -> None:

@@ -507,6 +507,7 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
 
     headline = scoring_label(spec.verifier)
     h_outs, h_version = outcomes[headline]
+    spec_hash = benchmark_hash(spec)
     records = []
     for i, (is_greedy, p, s) in enumerate(generated):
         o = h_outs[i]
@@ -519,8 +520,8 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
             side[lab] = {"status": so.status.value, "extracted": so.extracted, "reward": float(so.reward),
                          "instructions_followed": sf, "instructions_total": st}
         records.append({
-            "eval_id": eval_id, "benchmark": spec.name, "benchmark_version": spec.version, "checkpoint": checkpoint,
-            "problem_id": p["id"], "sample_index": s.sample_index, "greedy": is_greedy, "response": s.text,
+            "eval_id": eval_id, "benchmark": spec.name, "benchmark_version": spec.version,
+            "benchmark_hash": spec_hash, "checkpoint": checkpoint, "problem_id": p["id"], "sample_index": s.sample_index, "greedy": is_greedy, "response": s.text,
             "extracted": o.extracted, "status": o.status.value, "reward": float(o.reward),
             "finish_reason": s.finish_reason, "length": len(s.token_ids), "prompt_template": template.key,
             "temperature": 0.0 if is_greedy else g.temperature, "top_p": g.top_p, "max_new_tokens": g.max_new_tokens,

@@ -249,6 +249,30 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ingested_at TIMESTAMP
     );
     """),
+    (9, "evaluator columns: what rlvr_core/evaluate.py writes beyond migration 1's eval tables", """
+    -- eval_samples: how each completion was produced and scored (evaluate._SAMPLE_SCHEMA)
+    ALTER TABLE eval_samples ADD COLUMN benchmark_hash VARCHAR;
+    ALTER TABLE eval_samples ADD COLUMN top_p DOUBLE;
+    ALTER TABLE eval_samples ADD COLUMN engine VARCHAR;           -- hf, vllm
+    ALTER TABLE eval_samples ADD COLUMN seed BIGINT;              -- the request's own seed (rlvr_core.seeding)
+    ALTER TABLE eval_samples ADD COLUMN verifier_mode VARCHAR;
+    ALTER TABLE eval_samples ADD COLUMN scoring VARCHAR;          -- headline scoring label, e.g. gsm8k:flexible
+    ALTER TABLE eval_samples ADD COLUMN continued_after_answer BOOLEAN;  -- G-stop-seq
+    ALTER TABLE eval_samples ADD COLUMN instructions_followed INTEGER;   -- ifeval
+    ALTER TABLE eval_samples ADD COLUMN instructions_total INTEGER;
+    ALTER TABLE eval_samples ADD COLUMN side_by_side VARCHAR;     -- JSON {scoring: {status, extracted, reward, …}}
+    ALTER TABLE eval_samples ADD COLUMN meta VARCHAR;             -- JSON: the problem's metadata (level, type, …)
+    -- eval_metrics: which scoring and breakdown group a row is about (evaluate._METRIC_SCHEMA)
+    ALTER TABLE eval_metrics ADD COLUMN benchmark_version VARCHAR;
+    ALTER TABLE eval_metrics ADD COLUMN scoring VARCHAR;          -- NULL for properties of the completions
+    ALTER TABLE eval_metrics ADD COLUMN breakdown_field VARCHAR;  -- NULL on whole-benchmark rows
+    ALTER TABLE eval_metrics ADD COLUMN breakdown_value VARCHAR;
+    -- passk_curves: the evaluation a curve belongs to, as columns rather than parsed out of `source`
+    ALTER TABLE passk_curves ADD COLUMN eval_id VARCHAR;
+    ALTER TABLE passk_curves ADD COLUMN benchmark VARCHAR;
+    ALTER TABLE passk_curves ADD COLUMN checkpoint VARCHAR;
+    ALTER TABLE passk_curves ADD COLUMN scoring VARCHAR;
+    """),
 ]
 
 # The Parquet files of a run folder (relative to `<experiment>/<run_id>/`) and the table each fills.

@@ -325,3 +325,45 @@ def test_a_bad_run_in_a_batch_keeps_the_good_ones_before_it(tmp_path):
     db1 = tmp_path / "w1.duckdb"
     warehouse.ingest_all(store, db1, batch_rows=1)
     assert all_counts(db1) == all_counts(db)
+
+
+# ----------------------------------------------------------------------------------- migration 9
+def test_evaluator_columns_survive_ingestion(tmp_path):
+    """Every column the evaluator writes (rlvr_core/evaluate.py) lands in the warehouse with its value, for a
+    real evaluation of a tiny model (few warm-start steps: its answers are poor, which is fine here)."""
+    import pyarrow.parquet as pq
+
+    from rlvr_core.benchmarks import load_benchmark
+    from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
+    from rlvr_core.evaluate import CURVES_FILE, METRICS_FILE, SAMPLES_FILE, RunSettings, evaluate
+    from rlvr_core.tiny.warmstart import WarmStartSpec, warm_start
+
+    rows = make_synthetic_dataset(SyntheticSpec(n_train=64, n_test=4, seed=0))["train"]
+    ckpt = warm_start(rows, tmp_path / "ckpt", WarmStartSpec(steps=3, batch_size=8, hidden_size=32, num_layers=1,
+                                                             heads=2, warmup_steps=1, num_threads=1))
+    run_dir = tmp_path / "run"
+    evaluate(ckpt, [load_benchmark("synthetic")], out=run_dir, max_problems=3, n=2, eval_id="e1",
+             run=RunSettings(verifier_workers=0))
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "ev1", "experiment": "exp"}))
+    store = LocalStore(tmp_path / "store")
+    upload_run_folder(store, "exp/ev1", run_dir)
+    db = tmp_path / "w.duckdb"
+    warehouse.ingest_run(store, "exp/ev1", db)
+
+    for table, name, key in (("eval_samples", SAMPLES_FILE, ("greedy", "sample_index", "problem_id")),
+                             ("eval_metrics", METRICS_FILE, ("metric",)),
+                             ("passk_curves", CURVES_FILE, ("source", "k"))):
+        written = pq.read_table(run_dir / name)
+        cols = written.column_names
+        # Nothing the evaluator writes is dropped (the extras of migration 9 included) ...
+        assert not set(cols) - set(warehouse.query(f"select * from {table} limit 0", path=db)[0]), table
+        # ... and every value comes back exactly as written (JSON columns as their text; DOUBLE holds float64).
+        stored = warehouse.query_records(f"select {', '.join(cols)} from {table} where run_id = 'ev1'", path=db)
+        order = lambda r: tuple(r[k] for k in key)  # noqa: E731
+        assert sorted(stored, key=order) == sorted(written.to_pylist(), key=order), table
+    # The check above covers the new columns with real values, not NULLs (ifeval's instruction counts aside).
+    (row,) = warehouse.query_records(
+        "select count(benchmark_hash) as benchmark_hash, count(seed) as seed, count(top_p) as top_p, count(engine) as engine, count(scoring) as scoring, "
+        "count(continued_after_answer) as continued, count(meta) as meta, "
+        "count(json_extract(side_by_side, '$.\"gsm8k:strict\".status')) as sbs, count(*) as n from eval_samples", path=db)
+    assert row == dict.fromkeys(row, 3 * (1 + 2)), row  # 3 problems × (greedy + 2 samples), every one filled

@@ -188,3 +188,68 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
                              expected_manifest_sha256=s["export"]["manifest_sha256"])
     assert {"model.safetensors", "config.json"} <= {f["path"] for f in manifest["files"]}
     assert client.get_run(run).data.tags["export_uri"] == s["export"]["uri"]
+
+    # The base-vs-trained comparison, recomputed here from the two evaluations' per-sample rows.
+    import pyarrow.parquet as pq
+
+    run_dir = Path(s["artifact_uri"])
+    rows = pq.read_table(run_dir / "evals" / "samples.parquet").to_pylist()
+    greedy = {e: {r["problem_id"]: r["status"] == "correct" for r in rows if r["eval_id"] == e and r["greedy"]}
+              for e in ("base", "trained")}
+    common = sorted(greedy["base"].keys() & greedy["trained"].keys())
+    solved = {e: {p for p in common if greedy[e][p]} for e in greedy}
+    c = s["comparison"]
+    assert len(common) == 60 and (c["a"], c["b"], c["n_problems"]) == ("base", "trained", len(common))
+    acc = c["accuracy_greedy"]
+    assert acc["delta"] == pytest.approx((len(solved["trained"]) - len(solved["base"])) / len(common))
+    assert acc["delta"] == pytest.approx(s["trained_pass_at_1"] - s["base_pass_at_1"])
+    assert acc["ci_low"] <= acc["delta"] <= acc["ci_high"]
+    assert c["solved_greedy_only"] == {"base": len(solved["base"] - solved["trained"]),
+                                       "trained": len(solved["trained"] - solved["base"])}
+    ever = {e: {r["problem_id"] for r in rows if r["eval_id"] == e and not r["greedy"] and r["status"] == "correct"}
+            for e in ("base", "trained")}
+    assert c["solvable_overlap"] == {"both": len(ever["base"] & ever["trained"]),
+                                     "a_only": len(ever["base"] - ever["trained"]),
+                                     "b_only": len(ever["trained"] - ever["base"]),
+                                     "neither": len(set(common) - ever["base"] - ever["trained"])}
+    assert "# trained vs base" in (run_dir / "comparison.md").read_text()
+    assert json.loads((run_dir / "comparison.json").read_text())["benchmarks"]["synthetic"]["n_problems"] == 60
+
+    # The warehouse's newer tables fill from the run: the trainer's rollouts (copied as they are) ...
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    train_folder = Path(manifest["trained_model"]["path"]).parent  # the GRPO stage folder
+    n_rollouts = pq.read_metadata(train_folder / "rollouts.parquet").num_rows
+    assert n_rollouts > 0
+    q = rlvr(home, "warehouse", "query", f"select count(*) as n from rollout_samples where run_id = '{run}'", "--json")
+    assert json.loads(q.stdout) == [{"n": n_rollouts}]
+    # ... the guard firings from the trainer's summary (the file is authoritative, even when empty) ...
+    firings = json.loads((train_folder / "grpo_summary.json").read_text())["health_firings"]
+    assert pq.read_metadata(run_dir / "train" / "health_events.parquet").num_rows == len(firings)
+    q = rlvr(home, "warehouse", "query", "select count(*) filter (where source = 'firings') as firings, "
+             f"count(*) as n from health_events where run_id = '{run}'", "--json")
+    assert json.loads(q.stdout) == [{"firings": len(firings), "n": len(firings)}]
+    # ... a run that did not collapse carries no `collapsed` tag ...
+    assert "tags" not in json.loads((run_dir / "run.json").read_text())
+    # ... and pass@k for every k = 1..n of both evaluations and both scorings, where pass@n is the share of
+    # problems solved by at least one of the n samples.
+    n = {e: len([r for r in rows if r["eval_id"] == e and not r["greedy"] and r["problem_id"] == common[0]])
+         for e in ("base", "trained")}
+    assert n == {"base": 4, "trained": 4}  # SMALL's eval.n_samples
+    q = rlvr(home, "warehouse", "query", "select eval_id, scoring, list(k order by k) as ks, "
+             "max_by(value, k) as at_n from passk_curves "
+             f"where run_id = '{run}' group by eval_id, scoring order by eval_id, scoring", "--json")
+    curves = json.loads(q.stdout)
+    assert [(r["eval_id"], r["scoring"]) for r in curves] == [("base", "gsm8k:flexible"), ("base", "gsm8k:strict"),
+                                                              ("trained", "gsm8k:flexible"), ("trained", "gsm8k:strict")]
+    assert all(r["ks"] == list(range(1, n[r["eval_id"]] + 1)) for r in curves)
+    headline = {r["eval_id"]: r["at_n"] for r in curves if r["scoring"] == c["scoring"]}
+    assert headline == {e: pytest.approx(len(ever[e]) / len(common)) for e in ("base", "trained")}
+
+
+def test_collapse_is_read_from_the_trainer_summary():
+    from flows.demo import _collapsed
+
+    assert _collapsed({"tags": ["collapsed"], "health_firings": []})
+    assert _collapsed({"health_firings": [{"guard_id": "G-collapse", "step": 3, "serious": True}]})
+    assert not _collapsed({"health_firings": [{"guard_id": "G-entropy", "step": 3, "serious": False}]})
+    assert not _collapsed({"steps": 3, "done": True})
