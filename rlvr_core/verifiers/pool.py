@@ -636,6 +636,8 @@ class VerifierPool:
         listening = {w.conn: w for w in self._workers + self._sidelined + self._spares}
         for conn in wait(list(listening), timeout):
             w = listening[conn]
+            if not any(w is x for x in self._workers + self._sidelined + self._spares):
+                continue  # retired or killed while an earlier message of this round was handled
             try:
                 while conn.poll():
                     kind, payload = conn.recv()
@@ -670,9 +672,14 @@ class VerifierPool:
 
     def _on_death(self, b: _Batch, w: _Worker) -> None:
         """A worker died (segfault, OOM kill): its running item is an error, not a wrong answer."""
-        if not w.ready:
+        if not any(w is x for x in self._workers + self._sidelined + self._spares):
+            return  # the pool retired it itself while reading its last message; nothing was lost
+        if not w.ready and not isinstance(w.process, _Forked):
+            # A fresh worker that cannot even start would fail the same way again: stop loudly.
             self._kill(w)
             raise RuntimeError(f"verifier worker for {self.name!r} died while starting")
+        # A forked spare that died before its first message holds no item: it is replaced like any
+        # crashed worker.
         self._crashes += 1
         if w in self._spares:
             self._kill(w)

@@ -271,3 +271,16 @@ def test_a_sidelined_hang_yields_the_cpu_to_busier_processes(yield_cpu):
     else:
         assert "starved" not in out.detail, out.detail
         assert 1.0 <= elapsed <= 1.0 + 0.5, elapsed
+
+
+def test_many_sidelined_items_rejoining_at_once_lose_nothing():
+    # Sidelining after 10 ms sidelines nearly every item: workers keep finishing late, rejoining as
+    # spares and pushing older (sometimes still starting) spares out while their messages are being
+    # read. Regression: reading the last message of a spare retired in that same round crashed the
+    # pool ("died while starting", or a ValueError in the replacement).
+    pairs = [(r, g) for r, g, _ in GOOD] * 40
+    want = [s for _, _, s in GOOD] * 40
+    with VerifierPool("math", workers=2, timeout_s=2.0, spares=1, sideline_after_s=0.01) as pool:
+        outs = pool.verify_many(pairs)
+        assert [o.status for o in outs] == want
+        assert pool.stats["crashes"] == 0 and pool.stats["timeouts"] == 0
