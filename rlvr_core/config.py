@@ -232,7 +232,7 @@ class GRPOConfig(_Strict):
 
 class EvalConfig(_Strict):
     max_problems: int | None = Field(None, ge=1, description="evaluate at most this many held-out problems (None = all)")
-    n_samples: int = Field(8, ge=1, description="sampled completions per problem for pass@k (plus one greedy)")
+    n_samples: int = Field(32, ge=1, description="sampled completions per problem for pass@k, k up to n (plus one greedy)")
     temperature: float = Field(1.0, ge=0, description="temperature of the sampled completions")
     max_new_tokens: int = Field(48, ge=1)
     verifier: str = Field("gsm8k", description="verifier name (see `rlvr verify`)")

@@ -31,7 +31,7 @@ WARMSTART_STAGE_VERSION = "1"
 PASSRATE_STAGE_VERSION = "1"
 CURRICULUM_STAGE_VERSION = "1"
 GRPO_STAGE_VERSION = "1"
-SYNTHETIC_BENCHMARK_VERSION = "1"
+SYNTHETIC_BENCHMARK_VERSION = "2"  # 2: 32 samples per problem (pass@k to 32); 1 had 8
 
 
 # ----------------------------------------------------------------------------------------------- data

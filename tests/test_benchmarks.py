@@ -251,8 +251,8 @@ def test_unknown_template_dataset_and_metric(tmp_path):
 
 def test_bad_k(tmp_path):
     d = raw("synthetic")
-    d["metrics"] = ["accuracy", "pass@16"]
-    fails(write(tmp_path, d), "metrics.1", contains="between 1 and generation.n=8")
+    d["metrics"] = ["accuracy", "pass@64"]
+    fails(write(tmp_path, d), "metrics.1", contains=f"between 1 and generation.n={d['generation']['n']}")
     d["metrics"] = ["pass@0"]
     fails(write(tmp_path, d), "metrics.0", contains="bad k")
     d = raw("ifeval")
@@ -324,10 +324,10 @@ def _hash(d: dict) -> str:
 
 
 @pytest.mark.parametrize("path,value", [
-    ("generation.temperature", 0.7), ("generation.max_new_tokens", 49), ("generation.n", 16),
+    ("generation.temperature", 0.7), ("generation.max_new_tokens", 49), ("generation.n", 64),
     ("generation.top_p", 0.9), ("generation.seed", 1), ("generation.stop", ["\nQuestion:"]),
     ("prompt.template", "qa_fewshot"), ("verifier.mode", "strict"), ("data.max_problems", 50),
-    ("data.synthetic.seed", 1), ("data.synthetic.difficulty", 2), ("version", "2"), ("metrics", ["pass@8"]),
+    ("data.synthetic.seed", 1), ("data.synthetic.difficulty", 2), ("version", "3"), ("metrics", ["pass@8"]),
 ])
 def test_hash_moves_with_every_number_changing_setting(path, value):
     base = raw("synthetic")
