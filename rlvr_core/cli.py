@@ -229,6 +229,9 @@ def _register_optional_commands() -> None:
     warehouse_app.command("ingest")(ingest_command)  # EXPERIMENT/RUN_ID or --all, --force
     app.command("report")(report_command)
     app.command("dashboard")(dashboard_command)
+    from rlvr_core.probe.cli import probe_app
+
+    app.add_typer(probe_app, name="probe")  # tokens | report | dlogp | boundary (docs/probes.md)
     from rlvr_core.artifacts_index import artifacts_index, artifacts_open
     from rlvr_core.stack import stack_app
 
