@@ -91,12 +91,15 @@ def main() -> None:
     ap.add_argument("--hangs", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3, help="clean/planted run pairs per pool size")
     ap.add_argument("--sideline-after-s", type=float, default=None, help="VerifierPool sideline_after_s")
+    ap.add_argument("--yield-after-s", type=float, default=None, help="VerifierPool yield_after_s")
     ap.add_argument("--no-yield", action="store_true", help="VerifierPool(yield_cpu=False): sidelined workers keep their CPU share")
     ap.add_argument("--hangs-only", action="store_true", help="skip the throughput table (bar 1)")
     args = ap.parse_args()
     opts = {"yield_cpu": not args.no_yield}
     if args.sideline_after_s is not None:
         opts["sideline_after_s"] = args.sideline_after_s
+    if args.yield_after_s is not None:
+        opts["yield_after_s"] = args.yield_after_s
     logging.disable(logging.WARNING)  # math-verify logs every timeout
 
     pairs = build_inputs(args.limit)

@@ -19,12 +19,12 @@ Throughput and hangs (docs/benchmarks/verifiers.md):
   what was queued behind the slow item goes to the others, so a possible hang holds up no worker
   while it waits out its timeout. If the item finishes after all, the worker rejoins as a spare; if
   not, it is killed at the deadline.
-- A sidelined worker also *yields the CPU* (Linux `SCHED_IDLE`): it runs only on cores the rest of
-  the batch leaves idle, so on a machine with no core to spare a hung sympy call no longer takes CPU
-  from the working items. Its item's clock then leaves out the time the process sat runnable but
-  kept off the CPU (`/proc/PID/schedstat`), with a wall-clock cap of `timeout_s + grace_s`: a hang
-  is killed once it has had `timeout_s` of its own time (running, or blocked on I/O or a child
-  process), or at the cap if it was starved. The price: a legitimately slow item that is starved
+- A sidelined worker whose item has run for `_YIELD_AFTER_S` (at most a quarter of the timeout)
+  also *yields the CPU* (Linux `SCHED_IDLE`): it runs only on cores the rest of the batch leaves idle, so on a machine with no core to spare a hung sympy call no longer takes CPU
+  from the working items for the rest of its timeout. From then on its item is charged the CPU time it gets
+  (`/proc/PID/schedstat`), with a wall-clock cap of `timeout_s + grace_s`: a hang is killed once
+  its wall time before sidelining plus its CPU time since reach `timeout_s`, or at the cap if it was
+  starved (or blocked, e.g. on a child process). The price: a legitimately slow item that is starved
   past the cap comes back as `timeout` (detail "starved"), never as `incorrect`; on a machine with
   a spare core, or when the batch ends first, it simply finishes. `yield_cpu=False` keeps the plain
   wall-clock deadline.
@@ -85,6 +85,8 @@ _SIDELINE_AFTER_S = 0.25
 # has not used `timeout_s` of CPU (it was starved): a verdict still comes within the timeout plus
 # a second.
 _GRACE_S = 0.75
+# A sidelined item starts yielding the CPU after this much wall time (capped at a quarter of the timeout).
+_YIELD_AFTER_S = 1.0
 # Verifiers cache parsed gold answers per process, so an item goes preferably to the worker that
 # already had its gold: a worker with room takes the first of the next few to-do items whose gold
 # is new or its own, else the next one (never waits for a busy worker).
@@ -99,12 +101,13 @@ _PRELOAD = ["__main__", "rlvr_core.verifiers", "math_verify", "rlvr_core.verifie
 _REFRESH_SPARE_AFTER = 200
 
 
-def _queue_wait_s(pid: int) -> float | None:
-    """Seconds the process has spent runnable but waiting for a CPU (Linux `/proc/PID/schedstat`:
-    time on CPU, time waiting on a run queue, in ns); None where it cannot be read."""
+def _cpu_s(pid: int) -> float | None:
+    """Seconds the process has run on a CPU (Linux `/proc/PID/schedstat`, first field, in ns; kept up
+    to date while it runs, unlike the run-queue wait beside it, which is only added when a waiting
+    task gets the CPU); None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
+            return int(f.read().split()[0]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
 
@@ -255,11 +258,12 @@ class _Worker:
     clock: float = 0.0  # when queue[0] started, as seen by the parent
     fork_pending: bool = False  # asked to fork a spare, which has not arrived yet
     golds: set[str] = field(default_factory=set)  # golds it has parsed or been sent parsed
-    # Set while sidelined: whether it yields the CPU, and the process's run-queue wait (seconds
-    # runnable but off the CPU) when its running item's clock was last set; the item is charged its
-    # wall time less the wait since. None: the wait cannot be read here; the wall clock counts.
+    # Set while sidelined: whether it yields the CPU, the item's wall time when it started yielding
+    # (charged in full) and the process's CPU time then; the item is charged that wall time plus the
+    # CPU time since. cpu_mark None: CPU time cannot be read here; the wall clock counts.
     idle: bool = False
-    wait_mark: float | None = None
+    wall_before: float = 0.0
+    cpu_mark: float | None = None
 
 
 @dataclass
@@ -294,6 +298,7 @@ class VerifierPool:
         yield_cpu: bool = True,
         grace_s: float = _GRACE_S,
         sideline_after_s: float = _SIDELINE_AFTER_S,
+        yield_after_s: float = _YIELD_AFTER_S,
     ) -> None:
         if workers < 0 or spares < 0:
             raise ValueError(f"workers and spares must be >= 0, got {workers}, {spares}")
@@ -307,6 +312,9 @@ class VerifierPool:
         self._sideline_after = min(sideline_after_s, timeout_s / 4)
         self.yield_cpu = yield_cpu
         self.grace_s = grace_s if yield_cpu else 0.0
+        # A sidelined item yields the CPU only once it has run this long: the common slow-but-legitimate
+        # item (tenths of a second) finishes at full priority and is never starved into a timeout.
+        self._yield_after = max(self._sideline_after, min(yield_after_s, timeout_s / 4))
         # Built here too: validates name and options before any process starts, gives the version for
         # timeout outcomes, and is the verifier itself when workers=0.
         self._local = get_verifier(name, **self.options)
@@ -628,6 +636,7 @@ class VerifierPool:
         # its budget could be spent at the earliest, or at its wall-clock cap.
         times += [min(w.clock + self.timeout_s + self.grace_s, now + max(0.01, self.timeout_s - self._item_time(w, now)))
                   for w in self._sidelined if w.queue]
+        times += [w.clock + self._yield_after for w in self._sidelined if w.queue and self.yield_cpu and not w.idle]
         times += [w.started_at + _START_TIMEOUT_S for w in self._workers + self._spares if not w.ready]
         return max(0.0, min(times) - now) if times else None
 
@@ -663,7 +672,7 @@ class VerifierPool:
                             if not w.queue:
                                 self._reinstate(w)
                             else:  # it goes on, still yielding, with what was queued behind
-                                w.wait_mark = _queue_wait_s(w.process.pid) if w.idle else None
+                                w.wall_before, w.cpu_mark = 0.0, _cpu_s(w.process.pid) if w.idle else None
                     elif kind == "failed":
                         self._kill(w)
                         raise RuntimeError(f"verifier worker for {self.name!r} failed to start: {payload}")
@@ -710,17 +719,24 @@ class VerifierPool:
                 b.todo.appendleft(i)
         self._workers[self._workers.index(w)] = self._take_spare()
         self._sidelined.append(w)
-        w.wait_mark = _queue_wait_s(w.process.pid) if self.yield_cpu else None
-        w.idle = w.wait_mark is not None and _set_idle(w.process.pid, True)
         self._fill_spares()
 
+    def _maybe_yield(self, w: _Worker, now: float) -> None:
+        """Sidelined `w` has run its item for `_yield_after` of wall time: from now on it only gets
+        CPU that busier processes leave idle (see the module docstring)."""
+        if not self.yield_cpu or w.idle or not w.queue or now - w.clock < self._yield_after:
+            return
+        w.cpu_mark = _cpu_s(w.process.pid)
+        if w.cpu_mark is not None and _set_idle(w.process.pid, True):
+            w.idle, w.wall_before = True, now - w.clock
+
     def _item_time(self, w: _Worker, now: float) -> float:
-        """The time charged to the running item of sidelined `w`: its wall time, less the time it
-        was kept off the CPU since it started yielding (plain wall time where `w` does not yield)."""
-        if not w.idle or w.wait_mark is None:
+        """The time charged to the running item of sidelined `w`: its wall time until it started
+        yielding plus the CPU time it got since (plain wall time where `w` does not yield)."""
+        if not w.idle or w.cpu_mark is None:
             return now - w.clock
-        wait = _queue_wait_s(w.process.pid)
-        return now - w.clock - (0.0 if wait is None else wait - w.wait_mark)
+        cpu = _cpu_s(w.process.pid)
+        return now - w.clock if cpu is None else w.wall_before + cpu - w.cpu_mark
 
     def _take_spare(self) -> _Worker:
         """The newest ready spare (a fresh worker if there is none)."""
@@ -737,7 +753,7 @@ class VerifierPool:
             self._retire(w)  # it would keep yielding as a worker; a fresh spare replaces it
             self._fill_spares()
             return
-        w.idle, w.wait_mark = False, None
+        w.idle, w.cpu_mark = False, None
         self._spares.append(w)
         while len(self._spares) > self.n_spares:
             self._retire(self._spares.pop(0))
@@ -757,13 +773,14 @@ class VerifierPool:
         for w in list(self._sidelined):
             if not w.queue:
                 continue
+            self._maybe_yield(w, now)
             charged, wall = self._item_time(w, now), now - w.clock
             if charged >= self.timeout_s or wall >= self.timeout_s + self.grace_s:
                 i = w.queue.popleft()
                 detail = f"worker killed after {self.timeout_s:g} s"
                 if charged < self.timeout_s:
-                    detail += (f" (starved: {wall:.2f} s wall, of which {wall - charged:.2f} s kept off the CPU"
-                               " by busier processes)")
+                    detail += (f" (starved: {charged:.2f} s charged in {wall:.2f} s wall; the CPU went to busier"
+                               " processes)")
                 if self._record(b, i, self._outcome(Status.TIMEOUT, detail)):
                     self._timeouts += 1
                     self.latencies.append(now - w.clock)
