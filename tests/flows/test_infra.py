@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra" / "prefect"
 
 
-def test_prefect_yaml_deploys_the_three_flows_on_the_right_pools():
+def test_prefect_yaml_deploys_the_four_flows_on_the_right_pools():
     spec = yaml.safe_load((INFRA / "prefect.yaml").read_text())
     deps = {d["name"]: d for d in spec["deployments"]}
     flows = {}
@@ -22,9 +22,11 @@ def test_prefect_yaml_deploys_the_three_flows_on_the_right_pools():
         module, attr = d["entrypoint"].split(":")
         flows[d["name"]] = getattr(importlib.import_module(module.removesuffix(".py").replace("/", ".")), attr).name
     # The CLI addresses them as FLOW_NAME/DEPLOYMENT_NAME.
-    assert {f"{flows[n]}/{n}" for n in deps} == {"pipeline/pipeline", "ablation-sweep/demo-2x2", "nightly-eval/nightly"}
+    assert {f"{flows[n]}/{n}" for n in deps} == {"pipeline/pipeline", "ablation-sweep/demo-2x2", "nightly-eval/nightly",
+                                                 "probe/probe"}
     assert deps["nightly"]["schedules"][0]["cron"] == "0 3 * * *"
-    assert deps["pipeline"]["work_pool"]["name"] == deps["nightly"]["work_pool"]["name"] == "{{ $RLVR_GPU_POOL }}"
+    assert (deps["pipeline"]["work_pool"]["name"] == deps["nightly"]["work_pool"]["name"] == deps["probe"]["work_pool"]["name"]
+            == "{{ $RLVR_GPU_POOL }}")
     assert deps["demo-2x2"]["work_pool"]["name"] == "{{ $RLVR_CPU_POOL }}"
     assert (ROOT / "configs" / "sweeps" / "demo_2x2.yaml").is_file()
 
