@@ -237,3 +237,24 @@ def boundary_command(
 
 if __name__ == "__main__":  # `python -m rlvr_core.probe.cli …` works before (and besides) `rlvr probe …`
     probe_app()
+
+
+@probe_app.command("runs")
+def runs_command(
+    out: Path = _OUT,
+    run: list[str] = typer.Option([], "--run", help="run id (repeatable); default: every run of --experiment"),
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="every run of this experiment"),
+    step: list[int] = typer.Option([], "--step", help="steps for the dynamics table (repeatable); default: first, middle, last"),
+    warehouse_path: Optional[Path] = typer.Option(None, "--warehouse", help="warehouse file (default: the configured one)"),
+) -> None:
+    """Training-run analysis across runs from the warehouse: differing hyperparameters, final accuracies with
+    intervals, dynamics at chosen steps, guard firings (seed 002)."""
+    from rlvr_core.probe.runs_report import training_run_report
+
+    try:
+        r = training_run_report(out, run_ids=run or None, experiment=experiment, steps=step or None, db=warehouse_path)
+    except (ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"{out / 'training_report.md'}: {len(r['runs'])} runs, {len(r['varied_params'])} differing params, "
+               f"{len(r['guard_firings'])} guard firings")
