@@ -188,6 +188,9 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
     cur_table = cur_table.append_column("curriculum_id", pa.array([curriculum.curriculum_id] * cur_table.num_rows))
     cur_table = cur_table.append_column("strategy", pa.array([cfg.curriculum.strategy] * cur_table.num_rows))
     with tempfile.TemporaryDirectory(prefix="rlvr-run-") as tmp:
+        if trained_eval:
+            summary["probe"] = _probe_report(cfg, data, model, exported, base_eval, trained_eval,
+                                             Path(tmp) / "probe", run_id)
         local = write_run_folder(
             Path(tmp), run=run_row, params=params, manifest=man,
             config_yaml=yaml.safe_dump(public, sort_keys=False), summary=summary,
@@ -224,6 +227,28 @@ def _eval_metrics(ev, ns: str = "eval/synthetic") -> dict[str, float]:
 def _passk_metrics(passrates) -> dict[str, float]:
     return {f"passk/{k}": float(v) for k, v in passrates.summary.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _probe_report(cfg, data, model, exported, base_eval, trained_eval, out: Path, run_id: str) -> dict[str, Any]:
+    """A short RL-Probe report (docs/probes.md) of the trained checkpoint against the base on the held-out
+    problems the base failed and the trained model solved: token KL, spikes and their categories. It reuses
+    the two evaluations' greedy completions (nothing is sampled again); its tables go to the warehouse with
+    the run (`probe/`)."""
+    from rlvr_core.probe.report import ProbeSettings, run_rl_probe
+    from rlvr_core.probe.tables import Checkpoint
+    from rlvr_core.probe.task import TaskSettings
+
+    settings = ProbeSettings(max_problems=50, sample_figures=2, task=TaskSettings(
+        template_id=cfg.prompt.template, verifier=cfg.eval.verifier, verifier_mode=cfg.eval.verifier_mode,
+        max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.sampling.seed))
+    _, meta = run_rl_probe(Checkpoint("base", 0, model.path), [Checkpoint("trained", exported.step, exported.model.path)],
+                           data.test_rows(), out, settings, probe_id=f"demo-{run_id}",
+                           greedy_a=base_eval.samples.to_pylist(), greedy_b=trained_eval.samples.to_pylist())
+    tokens = pq.read_table(out / "probe_tokens.parquet", columns=["checkpoint_b", "is_spike", "category"]).to_pylist()
+    spikes = [t["category"] for t in tokens if t["checkpoint_b"] == "trained" and t["is_spike"]]
+    by_cat = {c: spikes.count(c) for c in sorted(set(spikes))}
+    keep = ("probe_id", "n_selected", "n_sequences", "n_tokens_per_checkpoint", "duration_s")
+    return {"folder": "probe/", **{k: meta[k] for k in keep}, "spikes": len(spikes), "spikes_by_category": by_cat}
 
 
 def _trained_summary(base_eval, trained_eval, trained) -> dict[str, Any]:

@@ -245,6 +245,18 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     headline = {r["eval_id"]: r["at_n"] for r in curves if r["scoring"] == c["scoring"]}
     assert headline == {e: pytest.approx(len(ever[e]) / len(common)) for e in ("base", "trained")}
 
+    # The short probe report (base vs trained on the problems base failed and trained solved, from the two
+    # evaluations' greedy completions): its slice is exactly those problems, and its token table reaches the
+    # warehouse with the run.
+    greedy_ok = {e: {r["problem_id"] for r in rows if r["eval_id"] == e and r["greedy"] and r["status"] == "correct"}
+                 for e in ("base", "trained")}
+    probe = s["probe"]
+    assert probe["n_selected"] == min(50, len(greedy_ok["trained"] - greedy_ok["base"]))
+    assert (run_dir / "probe" / "report.md").is_file()
+    n_tokens = pq.read_metadata(run_dir / "probe" / "probe_tokens.parquet").num_rows
+    q = rlvr(home, "warehouse", "query", f"select count(*) as n from probe_tokens where run_id = '{run}'", "--json")
+    assert json.loads(q.stdout) == [{"n": n_tokens}]
+
 
 def test_collapse_is_read_from_the_trainer_summary():
     from flows.demo import _collapsed
