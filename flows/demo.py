@@ -32,7 +32,7 @@ from rlvr_core.progress import Progress
 from rlvr_core.runrecord import upload_run_folder, write_run_folder
 from rlvr_core.storage import join, open_store
 from rlvr_core.templates import get_template
-from rlvr_core.stages import steps_long
+from rlvr_core.stages import experiment_manifest, steps_long
 from rlvr_core.tracking import Tracker, common_tags, config_params, redact
 from tasks import stages as t
 
@@ -128,14 +128,8 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
                   if trained_eval else None)
     collapsed = bool(trained) and _collapsed(trained.summary)
     duration = time.monotonic() - t0
-    man = manifest_mod.build_manifest(
-        config_hash=chash, resolved_config=public,
-        datasets={"train": data.train_hash, "test": data.test_hash},
-        seeds={"experiment": cfg.seed, "sampling": cfg.sampling.seed, "data": cfg.data.synthetic.seed,
-               "warm_start": cfg.model.warm_start.seed, "curriculum": cfg.curriculum.seed},
-        model={"id": model.model_id, "hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
-               "path": model.path, "source": cfg.model.source, "kind": cfg.model.kind, "dtype": cfg.model.dtype},
-        template=template.key,
+    man = experiment_manifest(
+        cfg, data, model, config_hash=chash, resolved_config=public, template_key=template.key,
         extra={"mlflow_run_id": run_id, "mlflow_child_run_ids": children, "prefect_flow_run_id": prefect_id,
                "pass_rate_table_id": passrates.table_id, "curriculum_id": curriculum.curriculum_id,
                "trained_model": ({"id": trained.model.model_id, "hash": trained.model.model_hash,

@@ -25,6 +25,7 @@ from prefect.runtime import flow_run
 
 from rlvr_core import manifest as manifest_mod
 from rlvr_core import settings
+from rlvr_core.stages import experiment_manifest
 from rlvr_core.config import ExperimentConfig, dump_yaml, load_config, parse_config
 from rlvr_core.progress import Progress
 from rlvr_core.stages import steps_long
@@ -129,14 +130,8 @@ def pipeline_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides:
                    "tokenizer_hash": model.tokenizer_hash, "dataset_hash": data.dataset_hash,
                    "prompt_template": template.key, "artifact_uri": store.url(prefix), "mlflow_run_id": run_id,
                    "prefect_flow_run_id": prefect_id}
-        man = manifest_mod.build_manifest(
-            config_hash=chash, resolved_config=cfg.resolved(),
-            datasets={"train": data.train_hash, "test": data.test_hash},
-            seeds={"experiment": cfg.seed, "sampling": cfg.sampling.seed, "data": cfg.data.synthetic.seed,
-                   "warm_start": cfg.model.warm_start.seed, "curriculum": cfg.curriculum.seed},
-            model={"id": model.model_id, "hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
-                   "path": model.path, "source": cfg.model.source, "kind": cfg.model.kind, "dtype": cfg.model.dtype},
-            template=template.key,
+        man = experiment_manifest(
+            cfg, data, model, config_hash=chash, resolved_config=cfg.resolved(), template_key=template.key,
             extra={"mlflow_run_id": run_id, "prefect_flow_run_id": prefect_id, "sweep_id": sweep_id,
                    "trial_id": trial_id, "pass_rate_table_id": passrates.table_id,
                    "curriculum_id": curriculum.curriculum_id, "export": summary.get("export")})

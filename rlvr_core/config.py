@@ -304,17 +304,23 @@ def parse_config(data: Any, source: str = "<config>") -> ExperimentConfig:
         raise ConfigError(source, [(_field_path(err["loc"]), _why(err)) for err in e.errors()]) from None
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """Read a YAML experiment file; `overrides` are dotted keys (`grpo.lr: 1e-5`) applied on top."""
+def read_yaml_file(path: str | Path) -> Any:
+    """The parsed YAML of `path`; a missing file or bad YAML is a ConfigError naming the file (and line)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(str(p), [("", "no such file")])
     try:
-        data = yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ConfigError(str(p), [("", f"{where}not valid YAML ({getattr(e, 'problem', e)})")]) from None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read a YAML experiment file; `overrides` are dotted keys (`grpo.lr: 1e-5`) applied on top."""
+    p = Path(path)
+    data = read_yaml_file(p)
     if overrides:
         if data is not None and not isinstance(data, dict):
             raise ConfigError(str(p), [("", f"top level must be a mapping, got {type(data).__name__}")])

@@ -474,6 +474,22 @@ class EvalArtifact:
     result: Any = None  # the evaluator's BenchmarkResult (records, settings), for comparisons
 
 
+def experiment_manifest(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifact, *, config_hash: str,
+                        resolved_config: dict[str, Any], template_key: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """The run manifest of one experiment (demo or pipeline): config, data hashes, every seed, the base model
+    and the template, plus `extra` (run ids, artifact ids)."""
+    from rlvr_core import manifest as manifest_mod
+
+    return manifest_mod.build_manifest(
+        config_hash=config_hash, resolved_config=resolved_config,
+        datasets={"train": data.train_hash, "test": data.test_hash},
+        seeds={"experiment": cfg.seed, "sampling": cfg.sampling.seed, "data": cfg.data.synthetic.seed,
+               "warm_start": cfg.model.warm_start.seed, "curriculum": cfg.curriculum.seed},
+        model={"id": model.model_id, "hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
+               "path": model.path, "source": cfg.model.source, "kind": cfg.model.kind, "dtype": cfg.model.dtype},
+        template=template_key, extra=extra)
+
+
 def held_out_spec(cfg: ExperimentConfig, *, n: int | None = None, greedy_only: bool = False):
     """The experiment's held-out evaluation as a benchmark spec, so it runs through the evaluator.
 

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rlvr_core.config import ConfigError, ExperimentConfig, apply_overrides, config_hash, parse_config
+from rlvr_core.config import ConfigError, ExperimentConfig, apply_overrides, config_hash, parse_config, read_yaml_file
 
 SWEEP_METRICS = ("accuracy_greedy", "pass@1", "pass@2", "pass@4", "pass@8")
 
@@ -216,15 +216,7 @@ def _known_leaves(resolved: dict[str, Any]) -> set[str]:
 def load_sweep(path: str | Path) -> Sweep:
     """Read and expand a sweep file; errors name the file and the field."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(str(p), [("", "no such file")])
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(str(p), [("", f"{where}not valid YAML ({getattr(e, 'problem', e)})")]) from None
-    return parse_sweep(data, str(p), p.parent)
+    return parse_sweep(read_yaml_file(p), str(p), p.parent)
 
 
 def find_sweep(name_or_path: str, root: Path | None = None) -> Path:
