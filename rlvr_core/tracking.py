@@ -166,7 +166,15 @@ class Tracker:
         # ends: that breaks `--json` output and would print credentials kept in the URI.
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.tracking_uri = settings.mlflow_tracking_uri(tracking_uri)
+        # mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI into this process's environment, which
+        # every process started later inherits (a Prefect worker, a stage process, another test's stack)
+        # and would then log to this store instead of its own. Keep the environment as it was.
+        before = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.tracking_uri)
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:

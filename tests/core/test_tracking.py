@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rlvr_core.tracking import (STANDARD_TAGS, Tracker, common_tags, config_params, metric_key, redact,
@@ -105,3 +107,17 @@ def test_system_metrics_reach_a_client_run(tracker, monkeypatch):
     with tracker.system_metrics(quiet, sampling_interval=0.3):
         time.sleep(1.0)
     assert not tracker.client.get_run(quiet).data.metrics
+
+
+def test_a_tracker_leaves_the_process_environment_alone(rlvr_home, monkeypatch):
+    # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI; left there, every process started afterwards
+    # (a Prefect worker of another stack, a stage process) would log to this tracker's store.
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    t = Tracker("env-a", tracking_uri=f"sqlite:///{rlvr_home / 'a.db'}")
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    assert mlflow.get_tracking_uri() == t.tracking_uri  # the in-process default still points at it
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    Tracker("env-b", tracking_uri=f"sqlite:///{rlvr_home / 'b.db'}")
+    assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///elsewhere.db"
