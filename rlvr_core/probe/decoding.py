@@ -157,14 +157,8 @@ class GuidedEngine(HFEngine):
             raw = torch.log_softmax(prop_logits, dim=-1).gather(-1, y[:, None])[:, 0].tolist()
             keep: list[int] = []
             for b, (r, tok, lp, rep) in enumerate(zip(active, y.tolist(), raw, gate.tolist())):
-                r.tokens.append(tok)
-                r.logprobs.append(lp)
                 r.n_replaced += int(rep)
-                if tok in self.eos_token_ids or (params.stop and self._tail_has_stop(r.tokens, params.stop, stop_window)):
-                    r.finish_reason = "stop"
-                elif len(r.tokens) >= params.max_new_tokens:
-                    r.finish_reason = "length"
-                else:
+                if not self._append(r, tok, lp, params, stop_window):
                     keep.append(b)
             if not keep:
                 return

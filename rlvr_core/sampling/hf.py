@@ -178,13 +178,7 @@ class HFEngine:
             token_lp = raw_logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
             keep: list[int] = []
             for b, (r, tok, lp) in enumerate(zip(active, tokens.tolist(), token_lp)):
-                r.tokens.append(tok)
-                r.logprobs.append(lp)
-                if tok in self.eos_token_ids or (params.stop and self._tail_has_stop(r.tokens, params.stop, stop_window)):
-                    r.finish_reason = "stop"
-                elif len(r.tokens) >= params.max_new_tokens:
-                    r.finish_reason = "length"
-                else:
+                if not self._append(r, tok, lp, params, stop_window):
                     keep.append(b)
             if not keep:
                 return
@@ -222,6 +216,16 @@ class HFEngine:
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _append(self, r: _Row, tok: int, logprob: float, params: SamplingParams, stop_window: int) -> bool:
+        """Add a drawn token to row `r`; True (with its finish reason set) when the row is done."""
+        r.tokens.append(tok)
+        r.logprobs.append(logprob)
+        if tok in self.eos_token_ids or (params.stop and self._tail_has_stop(r.tokens, params.stop, stop_window)):
+            r.finish_reason = "stop"
+        elif len(r.tokens) >= params.max_new_tokens:
+            r.finish_reason = "length"
+        return r.finish_reason is not None
 
     def _tail_has_stop(self, tokens: list[int], stop: tuple[str, ...], window: int) -> bool:
         # Stop strings completed earlier were caught at an earlier step, so only the tail can hold a new one.
