@@ -115,19 +115,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ensure_launch_env() -> None:
+def _ensure_launch_env() -> list[str]:
     """What a launcher (torchrun, deepspeed) would have exported, for a single process started without one:
     DeepSpeed needs all five variables or it falls back to MPI discovery (STACK.md). A launcher's values
-    are never overwritten."""
+    are never overwritten. Returns the launcher variables it added (see `train_grpo`)."""
     from rlvr_core.settings import paths
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # The ~35 s op compile is paid once per cache; point it at the project's cache, not ~/.cache.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(paths().torch_extensions))
-    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(k, v)
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(_free_port())
+    added = []
+    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                 ("MASTER_PORT", None)):
+        if k not in os.environ:
+            os.environ[k] = v if v is not None else str(_free_port())
+            added.append(k)
+    return added
 
 
 # ---------------------------------------------------------------------------------------- DeepSpeed config
@@ -307,7 +310,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     if cfg.overlong_buffer_len > max_new_tokens:
         raise ValueError(f"overlong_buffer_len={cfg.overlong_buffer_len} exceeds max_new_tokens={max_new_tokens}: "
                          "the penalty window must lie inside the generation cap")
-    _ensure_launch_env()
+    added_env = _ensure_launch_env()
     world = launch_world_size()
     check_divisible(P, world)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -329,6 +332,11 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     # a separate inference engine would.
     replica = copy.deepcopy(model).eval().requires_grad_(False) if cfg.zero_stage == 3 else None
     engine, scheduler = _engine(model, cfg, P * G, world)
+    # The process group exists now. Launcher variables we invented would otherwise be inherited by every
+    # process this one starts later (a demo's next subprocess, a test's server), which would then try to
+    # listen on the MASTER_PORT this process's group already holds.
+    for k in added_env:
+        os.environ.pop(k, None)
     policy = engine.module
     dev = engine.device
     if cfg.lora_rank and DataParallel.current(dev).is_main:

@@ -166,3 +166,13 @@ def test_zero_stages_1_and_2_agree(tiny, tmp_path):
         assert r1["loss"] == pytest.approx(r2["loss"], abs=1e-6)
         assert r1["reward_mean"] == r2["reward_mean"]
         assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-4)
+
+
+def test_launcher_variables_it_invented_do_not_outlive_the_engine(tiny, tmp_path, monkeypatch):
+    # Left in os.environ, a made-up MASTER_PORT is inherited by every process started later, which then
+    # fails to listen on the port this process's group holds (EADDRINUSE, seen in the integration tests).
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    res = _train(tiny, tmp_path / "run", _cfg(steps=1))
+    assert res.summary["done"]
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} & set(os.environ)

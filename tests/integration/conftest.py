@@ -42,7 +42,8 @@ TINY_DEMO = [
 
 def clean_env(home: Path) -> dict[str, str]:
     """The caller's environment without any MLflow/Prefect/RLVR/AWS settings, and RLVR_HOME=home."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "RLVR_", "AWS_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "RLVR_", "AWS_"))
+           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["RLVR_HOME"] = str(home)
     env.setdefault("OMP_NUM_THREADS", "1")
     # DeepSpeed's JIT-compiled op is compiled once per cache folder (~35 s): share the project's.
