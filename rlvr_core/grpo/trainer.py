@@ -332,11 +332,12 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     # a separate inference engine would.
     replica = copy.deepcopy(model).eval().requires_grad_(False) if cfg.zero_stage == 3 else None
     engine, scheduler = _engine(model, cfg, P * G, world)
-    # The process group exists now. Launcher variables we invented would otherwise be inherited by every
-    # process this one starts later (a demo's next subprocess, a test's server), which would then try to
-    # listen on the MASTER_PORT this process's group already holds.
-    for k in added_env:
-        os.environ.pop(k, None)
+    # The process group exists now. A MASTER_PORT we invented would otherwise be inherited by every process
+    # this one starts later (a demo's next subprocess, a test's server), which would then try to listen on
+    # the port this process's group already holds. (RANK, LOCAL_RANK, WORLD_SIZE stay: ZeRO-3 reads
+    # LOCAL_RANK during the forward pass, and their single-process values are harmless to inherit.)
+    if "MASTER_PORT" in added_env:
+        os.environ.pop("MASTER_PORT", None)
     policy = engine.module
     dev = engine.device
     if cfg.lora_rank and DataParallel.current(dev).is_main:

@@ -736,7 +736,8 @@ class VerifierPool:
         if not w.idle or w.cpu_mark is None:
             return now - w.clock
         cpu = _cpu_s(w.process.pid)
-        return now - w.clock if cpu is None else w.wall_before + cpu - w.cpu_mark
+        # Never more than the wall time: the CPU reading is taken a moment after `now`.
+        return now - w.clock if cpu is None else min(now - w.clock, w.wall_before + cpu - w.cpu_mark)
 
     def _take_spare(self) -> _Worker:
         """The newest ready spare (a fresh worker if there is none)."""
