@@ -75,18 +75,27 @@ def direct(overrides: dict) -> dict:
     prefix = join(cfg.tracking.experiment, run_id)
     ex = stages.export_stage(tr, base, store, join(prefix, "checkpoints", "final")); lap("export")
     ev = stages.evaluate_stage(cfg, data, ex.model, eval_id="trained", checkpoint=ex.uri); lap("evaluate")
+    # The same run record as the pipeline flow's `record-run` task: the same tables, every step metric,
+    # the run folder as MLflow artifacts (only the Prefect markdown/table artifacts are Prefect's own).
+    import pyarrow as pa
+
+    tables = {**stages.record_tables(cfg, base, pr, cur),
+              "passk_curves.parquet": pa.Table.from_pylist([{"source": "eval/trained", "k": k, "value": v,
+                                                             "n_problems": ev.summary["n"]} for k, v in ev.curve.items()]),
+              "evals/samples.parquet": ev.samples, "evals/metrics.parquet": ev.metrics,
+              "train/steps.parquet": pq.read_table(tr.steps_path), "train/steps_long.parquet": stages.steps_long(tr.steps_path)}
+    metrics = {"eval/synthetic/trained/accuracy_greedy": ev.summary["accuracy_greedy"],
+               "eval/synthetic/accuracy_greedy": ev.summary["accuracy_greedy"],
+               **{f"eval/synthetic/trained/pass_at_{k}": v for k, v in ev.curve.items()}}
     with tempfile.TemporaryDirectory() as tmp:
         local = write_run_folder(Path(tmp), run={"run_id": run_id, "experiment": cfg.tracking.experiment,
                                                  "kind": "pipeline", "status": "FINISHED"},
                                  params=flatten(cfg.resolved()), manifest={}, config_yaml=dump_yaml(cfg),
-                                 summary=ev.summary, tables={"evals/samples.parquet": ev.samples,
-                                                             "evals/metrics.parquet": ev.metrics,
-                                                             "train/steps_long.parquet": stages.steps_long(tr.steps_path)})
+                                 summary=ev.summary, tables=tables)
         upload_run_folder(store, prefix, local)
         tracker.log_params(run_id, flatten(cfg.resolved()))
-        tracker.log_metrics(run_id, {"eval/synthetic/accuracy_greedy": ev.summary["accuracy_greedy"]})
-        for row in pq.read_table(tr.steps_path).to_pylist():
-            tracker.log_metrics(run_id, {"train/reward_mean": row["reward_mean"]}, step=row["step"])
+        tracker.log_metrics(run_id, metrics)
+        tracker.log_step_rows(run_id, pq.read_table(tr.steps_path).to_pylist())
         tracker.log_artifact(run_id, local)
     warehouse.ingest_run(store, prefix)
     tracker.end_run(run_id)

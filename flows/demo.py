@@ -24,7 +24,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from rlvr_core import manifest as manifest_mod
-from rlvr_core import settings, warehouse
+from rlvr_core import settings, stages, warehouse
 from rlvr_core.artifacts_index import write_run_index
 from rlvr_core.compare import compare, from_result, write_report
 from rlvr_core.config import parse_config
@@ -108,7 +108,7 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
         with stage("train", "grpo") as child:
             children["train"] = child
             trained = t.train(cfg, data, model, curriculum, progress)
-            _log_steps(tracker, child, trained.steps_path)
+            tracker.log_step_rows(child, pq.read_table(trained.steps_path).to_pylist())
         # The trained model is scored from its exported, uploaded and checksum-verified copy
         # (G-lost-ckpt): the numbers belong to the checkpoint users will download.
         with stage("export") as child:
@@ -172,15 +172,7 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
                "artifact_uri": store.url(prefix), "mlflow_run_id": run_id, "prefect_flow_run_id": prefect_id,
                # run.json tags become warehouse run_tags; `collapsed` is what the collapsed_runs query looks for.
                **({"tags": {"collapsed": "true"}} if collapsed else {})}
-    pr_table = pq.read_table(passrates.table_path)
-    context = {"table_id": passrates.table_id, "model_hash": model.model_hash, "prompt_template": template.key,
-               "temperature": cfg.sampling.temperature, "max_new_tokens": cfg.sampling.max_new_tokens,
-               "verifier": cfg.eval.verifier}
-    for name, value in context.items():  # the settings that produced these numbers travel with them
-        pr_table = pr_table.append_column(name, pa.array([value] * pr_table.num_rows))
-    cur_table = pq.read_table(curriculum.path)
-    cur_table = cur_table.append_column("curriculum_id", pa.array([curriculum.curriculum_id] * cur_table.num_rows))
-    cur_table = cur_table.append_column("strategy", pa.array([cfg.curriculum.strategy] * cur_table.num_rows))
+    run_tables = stages.record_tables(cfg, model, passrates, curriculum)
     with tempfile.TemporaryDirectory(prefix="rlvr-run-") as tmp:
         if trained_eval:
             summary["probe"] = _probe_report(cfg, data, model, exported, base_eval, trained_eval,
@@ -188,7 +180,7 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
         local = write_run_folder(
             Path(tmp), run=run_row, params=params, manifest=man,
             config_yaml=yaml.safe_dump(public, sort_keys=False), summary=summary,
-            tables={"passk/pass_rate_table.parquet": pr_table, "curriculum/curriculum.parquet": cur_table,
+            tables={**run_tables,
                     **_eval_tables(base_eval, trained_eval), **(_train_tables(trained) if trained else {})})
         if comparison:
             write_report(comparison, local)  # comparison.md / .json beside the evaluations they compare
@@ -307,14 +299,3 @@ def _comparison_summary(cmp: dict[str, Any], benchmark: str) -> dict[str, Any]:
         "solved_ever_only": {a: len(r["solved_ever"]["a_only"]), b: len(r["solved_ever"]["b_only"])},
         "report": "comparison.md",
     }
-
-
-def _log_steps(tracker: Tracker, run_id: str, steps_path: str) -> None:
-    """Per-step training metrics at their step: `train/<name>`, except guard columns, which already
-    carry their own namespace (`health/<guard id>`)."""
-    table = pq.read_table(steps_path).to_pylist()
-    for row in table:
-        step = int(row.get("step", 0))
-        tracker.log_metrics(run_id, {(k if k.startswith("health/") else f"train/{k}"): v for k, v in row.items()
-                                     if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)},
-                            step=step)

@@ -24,7 +24,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.runtime import flow_run
 
 from rlvr_core import manifest as manifest_mod
-from rlvr_core import settings
+from rlvr_core import settings, stages
 from rlvr_core.stages import experiment_manifest
 from rlvr_core.config import ExperimentConfig, dump_yaml, load_config, parse_config
 from rlvr_core.progress import Progress
@@ -135,17 +135,10 @@ def pipeline_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides:
             extra={"mlflow_run_id": run_id, "prefect_flow_run_id": prefect_id, "sweep_id": sweep_id,
                    "trial_id": trial_id, "pass_rate_table_id": passrates.table_id,
                    "curriculum_id": curriculum.curriculum_id, "export": summary.get("export")})
-        pr_table = pq.read_table(passrates.table_path)
-        for name, value in {"table_id": passrates.table_id, "model_hash": model.model_hash,
-                            "prompt_template": template.key, "temperature": cfg.sampling.temperature,
-                            "max_new_tokens": cfg.sampling.max_new_tokens, "verifier": cfg.eval.verifier}.items():
-            pr_table = pr_table.append_column(name, pa.array([value] * pr_table.num_rows))
-        cur_table = pq.read_table(curriculum.path)
-        cur_table = cur_table.append_column("curriculum_id", pa.array([curriculum.curriculum_id] * cur_table.num_rows))
-        cur_table = cur_table.append_column("strategy", pa.array([cfg.curriculum.strategy] * cur_table.num_rows))
+        run_tables = stages.record_tables(cfg, model, passrates, curriculum)
         eval_names = [("base", base_eval), ("trained", trained_eval)]
         tables = {
-            "passk/pass_rate_table.parquet": pr_table, "curriculum/curriculum.parquet": cur_table,
+            **run_tables,
             "passk_curves.parquet": pa.Table.from_pylist(
                 [{"source": f"eval/{n}", "k": k, "value": v, "n_problems": e.summary["n"]}
                  for n, e in eval_names if e for k, v in e.curve.items()]),

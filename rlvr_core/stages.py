@@ -463,6 +463,23 @@ def steps_long(steps_path: str | Path) -> pa.Table:
     return pa.table(out, schema=pa.schema([("step", pa.int64()), ("metric", pa.string()), ("value", pa.float64())]))
 
 
+def record_tables(cfg: ExperimentConfig, model: ModelArtifact, passrates: PassRateArtifact,
+                  curriculum: CurriculumArtifact) -> dict[str, pa.Table]:
+    """The pass-rate table and the curriculum as the run folder stores them: each row carries the settings
+    that produced it (table id, model hash, template, temperature, max tokens, verifier; curriculum id and
+    strategy), so the warehouse rows keep their context."""
+    pr_table = pq.read_table(passrates.table_path)
+    context = {"table_id": passrates.table_id, "model_hash": model.model_hash,
+               "prompt_template": get_template(cfg.prompt.template).key, "temperature": cfg.sampling.temperature,
+               "max_new_tokens": cfg.sampling.max_new_tokens, "verifier": cfg.eval.verifier}
+    for name, value in context.items():
+        pr_table = pr_table.append_column(name, pa.array([value] * pr_table.num_rows))
+    cur_table = pq.read_table(curriculum.path)
+    cur_table = cur_table.append_column("curriculum_id", pa.array([curriculum.curriculum_id] * cur_table.num_rows))
+    cur_table = cur_table.append_column("strategy", pa.array([cfg.curriculum.strategy] * cur_table.num_rows))
+    return {"passk/pass_rate_table.parquet": pr_table, "curriculum/curriculum.parquet": cur_table}
+
+
 # -------------------------------------------------------------------------------------- evaluation
 @dataclass(frozen=True)
 class EvalArtifact:

@@ -274,6 +274,27 @@ class Tracker:
         for i in range(0, len(items), 1000):
             self.client.log_batch(run_id, metrics=items[i:i + 1000])
 
+    def log_step_rows(self, run_id: str, rows: list[dict[str, Any]], prefix: str = "train/") -> int:
+        """Per-step metric rows (the trainer's steps.parquet) at their own step: `{prefix}<name>`, except
+        columns that carry their own namespace (`health/<guard id>`). Non-numeric and NaN values are
+        skipped. All steps go out together in batches of 1,000 values (MLflow's log_batch limit): a
+        150-step run with 40 columns is 6 calls, not 150. Returns the number of values logged."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = []
+        for row in rows:
+            step = int(row.get("step", 0))
+            for k, v in sorted(row.items()):
+                if k == "step" or v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+                    continue
+                if isinstance(v, float) and math.isnan(v):
+                    continue
+                items.append(Metric(metric_key(k if k.startswith("health/") else prefix + k), float(v), now, step))
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(run_id, metrics=items[i:i + 1000])
+        return len(items)
+
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         for k, v in tags.items():
             if v is not None:

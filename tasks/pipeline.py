@@ -149,10 +149,7 @@ def record(store: ArtifactStore, prefix: str, tracker_args: tuple[str, str | Non
         tracker.log_params(run_id, params)
         tracker.log_metrics(run_id, metrics)
         if steps_path:
-            for row in pq.read_table(steps_path).to_pylist():
-                tracker.log_metrics(run_id, {f"train/{k.replace('@', '_at_')}": v for k, v in row.items()
-                                             if k != "step" and isinstance(v, (int, float))
-                                             and not isinstance(v, bool)}, step=int(row.get("step", 0)))
+            tracker.log_step_rows(run_id, pq.read_table(steps_path).to_pylist())
         tracker.set_tags(run_id, tags)
         tracker.log_artifact(run_id, local)
     return store.url(prefix)

@@ -22,6 +22,8 @@ Papers:
     RLOO      Back to Basics (Ahmadian et al. 2024), https://arxiv.org/abs/2402.14740;
               Kool et al. 2019 "Buy 4 REINFORCE samples, get a baseline for free"
     DAPO      Yu et al. 2025, https://arxiv.org/abs/2503.14476 (soft overlong punishment, sec. 3.4)
+    PSR/NSR   Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning",
+              https://arxiv.org/abs/2506.01347 (positive and negative samples weighted separately)
     Δlog p    Huang et al. 2026, "On the Direction of RLVR Updates for LLM Reasoning: Identification and
               Exploitation" (training-time reweighting of advantages towards low-probability tokens)
 """
@@ -37,7 +39,8 @@ from rlvr_core.registry import Registry
 __all__ = [
     "AdvantageFn", "register_advantage", "get_advantage", "known_advantages",
     "grpo_advantages", "dr_grpo_advantages", "rloo_advantages",
-    "advantages_to_tokens", "overlong_penalty", "lowprob_token_weights", "DEFAULT_ADV_EPS",
+    "advantages_to_tokens", "overlong_penalty", "lowprob_token_weights", "weight_negative_advantages",
+    "DEFAULT_ADV_EPS",
 ]
 
 # Same epsilon as verl's GRPO estimator. It only matters for groups whose std is tiny but not zero;
@@ -230,3 +233,27 @@ def lowprob_token_weights(old_logp: torch.Tensor, c: float) -> torch.Tensor:
     # clamp: padding may hold garbage (e.g. +inf); probabilities above 1 are not meaningful anyway.
     p = lp.clamp(max=0.0).exp().nan_to_num(nan=0.0)
     return 1.0 + c - c * p
+
+
+# ---- positive / negative sample weighting -------------------------------------------------------------------
+
+def weight_negative_advantages(advantages: torch.Tensor, weight: float) -> torch.Tensor:
+    """Advantages with every negative entry multiplied by `weight` (positive entries unchanged).
+
+    The policy gradient splits into positive-sample reinforcement (raise the log-probability of
+    completions better than their group) and negative-sample reinforcement (lower the worse ones); Zhu
+    et al. 2025 (PSR/NSR, https://arxiv.org/abs/2506.01347) study the two apart. weight = 1 is the
+    estimator unchanged (bit for bit), 0 trains on the better-than-baseline completions only (PSR, which
+    sharpens the policy towards the answers it already finds: greedy accuracy rises, pass@k at large k
+    can fall), values in between mix the two. Lowering the probability of a sampled token pushes mass
+    to *every* other token, which is what makes large negative updates of a small model erratic; the
+    positive part only concentrates mass on tokens that were sampled and rewarded.
+
+    advantages: any shape, any float dtype. Returns the same shape and dtype, no gradient.
+    """
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"negative advantage weight must be in [0, 1], got {weight}")
+    a = advantages.detach()
+    if weight == 1.0:
+        return a
+    return torch.where(a < 0, a * weight, a)

@@ -9,8 +9,8 @@ function and an unknown value fails before any expensive work:
     loss aggregation    -> get_loss_agg(name)        "token-mean", "seq-mean-token-mean",
                                                      "seq-mean-token-sum-norm"            (losses.py)
 
-Plus the unregistered pieces: advantages_to_tokens, overlong_penalty, lowprob_token_weights
-(advantages.py), grpo_loss, mask_from_lengths (losses.py), and the sampling strategies
+Plus the unregistered pieces: advantages_to_tokens, overlong_penalty, lowprob_token_weights,
+weight_negative_advantages (advantages.py), grpo_loss, mask_from_lengths (losses.py), and the sampling strategies
 (sampling_strategies.py). docs/grpo_algorithms.md has the formulas, papers and defaults.
 The trainer uses overlong_penalty (GRPOConfig.overlong_buffer_len), lowprob_token_weights through
 grpo_loss's lowprob_c (GRPOConfig.dlogp_reweight_c) and filter_zero_variance_groups
@@ -23,7 +23,7 @@ from __future__ import annotations
 from rlvr_core.grpo.advantages import (DEFAULT_ADV_EPS, advantages_to_tokens, dr_grpo_advantages,
                                        get_advantage, grpo_advantages, known_advantages,
                                        lowprob_token_weights, overlong_penalty, register_advantage,
-                                       rloo_advantages)
+                                       rloo_advantages, weight_negative_advantages)
 from rlvr_core.grpo.kl import (get_kl_estimator, kl_k1, kl_k2, kl_k3, known_kl_estimators,
                                register_kl_estimator, token_kl)
 from rlvr_core.grpo.losses import (aggregate_loss, get_loss_agg, get_policy_loss, grpo_loss,
@@ -36,6 +36,7 @@ from rlvr_core.grpo.sampling_strategies import (AdaptiveSamplingState, Batcher, 
 __all__ = [
     "DEFAULT_ADV_EPS", "advantages_to_tokens", "dr_grpo_advantages", "get_advantage", "grpo_advantages",
     "known_advantages", "lowprob_token_weights", "overlong_penalty", "register_advantage", "rloo_advantages",
+    "weight_negative_advantages",
     "get_kl_estimator", "kl_k1", "kl_k2", "kl_k3", "known_kl_estimators", "register_kl_estimator", "token_kl",
     "aggregate_loss", "get_loss_agg", "get_policy_loss", "grpo_loss", "known_loss_aggs",
     "known_policy_losses", "mask_from_lengths", "ppo_clip_loss", "register_loss_agg", "register_policy_loss",

@@ -76,7 +76,7 @@ import torch
 
 from rlvr_core.config import GRPOConfig
 from rlvr_core.export import LORA_CONFIG  # written beside the checkpoints: what export needs to merge adapters
-from rlvr_core.grpo.advantages import get_advantage, overlong_penalty
+from rlvr_core.grpo.advantages import get_advantage, overlong_penalty, weight_negative_advantages
 from rlvr_core.grpo.distributed import (DataParallel, check_divisible, global_normalisers, launch_world_size,
                                         reduce_loss_metrics, shutdown)
 from rlvr_core.grpo.guards import GUARD_IDS, HealthConfig, HealthMonitor, firing_dict
@@ -484,6 +484,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             K = len(selected)
             shaped_sel = (rewards + penalties if overlong else rewards)[selected]
             adv_all = get_advantage(cfg.advantage)(shaped_sel) if K else torch.zeros((0, G))
+            adv_all = weight_negative_advantages(adv_all, cfg.negative_advantage_weight)
             mine = [(j, local[g]) for j, g in enumerate(selected) if g in local]
             samples = [x for _, (_, _, g, _) in mine for x in g]
             adv = adv_all[[j for j, _ in mine]].reshape(-1).to(dev)

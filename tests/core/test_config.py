@@ -76,7 +76,8 @@ def test_hash_is_stable_across_key_order_and_sensitive_to_values(tmp_path):
     c = parse_config({"grpo": {"beta": 0.01, "lr": 0.002}, "seed": 3})
     assert a.config_hash() == b.config_hash() != c.config_hash()
     # Defaults written out explicitly resolve to the same config.
-    assert parse_config({}).config_hash() == parse_config(demo_config().resolved()).config_hash()
+    assert demo_config().config_hash() == parse_config(demo_config().resolved()).config_hash()
+    assert parse_config({}).config_hash() == parse_config(ExperimentConfig().resolved()).config_hash()
     # Independent reference: sha256 of canonical JSON.
     import hashlib
     import json

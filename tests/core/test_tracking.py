@@ -121,3 +121,26 @@ def test_a_tracker_leaves_the_process_environment_alone(rlvr_home, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
     Tracker("env-b", tracking_uri=f"sqlite:///{rlvr_home / 'b.db'}")
     assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///elsewhere.db"
+
+
+def test_step_rows_are_logged_at_their_steps_in_few_batches(tracker):
+    run = tracker.start_run("steps", {})
+    rows = [{"step": s, "reward_mean": s / 10, "pass@1": 0.5, "health/G-entropy": int(s == 3),
+             "note": "text", "flag": True, "kl_ref_mean": float("nan") if s == 2 else 0.1 * s}
+            for s in range(1, 401)]
+    calls = []
+    real = tracker.client.log_batch
+    tracker.client.log_batch = lambda run_id, metrics: (calls.append(len(metrics)), real(run_id, metrics=metrics))
+    try:
+        n = tracker.log_step_rows(run, rows)
+    finally:
+        tracker.client.log_batch = real
+    # 400 steps x 4 numeric columns (text and bool skipped), less the one NaN
+    assert n == 400 * 4 - 1 and calls == [1000] * 1 + [599]
+    hist = {m.step: m.value for m in tracker.client.get_metric_history(run, "train/reward_mean")}
+    assert hist == {s: s / 10 for s in range(1, 401)}
+    # `@` is converted; guard columns keep their own namespace; NaN is skipped, not logged
+    assert len(tracker.client.get_metric_history(run, "train/pass_at_1")) == 400
+    assert {m.step: m.value for m in tracker.client.get_metric_history(run, "health/G-entropy")}[3] == 1
+    assert 2 not in {m.step for m in tracker.client.get_metric_history(run, "train/kl_ref_mean")}
+    assert not tracker.client.get_metric_history(run, "train/note")

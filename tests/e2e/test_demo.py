@@ -20,6 +20,7 @@ SMALL = [
     "--set", "data.synthetic.n_train=400", "--set", "data.synthetic.n_test=60",
     "--set", "model.warm_start.steps=150", "--set", "passk.max_prompts=24", "--set", "eval.n_samples=4",
     "--set", "passk.n_samples=4", "--set", "passk.ks=[1,2,4]", "--set", "tracking.experiment=e2e",
+    "--set", "grpo.enabled=false",  # the demo trains by default; the GRPO test below turns it back on, small
 ]
 
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from rlvr_core.grpo import (advantages_to_tokens, dr_grpo_advantages, get_advantage, grpo_advantages,
-                            known_advantages, lowprob_token_weights, overlong_penalty, rloo_advantages)
+                            known_advantages, lowprob_token_weights, overlong_penalty, rloo_advantages,
+                            weight_negative_advantages)
 
 
 def _naive(rewards: list[list[float]], kind: str, eps: float = 1e-6) -> list[list[float]]:
@@ -149,3 +150,22 @@ def test_lowprob_weights():
     assert w.dtype == torch.float32 and torch.isfinite(w).all() and not w.requires_grad
     with pytest.raises(ValueError):
         lowprob_token_weights(old_logp, -0.1)
+
+
+def test_negative_advantage_weight():
+    # Group [1, 0, 0, 1]: GRPO gives +-(0.5 / stdev) = +-0.866 (stdev of {1,0,0,1} = 0.5774).
+    adv = grpo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    a = 0.5 / statistics.stdev([1, 0, 0, 1])
+    torch.testing.assert_close(weight_negative_advantages(adv, 0.25), torch.tensor([[a, -0.25 * a, -0.25 * a, a]]),
+                               atol=1e-5, rtol=1e-5)
+    # weight 1 is the estimator unchanged, bit for bit; weight 0 keeps only the positive part (PSR)
+    r = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(weight_negative_advantages(r, 1.0), r)
+    torch.testing.assert_close(weight_negative_advantages(r, 0.0), r.clamp(min=0))
+    # naive loop, random weight; dtype kept
+    r64 = r.double()
+    out = weight_negative_advantages(r64, 0.3)
+    assert out.dtype == torch.float64
+    assert out.flatten().tolist() == [x * 0.3 if x < 0 else x for x in r64.flatten().tolist()]
+    with pytest.raises(ValueError):
+        weight_negative_advantages(r, 1.5)
