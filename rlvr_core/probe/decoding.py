@@ -39,7 +39,7 @@ import torch
 
 from rlvr_core.probe.token_stats import token_stats_from_logits
 from rlvr_core.sampling.base import Sample, SamplingParams
-from rlvr_core.sampling.hf import HFEngine, _Row, process_logits
+from rlvr_core.sampling.hf import HFEngine, _Row, left_padded, process_logits
 from rlvr_core.seeding import request_seed
 
 __all__ = ["Guide", "GuidedEngine", "extrapolated_logprobs", "CRITERIA"]
@@ -101,15 +101,7 @@ class GuidedEngine(HFEngine):
             raise ValueError("guided decoding samples (temperature > 0); greedy has no draws to replace")
         g = self.guide
         dev = self.device
-        lengths = [len(r.prompt_tokens) for r in rows]
-        B, L = len(rows), max(lengths)
-        input_ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((B, L), dtype=torch.long)
-        for b, r in enumerate(rows):
-            input_ids[b, L - lengths[b]:] = torch.tensor(r.prompt_tokens, dtype=torch.long)
-            attention_mask[b, L - lengths[b]:] = 1  # from lengths (G-pad-mask)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attention_mask, position_ids = input_ids.to(dev), attention_mask.to(dev), position_ids.to(dev)
+        input_ids, attention_mask, position_ids = left_padded(rows, self.pad_token_id, dev)
         side: list[torch.Generator] = []
         for r in rows:
             r.generator = torch.Generator(device=dev)

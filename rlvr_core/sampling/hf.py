@@ -68,6 +68,21 @@ class _Row:
     finish_reason: str | None = None
 
 
+def left_padded(rows: list["_Row"], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids) of the rows' prompts, left-padded to the longest one, on
+    `device`. The mask comes from the prompt lengths, never from token values (G-pad-mask: a pad id may
+    also be a real token)."""
+    lengths = [len(r.prompt_tokens) for r in rows]
+    B, L = len(rows), max(lengths)
+    input_ids = torch.full((B, L), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, L), dtype=torch.long)
+    for b, r in enumerate(rows):
+        input_ids[b, L - lengths[b]:] = torch.tensor(r.prompt_tokens, dtype=torch.long)
+        attention_mask[b, L - lengths[b]:] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
+
+
 class HFEngine:
     """Sampling engine on a transformers causal LM.
 
@@ -150,15 +165,7 @@ class HFEngine:
     @torch.inference_mode()
     def _decode_batch(self, rows: list[_Row], params: SamplingParams) -> None:
         dev = self.device
-        lengths = [len(r.prompt_tokens) for r in rows]
-        B, L = len(rows), max(lengths)
-        input_ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((B, L), dtype=torch.long)
-        for b, r in enumerate(rows):
-            input_ids[b, L - lengths[b]:] = torch.tensor(r.prompt_tokens, dtype=torch.long)
-            attention_mask[b, L - lengths[b]:] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attention_mask, position_ids = input_ids.to(dev), attention_mask.to(dev), position_ids.to(dev)
+        input_ids, attention_mask, position_ids = left_padded(rows, self.pad_token_id, dev)
         if not params.greedy:
             for r in rows:
                 r.generator = torch.Generator(device=dev)
