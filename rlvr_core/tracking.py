@@ -153,6 +153,15 @@ def _param_str(v: Any) -> str:
     return s[:_PARAM_VALUE_MAX]
 
 
+def _metric_items(metrics: dict[str, Any], step: int) -> list:
+    """MLflow Metric entities for one step, names checked by `metric_key`; None and NaN are skipped."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    return [Metric(metric_key(k), float(v), now, step) for k, v in sorted(metrics.items())
+            if v is not None and not (isinstance(v, float) and math.isnan(v))]
+
+
 class Tracker:
     """A thin, explicit MLflow client bound to one tracking URI and experiment.
 
@@ -266,34 +275,24 @@ class Tracker:
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         """Log metrics named by the conventions (`metric_key` validates each name; `@` → `_at_`)."""
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        items = [Metric(metric_key(k), float(v), now, step) for k, v in sorted(metrics.items())
-                 if v is not None and not (isinstance(v, float) and math.isnan(v))]
-        for i in range(0, len(items), 1000):
-            self.client.log_batch(run_id, metrics=items[i:i + 1000])
+        self._log_batches(run_id, _metric_items(metrics, step))
 
     def log_step_rows(self, run_id: str, rows: list[dict[str, Any]], prefix: str = "train/") -> int:
         """Per-step metric rows (the trainer's steps.parquet) at their own step: `{prefix}<name>`, except
         columns that carry their own namespace (`health/<guard id>`). Non-numeric and NaN values are
         skipped. All steps go out together in batches of 1,000 values (MLflow's log_batch limit): a
         150-step run with 40 columns is 6 calls, not 150. Returns the number of values logged."""
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
         items = []
         for row in rows:
-            step = int(row.get("step", 0))
-            for k, v in sorted(row.items()):
-                if k == "step" or v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-                    continue
-                if isinstance(v, float) and math.isnan(v):
-                    continue
-                items.append(Metric(metric_key(k if k.startswith("health/") else prefix + k), float(v), now, step))
-        for i in range(0, len(items), 1000):
-            self.client.log_batch(run_id, metrics=items[i:i + 1000])
+            numeric = {(k if k.startswith("health/") else prefix + k): v for k, v in row.items()
+                       if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            items += _metric_items(numeric, int(row.get("step", 0)))
+        self._log_batches(run_id, items)
         return len(items)
+
+    def _log_batches(self, run_id: str, items: list) -> None:
+        for i in range(0, len(items), 1000):  # MLflow's log_batch takes at most 1,000 metrics
+            self.client.log_batch(run_id, metrics=items[i:i + 1000])
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         for k, v in tags.items():
