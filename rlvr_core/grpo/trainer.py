@@ -184,6 +184,12 @@ def with_lora(model, cfg: GRPOConfig, seed: int):
 def _engine(model, cfg: GRPOConfig, batch_size: int, world_size: int):
     import deepspeed
 
+    if world_size == 1 and os.environ.get("DS_ACCELERATOR") == "cpu":
+        # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce op (~35 s on a fresh machine)
+        # in every initialize. One process has nothing to reduce, so mark the op unavailable and it keeps
+        # plain gloo (deepspeed.ops documents that edits to __compatible_ops__ persist). Several processes
+        # still build and use it.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     engine, _, _, scheduler = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
                                                                                    if p.requires_grad],
                                                    config=ds_config(cfg, batch_size, world_size))

@@ -6,8 +6,9 @@ has an even number of characters): groups then nearly always have reward varianc
 produces a gradient. Everything else is the production path: HFEngine rollouts, VerifierPool,
 grpo_loss, DeepSpeed ZeRO, checkpoints.
 
-DeepSpeed compiles one C++ op on first use (~35 s); TORCH_EXTENSIONS_DIR defaults here to the
-project's `.rlvr/torch_extensions`, the same cache the demo uses, so that cost is paid once.
+Multi-process runs make DeepSpeed compile its shared-memory op on first use (~35 s); TORCH_EXTENSIONS_DIR
+defaults here to the project's `.rlvr/torch_extensions`, the same cache the demo uses, so that cost is
+paid once. A single process compiles nothing (test below).
 """
 
 from __future__ import annotations
@@ -176,3 +177,13 @@ def test_launcher_variables_it_invented_do_not_outlive_the_engine(tiny, tmp_path
     res = _train(tiny, tmp_path / "run", _cfg(steps=1))
     assert res.summary["done"]
     assert "MASTER_PORT" not in os.environ
+
+
+def test_one_process_compiles_no_deepspeed_op(tiny, tmp_path, monkeypatch):
+    # DeepSpeed's CPU backend would JIT-build its shared-memory all-reduce (~35 s on a fresh machine) into
+    # TORCH_EXTENSIONS_DIR; one process has nothing to reduce, so that directory must stay empty.
+    ext = tmp_path / "torch_extensions"
+    ext.mkdir()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
+    res = _train(tiny, tmp_path / "run", _cfg(steps=1))
+    assert res.summary["done"] and list(ext.iterdir()) == []
