@@ -135,15 +135,19 @@ def _ensure_launch_env() -> list[str]:
 
 # ---------------------------------------------------------------------------------------- DeepSpeed config
 def ds_config(cfg: GRPOConfig, batch_size: int, world_size: int = 1) -> dict[str, Any]:
-    """The DeepSpeed config for one optimizer step per rollout batch of `batch_size` sequences over all
-    ranks (no gradient accumulation; each rank holds batch_size / world_size).
+    """The DeepSpeed config for rollout batches of `batch_size` sequences over all ranks (no gradient
+    accumulation; each rank holds batch_size / world_size), each trained for epochs_per_step updates.
 
     The scheduler is WarmupCosineLR with a linear warm-up: lr climbs from lr/(warmup+1) to lr over
     `warmup_steps`, then decays (cosine) to cos_min_ratio * lr at `steps`. DeepSpeed's scheduler starts
     at iteration -1 (lr 0), so the trainer advances it once before the first step (see `_engine`);
     otherwise step 1 would be a wasted update with lr 0.
     """
-    warm = max(1, cfg.warmup_steps)
+    # DeepSpeed steps the scheduler once per optimizer update, and a rollout step makes epochs_per_step
+    # of them: the schedule is laid out in updates, so warm-up and decay span the run's steps whatever
+    # the epoch count (in steps it would end after steps / epochs_per_step).
+    E = cfg.epochs_per_step
+    warm = max(1, cfg.warmup_steps * E)
     conf: dict[str, Any] = {
         "train_batch_size": batch_size,
         "train_micro_batch_size_per_gpu": batch_size // world_size,
@@ -151,7 +155,7 @@ def ds_config(cfg: GRPOConfig, batch_size: int, world_size: int = 1) -> dict[str
         "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "eps": cfg.adam_eps, "betas": [0.9, 0.999],
                                                    "weight_decay": cfg.weight_decay, "torch_adam": True}},
         "scheduler": {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": max(cfg.steps, warm + 1), "warmup_num_steps": warm,
+            "total_num_steps": max(cfg.steps * E, warm + 1), "warmup_num_steps": warm,
             "warmup_min_ratio": 1.0 / (warm + 1) if cfg.warmup_steps else 1.0,
             "cos_min_ratio": cfg.cos_min_ratio, "warmup_type": "linear"}},
         "gradient_clipping": cfg.grad_clip,

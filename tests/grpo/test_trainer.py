@@ -187,3 +187,13 @@ def test_one_process_compiles_no_deepspeed_op(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
     res = _train(tiny, tmp_path / "run", _cfg(steps=1))
     assert res.summary["done"] and list(ext.iterdir()) == []
+
+
+def test_lr_schedule_spans_the_run_with_several_epochs_per_step(tiny, tmp_path):
+    # Two updates per step step DeepSpeed's scheduler twice: laid out in steps, the cosine would reach its
+    # floor (cos_min_ratio x lr, where it stays flat) halfway through. Laid out in updates, the lr each
+    # step ends on keeps falling and reaches the floor at the last step.
+    cfg = _cfg(steps=4, epochs_per_step=2, warmup_steps=0, lr=1e-3, cos_min_ratio=0.1)
+    lrs = [r["lr"] for r in pq.read_table(_train(tiny, tmp_path / "run", cfg).steps_path).to_pylist()]
+    assert len(lrs) == 4 and all(a > b for a, b in zip(lrs, lrs[1:])), lrs
+    assert lrs[-1] == pytest.approx(0.1 * 1e-3), lrs
