@@ -78,12 +78,17 @@ def test_warehouse_answers_about_the_runs(demo_runs):
     q = rlvr(home, "warehouse", "query", "select sum(n_correct) = sum(c) as ok, count(n_correct) as k "
              f"from pass_rate_tables where run_id = '{first['mlflow_run_id']}'", "--json")
     assert json.loads(q.stdout) == [{"ok": True, "k": 24}]
-    # The curriculum is exactly the prompts with 0 < c < n, easiest first.
+    # The demo drops only the always-solved prompts: the curriculum is exactly the prompts with c < n
+    # (never-solved ones included, last), easiest first.
+    q = rlvr(home, "warehouse", "query", "select problem_id from pass_rate_tables "
+             f"where run_id = '{first['mlflow_run_id']}' and c < n order by problem_id", "--json")
+    not_always = [r["problem_id"] for r in json.loads(q.stdout)]
     q = rlvr(home, "warehouse", "query", "select c.problem_id, c.position, c.pass_rate from curricula c "
              f"where c.run_id = '{first['mlflow_run_id']}' order by c.position", "--json")
     cur = json.loads(q.stdout)
     assert len(cur) == first["curriculum"]["n_prompts"] == first["pass_rates"]["n_kept"]
-    assert all(0 < r["pass_rate"] < 1 for r in cur)
+    assert sorted(r["problem_id"] for r in cur) == not_always
+    assert all(r["pass_rate"] < 1 for r in cur) and cur[-1]["pass_rate"] == 0
     assert [r["pass_rate"] for r in cur] == sorted((r["pass_rate"] for r in cur), reverse=True)
     # The warehouse's greedy accuracy is recomputable from its own per-sample rows.
     q = rlvr(home, "warehouse", "query",
