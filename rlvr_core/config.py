@@ -205,6 +205,15 @@ class GRPOConfig(_Strict):
                                    "prompt sampled")
     dynamic_sampling_max_rounds: int = Field(4, ge=1, description="dynamic sampling: at most this many rollout rounds "
                                              "(of P prompts each) per step, the first included")
+    adaptive_sampling: bool = Field(False, description="adaptive sampling (seed 001's GSM8K runs: k_success 2, "
+                                    "k_failure 2, at most 64, chunks of 8): each prompt is sampled in chunks of "
+                                    "group_size completions until it has adaptive_k_success correct and "
+                                    "adaptive_k_failure incorrect ones, or adaptive_max_samples; groups then differ "
+                                    "in size and advantages are computed per group over the completions it has")
+    adaptive_k_success: int = Field(2, ge=0, description="adaptive sampling: correct completions a prompt needs")
+    adaptive_k_failure: int = Field(2, ge=0, description="adaptive sampling: incorrect completions a prompt needs")
+    adaptive_max_samples: int = Field(64, ge=2, description="adaptive sampling: the most completions of one prompt "
+                                      "in a step (the last chunk is cut to fit)")
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO soft overlong punishment (sec. 3.4): width in tokens "
                                      "of the window before max_new_tokens where the reward is lowered linearly, from 0 "
                                      "at max_new_tokens - len to -overlong_penalty_factor at max_new_tokens "
@@ -233,6 +242,9 @@ class GRPOConfig(_Strict):
             # ZeRO-3 partitions the model that peft wraps, and the trainer's ZeRO-3 path samples from a
             # replica filled by parameter name; adapters are small, so ZeRO 0-2 loses little.
             raise ValueError("lora_rank > 0 needs zero_stage 0, 1 or 2 (LoRA with ZeRO-3 is not supported)")
+        if self.adaptive_sampling and self.adaptive_max_samples < self.group_size:
+            raise ValueError(f"adaptive_max_samples={self.adaptive_max_samples} is below group_size="
+                             f"{self.group_size}, the first chunk: every prompt gets at least one chunk")
         return self
 
 

@@ -18,7 +18,8 @@ or unbounded waiting.
 
 No torch in the buffer/batcher (items are opaque); the filter takes reward tensors. The GRPO trainer
 uses the filter for `GRPOConfig.dynamic_sampling` (rounds bounded by `dynamic_sampling_max_rounds`, a
-short batch trained as it is); AdaptiveSamplingState, BoundedBuffer and Batcher are not wired into it yet.
+short batch trained as it is) and AdaptiveSamplingState for `GRPOConfig.adaptive_sampling`.
+BoundedBuffer and Batcher are not wired into it (it samples and trains in turn, staleness 0).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def filter_zero_variance_groups(rewards: torch.Tensor, group_size: int | None = 
     """Mark groups whose rewards are all equal (max - min <= atol) for dropping.
 
     rewards: (B, G), or flat (B*G,) with group_size (contiguous groups). atol = 0 means exactly equal,
-    which is right for 0/1 verifier rewards; use a small atol for continuous rewards.
+    which is right for 0/1 verifier rewards; use a small atol for continuous rewards. NaN marks an empty
+    slot (groups of different sizes padded to the widest, as adaptive sampling gives) and is ignored.
     For 0/1 rewards this is DAPO's 0 < #correct < G condition.
     """
     if rewards.dim() == 1:
@@ -71,7 +73,10 @@ def filter_zero_variance_groups(rewards: torch.Tensor, group_size: int | None = 
     else:
         raise ValueError(f"rewards must be (B, G) or (B*G,), got {tuple(rewards.shape)}")
     g = grouped.to(torch.float64 if grouped.dtype == torch.float64 else torch.float32)
-    spread = g.max(dim=1).values - g.min(dim=1).values if g.shape[1] else torch.zeros(g.shape[0])
+    filled = ~torch.isnan(g)
+    hi = torch.where(filled, g, torch.full_like(g, -math.inf)).max(dim=1).values if g.shape[1] else None
+    lo = torch.where(filled, g, torch.full_like(g, math.inf)).min(dim=1).values if g.shape[1] else None
+    spread = hi - lo if g.shape[1] else torch.zeros(g.shape[0])
     keep = spread > atol
     n_groups = int(keep.shape[0])
     return DynamicSamplingResult(keep_groups=keep, keep_samples=keep.repeat_interleave(grouped.shape[1]),

@@ -63,6 +63,7 @@ held-out split.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -81,7 +82,7 @@ from rlvr_core.grpo.distributed import (DataParallel, check_divisible, global_no
                                         reduce_loss_metrics, shutdown)
 from rlvr_core.grpo.guards import GUARD_IDS, HealthConfig, HealthMonitor, firing_dict
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths
-from rlvr_core.grpo.sampling_strategies import filter_zero_variance_groups
+from rlvr_core.grpo.sampling_strategies import AdaptiveSamplingState, filter_zero_variance_groups
 
 __all__ = ["GRPOResult", "GuardError", "train_grpo", "ds_config", "build_batch", "sequence_logprobs",
            "gold_of", "rows_for_curriculum"]
@@ -422,11 +423,13 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     L = len(rows)
     overlong = cfg.overlong_buffer_len > 0
     max_rounds = cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 1
+    M = cfg.adaptive_max_samples if cfg.adaptive_sampling else G  # the most completions one group can have
     shard = list(range(P))[dp.shard(P)]  # this rank's prompt slots in every round
 
-    def generate(positions: list[int], prompts: list[str], ids: list[str], step: int, epoch: int):
+    def generate(positions: list[int], prompts: list[str], ids: list[str], step: int, epoch: int,
+                 chunk: SamplingParams = params, first: int = 0):
         if not cfg.dynamic_sampling:
-            return sampler.generate(prompts, ids, params, step=step, epoch=epoch)
+            return sampler.generate(prompts, ids, chunk, step=step, epoch=epoch, first_sample_index=first)
         # Dynamic sampling may sample one prompt twice in a step (rounds run past the curriculum's end):
         # each prompt's seed gets the epoch of its own position, so (prompt id, epoch) names the position
         # and no two requests of a step share a seed. One engine call per epoch segment.
@@ -436,9 +439,42 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             j = i
             while j < len(positions) and positions[j] // L == positions[i] // L:
                 j += 1
-            out += sampler.generate(prompts[i:j], ids[i:j], params, step=step, epoch=positions[i] // L)
+            out += sampler.generate(prompts[i:j], ids[i:j], chunk, step=step, epoch=positions[i] // L,
+                                    first_sample_index=first)
             i = j
         return out
+
+    def rollout(positions: list[int], my_rows: list[dict], prompts: list[str], step: int, epoch: int):
+        """Sample and verify this rank's prompts: (groups, their verifier outcomes, seconds generating).
+
+        Without adaptive sampling every group has G completions. With it, all prompts get a first chunk
+        of G; those that lack adaptive_k_success correct or adaptive_k_failure incorrect completions get
+        further chunks (sample indices continuing where the last chunk ended, so the seeds are those of
+        one larger call) until they have them or reach adaptive_max_samples. The chunk loop is this
+        rank's own: no collective runs inside it, so ranks may loop different numbers of times."""
+        ids = [r["id"] for r in my_rows]
+        golds = [gold_of(r) for r in my_rows]
+        groups: list[list] = [[] for _ in my_rows]
+        outs: list[list] = [[] for _ in my_rows]
+        states = [AdaptiveSamplingState(cfg.adaptive_k_success, cfg.adaptive_k_failure, M, G) for _ in my_rows]
+        t_gen = 0.0
+        while True:
+            # Pending prompts all hold the same number of samples (equal chunks so far), so one call serves them.
+            todo = [k for k, st in enumerate(states) if st.n == 0 or (cfg.adaptive_sampling and not st.done)]
+            if not todo:
+                return groups, outs, t_gen
+            first = states[todo[0]].n
+            n = G if first == 0 else states[todo[0]].next_chunk()
+            tg = time.perf_counter()
+            new = generate([positions[k] for k in todo], [prompts[k] for k in todo], [ids[k] for k in todo],
+                           step, epoch, params if n == G else dataclasses.replace(params, n=n), first)
+            t_gen += time.perf_counter() - tg
+            verified = pool.verify_many([(x.text, golds[k]) for k, g in zip(todo, new) for x in g])
+            for i, (k, g) in enumerate(zip(todo, new)):
+                got = verified[i * n:(i + 1) * n]
+                groups[k] += g
+                outs[k] += got
+                states[k] = states[k].observe(o.status.value == "correct" for o in got)
 
     try:
         for step in range(start_step, last_step):
@@ -453,26 +489,25 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             infos: list[torch.Tensor] = []
             selected: list[int] = []      # step-wide indices of the groups trained, in sampling order
             rounds = dropped = 0
-            t_roll, ta = 0.0, t0
+            t_roll = time.perf_counter() - t0  # the ZeRO-3 weight copy counts as rollout time
             while rounds < max_rounds and len(selected) < P:
                 positions = [data_pos + rounds * P + i for i in shard]
                 my_rows = [rows[q % L] for q in positions]
                 prompts = [template.render(r["question"]) for r in my_rows]
-                groups = generate(positions, prompts, [r["id"] for r in my_rows], step, epoch)
+                groups, group_outs, t_gen = rollout(positions, my_rows, prompts, step, epoch)
                 policy.eval()  # HFEngine calls .eval() too; keep it explicit
-                tb = time.perf_counter()
-                t_roll += tb - ta
-                outcomes = pool.verify_many([(x.text, gold_of(r)) for r, g in zip(my_rows, groups) for x in g])
-                # Per group: G verifier rewards, G overlong penalties, unique fraction, generated tokens,
-                # truncations, verifier status counts. One gather gives every rank the round's (P, 2G + 8).
+                t_roll += t_gen
+                # Per group: M verifier rewards, M overlong penalties (both NaN past the group's size: groups
+                # differ in size only under adaptive sampling, M = G otherwise), unique fraction, generated
+                # tokens, truncations, verifier status counts. One gather gives every rank the round's (P, 2M + 8).
                 info = []
-                for k, (r, g) in enumerate(zip(my_rows, groups)):
-                    outs = outcomes[k * G:(k + 1) * G]
+                for k, (r, g, outs) in enumerate(zip(my_rows, groups, group_outs)):
                     local[rounds * P + shard[k]] = (r, prompts[k], g, outs)
                     pen = (overlong_penalty(torch.tensor([len(x.token_ids) for x in g]), max_new_tokens,
                                             cfg.overlong_buffer_len, cfg.overlong_penalty_factor).tolist()
-                           if overlong else [0.0] * G)
-                    info.append([float(o.reward) for o in outs] + pen
+                           if overlong else [0.0] * len(g))
+                    pad = [math.nan] * (M - len(g))
+                    info.append([float(o.reward) for o in outs] + pad + pen + pad
                                 + [unique_fraction(g), sum(len(x.token_ids) for x in g),
                                    sum(x.finish_reason == "length" for x in g)]
                                 + [sum(o.status.value == st for o in outs) for st in STATUSES])
@@ -480,32 +515,33 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 infos.append(info)
                 keep = [True] * P
                 if cfg.dynamic_sampling:  # DAPO: a group whose rewards are all equal has advantage 0 everywhere
-                    shaped = info[:, :G].float() + info[:, G:2 * G].float() if overlong else info[:, :G].float()
+                    shaped = info[:, :M].float() + info[:, M:2 * M].float() if overlong else info[:, :M].float()
                     keep = filter_zero_variance_groups(shaped).keep_groups.tolist()
                     dropped += keep.count(False)
                 selected += [rounds * P + i for i in range(P) if keep[i]][:P - len(selected)]
                 rounds += 1
-                ta = time.perf_counter()
             info_all = torch.cat(infos)
-            rewards = info_all[:, :G].float()  # verifier rewards of every group sampled this step
-            penalties = info_all[:, G:2 * G].float()
-            # The advantage sees the trained groups' (K, G) rewards, as in one process; each rank keeps its rows.
+            rewards = info_all[:, :M].float()  # verifier rewards of every group sampled this step (NaN-padded)
+            penalties = info_all[:, M:2 * M].float()
+            valid = torch.isfinite(rewards)   # (groups, M): which slots hold a completion
+            sizes = valid.sum(1)              # completions per group: G, or more under adaptive sampling
+            # The advantage sees the trained groups' rewards, as in one process; each rank keeps its rows.
             # K = P, unless dynamic sampling ran out of rounds (a partial batch, trained as it is).
             K = len(selected)
             shaped_sel = (rewards + penalties if overlong else rewards)[selected]
-            adv_all = get_advantage(cfg.advantage)(shaped_sel) if K else torch.zeros((0, G))
+            adv_all = _group_advantages(cfg.advantage, shaped_sel, valid[selected]) if K else torch.zeros((0, M))
             adv_all = weight_negative_advantages(adv_all, cfg.negative_advantage_weight)
             mine = [(j, local[g]) for j, g in enumerate(selected) if g in local]
             samples = [x for _, (_, _, g, _) in mine for x in g]
-            adv = adv_all[[j for j, _ in mine]].reshape(-1).to(dev)
+            adv = (torch.cat([adv_all[j, :len(g)] for j, (_, _, g, _) in mine]) if mine else torch.zeros(0)).to(dev)
             t2 = time.perf_counter()
 
             if samples:
                 # Prompt tokens exactly as the engine encoded them (same tokenizer call and flag).
                 enc = [tok(prompt, add_special_tokens=sampler.add_special_tokens)["input_ids"]
                        for _, (_, prompt, _, _) in mine]
-                batch = build_batch([enc[i // G] for i in range(len(samples))], [x.token_ids for x in samples],
-                                    sampler.pad_token_id)
+                batch = build_batch([e for e, (_, (_, _, g, _)) in zip(enc, mine) for _ in g],
+                                    [x.token_ids for x in samples], sampler.pad_token_id)
                 old_rows = [x.logprobs for x in samples]
             else:
                 # This rank trains no group (dynamic sampling kept fewer than the world size, or none): one
@@ -527,7 +563,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
 
             n_local = int(mask.sum())
             # The whole step's token and sequence counts: the ranks' losses then add up to the 1-process loss.
-            norm = global_normalisers(dp, n_local, max(K * G, 1))
+            norm = global_normalisers(dp, n_local, max(int(sizes[selected].sum()), 1))
             n_tok = norm["n_tokens"]
             for ep in range(cfg.epochs_per_step):
                 logp, ent = sequence_logprobs(engine, batch, temperature=cfg.logprob_temperature,
@@ -563,23 +599,26 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             # Per-group numbers of every group sampled this step (all rounds), in sampling order: every rank
             # derives the same row.
             n_groups = rounds * P
-            uniq = info_all[:, 2 * G].tolist()
-            gen_tokens, n_trunc = int(info_all[:, 2 * G + 1].sum()), int(info_all[:, 2 * G + 2].sum())
-            status = [int(v) for v in info_all[:, 2 * G + 3:].sum(0).tolist()]
-            zero_var = float(((rewards.max(1).values - rewards.min(1).values) == 0).float().mean())
+            n_drawn = int(sizes.sum())  # completions sampled this step, all rounds
+            uniq = info_all[:, 2 * M].tolist()
+            gen_tokens, n_trunc = int(info_all[:, 2 * M + 1].sum()), int(info_all[:, 2 * M + 2].sum())
+            status = [int(v) for v in info_all[:, 2 * M + 3:].sum(0).tolist()]
+            zero_var = float((~filter_zero_variance_groups(rewards).keep_groups).float().mean())
             flags = {
                 "G-onpolicy-ratio": int(abs(first["ratio_mean"] - 1) > cfg.ratio_guard_tol
                                         or first["clip_frac"] > cfg.ratio_guard_tol),
                 "G-kl-explosion": int(ref_logp is not None and first.get("kl_ref_max", 0.0) > cfg.kl_spike_max),
-                "G-fixed-seed": int(cfg.temperature > 0 and sum(u == 1 / G for u in uniq) > n_groups // 2),
+                "G-fixed-seed": int(cfg.temperature > 0
+                                    and sum(round(u * n) == 1 for u, n in zip(uniq, sizes.tolist())) > n_groups // 2),
                 "G-verifier-format": int(zero_var == 1.0),
             }
-            # A sample of the trained completions for rollouts.parquet: the k-th is sample k // K of trained
-            # group k % K (round-robin over prompts first). Each rank contributes the ones it holds; rank 0
-            # keeps them in k order, so N ranks log exactly what one process logs.
+            # A sample of the trained completions for rollouts.parquet, round-robin over the trained groups
+            # (sample 0 of each, then sample 1 of each that has one, ...). Each rank contributes the ones it
+            # holds; rank 0 keeps them in k order, so N ranks log exactly what one process logs.
             picks = []
-            for k in range(min(cfg.rollout_samples_per_step, K * G)):
-                j, i = k % K, k // K
+            sel_sizes = sizes[selected].tolist()
+            order = [(j, i) for i in range(M) for j in range(K) if i < sel_sizes[j]]
+            for k, (j, i) in enumerate(order[:cfg.rollout_samples_per_step]):
                 if selected[j] in local:
                     r, prompt, g, outs = local[selected[j]]
                     picks.append((k, {
@@ -603,21 +642,27 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 "logprob_abs_diff": diff,
                 "kl_ref_mean": first.get("kl_ref_mean", float("nan")),
                 "kl_ref_max": first.get("kl_ref_max", float("nan")),
-                "entropy": first["entropy"], "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+                "entropy": first["entropy"], "reward_mean": float(rewards[valid].mean()),
+                "reward_std": float(rewards[valid].std()),
                 "zero_var_group_share": zero_var,
-                "completion_len_mean": gen_tokens / (n_groups * G),
-                "truncation_share": n_trunc / (n_groups * G),
+                "completion_len_mean": gen_tokens / n_drawn,
+                "truncation_share": n_trunc / n_drawn,
+                "samples_per_prompt_mean": n_drawn / n_groups, "samples_per_prompt_max": int(sizes.max()),
                 "unique_frac_mean": sum(uniq) / len(uniq),
                 "grad_norm": grad_norm, "n_tokens": n_tok,
                 "t_rollout_s": t_roll, "t_reward_s": t2 - t0 - t_roll, "t_train_s": t3 - t2,
                 "tokens_per_s": gen_tokens / max(t3 - t0, 1e-9),
                 **{f"status/{st}": n for st, n in zip(STATUSES, status)},
-                "overlong/penalty_mean": float(penalties.mean()),
-                "overlong/penalized_share": float((penalties < 0).float().mean()),
+                "overlong/penalty_mean": float(penalties[valid].mean()),
+                "overlong/penalized_share": float((penalties[valid] < 0).float().mean()),
                 "dynamic/rounds": rounds, "dynamic/prompts_consumed": n_groups,
                 "dynamic/groups_dropped": dropped, "dynamic/groups_kept": K,
                 **{f"health/{g}": v for g, v in flags.items()},
             }
+            if cfg.adaptive_sampling:  # share of groups that got their k_success and k_failure before the cap
+                correct = info_all[:, 2 * M + 3]
+                row["adaptive/enough_share"] = float(((correct >= cfg.adaptive_k_success)
+                                                      & (sizes - correct >= cfg.adaptive_k_failure)).float().mean())
             if evaluate is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0)
                                          or step + 1 == cfg.steps):
                 evaluated = current_weights()  # every rank: a collective under ZeRO-3
@@ -702,6 +747,19 @@ def _read_rollouts(path: Path, up_to_step: int) -> list[dict]:
     if not path.exists():
         return []
     return [r for r in pq.read_table(path).to_pylist() if r["step"] <= up_to_step]
+
+
+def _group_advantages(name: str, rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Advantages of the registered estimator `name` for (K, M) rewards whose groups fill the slots where
+    `valid` is True (a prefix of each row); (K, M), 0 in the empty slots. Groups of one size are one (K, M)
+    call; ragged groups (adaptive sampling) go to the estimator flat, with group ids."""
+    fn = get_advantage(name)
+    if bool(valid.all()):
+        return fn(rewards)
+    gid = torch.arange(rewards.shape[0]).repeat_interleave(valid.sum(1))
+    out = torch.zeros_like(rewards)
+    out[valid] = fn(rewards[valid], group_ids=gid)
+    return out
 
 
 def _copy_partitioned(policy, replica) -> None:

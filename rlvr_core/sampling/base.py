@@ -88,8 +88,9 @@ class Sample:
 @runtime_checkable
 class SamplingEngine(Protocol):
     def generate(self, prompts: list[str], prompt_ids: list[str], params: SamplingParams, *,
-                 step: int = 0) -> list[list[Sample]]:
-        """Per prompt (in input order), params.n samples ordered by sample_index."""
+                 step: int = 0, epoch: int = 0, first_sample_index: int = 0) -> list[list[Sample]]:
+        """Per prompt (in input order), params.n samples ordered by sample_index, the indices
+        first_sample_index .. first_sample_index + n - 1 (each index has its own request seed)."""
         ...
 
 

@@ -139,8 +139,10 @@ class HFEngine:
     # ---- public API -------------------------------------------------------------------------------
 
     def generate(self, prompts: list[str], prompt_ids: list[str], params: SamplingParams, *,
-                 step: int = 0, epoch: int = 0) -> list[list[Sample]]:
-        """Per prompt (input order), params.n samples ordered by sample_index. See `Sample` for fields."""
+                 step: int = 0, epoch: int = 0, first_sample_index: int = 0) -> list[list[Sample]]:
+        """Per prompt (input order), params.n samples ordered by sample_index, which runs from
+        `first_sample_index` (so a prompt sampled in chunks gets the samples one larger call would). See
+        `Sample` for fields."""
         check_prompt_ids(prompts, prompt_ids)
         encoded = [self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"] for p in prompts]
         for pid, ids in zip(prompt_ids, encoded):
@@ -148,7 +150,7 @@ class HFEngine:
                 raise ValueError(f"prompt {pid!r} encodes to zero tokens")
         rows = [
             _Row(i, s, request_seed(params.seed, prompt_ids[i], step, s, epoch=epoch), list(encoded[i]))
-            for i in range(len(prompts)) for s in range(params.n)
+            for i in range(len(prompts)) for s in range(first_sample_index, first_sample_index + params.n)
         ]
         # Rows of similar length share a batch (less padding); results do not depend on the grouping.
         order = sorted(range(len(rows)), key=lambda r: -len(rows[r].prompt_tokens))

@@ -66,11 +66,11 @@ class VLLMEngine:
         self.llm = llm
 
     def generate(self, prompts: list[str], prompt_ids: list[str], params: SamplingParams, *,
-                 step: int = 0, epoch: int = 0) -> list[list[Sample]]:
+                 step: int = 0, epoch: int = 0, first_sample_index: int = 0) -> list[list[Sample]]:
         check_prompt_ids(prompts, prompt_ids)
         keys, req_prompts, req_params = [], [], []
         for i, (prompt, pid) in enumerate(zip(prompts, prompt_ids)):
-            for s in range(params.n):
+            for s in range(first_sample_index, first_sample_index + params.n):
                 seed = request_seed(params.seed, pid, step, s, epoch=epoch)
                 keys.append((i, s, seed))
                 req_prompts.append(prompt)

@@ -30,6 +30,10 @@ def test_dynamic_sampling_filter_hand_example():
     assert filter_zero_variance_groups(cont, atol=1e-6).keep_groups.tolist() == [False, True]
     with pytest.raises(ValueError):
         filter_zero_variance_groups(torch.zeros(5), 2)
+    # Groups of different sizes padded with NaN (adaptive sampling): the padding is not a reward.
+    padded = torch.tensor([[1, 1, float("nan"), float("nan")], [1, 0, float("nan"), float("nan")],
+                           [0, 0, 0, 0], [0, 0, 1, float("nan")]])
+    assert filter_zero_variance_groups(padded).keep_groups.tolist() == [False, True, False, True]
 
 
 def test_adaptive_sampling_stops_when_both_counts_reached():

@@ -30,7 +30,7 @@ from test_trainer import _cfg, _params, tiny  # noqa: F401  (tiny: the fixture, 
 from rlvr_core.config import GRPOConfig
 from rlvr_core.grpo import trainer as trainer_mod
 from rlvr_core.grpo.losses import grpo_loss
-from rlvr_core.sampling import HFEngine
+from rlvr_core.sampling import HFEngine, SamplingParams
 from rlvr_core.templates import get_template
 from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier
 
@@ -74,6 +74,7 @@ class Record:
     adv_in: list[torch.Tensor] = field(default_factory=list)   # rewards given to the advantage estimator
     loss_in: list[dict] = field(default_factory=list)          # grpo_loss inputs (detached) and its loss
     gen: list[tuple[list[str], int, int]] = field(default_factory=list)  # (prompt ids, step, epoch) per call
+    chunks: list[tuple[list[str], int, int, int]] = field(default_factory=list)  # (ids, step, first index, n)
 
 
 @contextlib.contextmanager
@@ -97,6 +98,7 @@ def recording():
 
     def generate(self, prompts, prompt_ids, params, **kw):
         rec.gen.append((list(prompt_ids), kw["step"], kw["epoch"]))
+        rec.chunks.append((list(prompt_ids), kw["step"], kw.get("first_sample_index", 0), params.n))
         return real_gen(self, prompts, prompt_ids, params, **kw)
 
     threads = torch.get_num_threads()
@@ -325,3 +327,93 @@ def test_partial_batch_is_trained_as_it_is_after_the_last_round(tiny, tmp_path):
     assert not res.rollouts_path.exists()  # nothing trained, nothing to log
     before, after = _params(tiny[0]), _params(res.final_model_dir)
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+# ------------------------------------------------------------------------------------- adaptive sampling
+# Chunks of G = 4 until 2 correct and 1 not correct, at most 14 (so a prompt that never gets there ends
+# with a chunk cut to 2). Every completion of the run's steps is logged (100 > 2 x P x 14).
+ADA = dict(steps=2, adaptive_sampling=True, adaptive_k_success=2, adaptive_k_failure=1, adaptive_max_samples=14,
+           rollout_samples_per_step=100)
+
+
+def _hand_stop(correct: list[bool], k_s: int, k_f: int, cap: int) -> int:
+    """Where the stopping rule ends a prompt whose completions, in sample order, are `correct`: at the
+    first chunk boundary (G, 2G, ..., cap) whose prefix has k_s correct and k_f incorrect ones, else cap."""
+    n = G
+    while n < cap and not (sum(correct[:n]) >= k_s and n - sum(correct[:n]) >= k_f):
+        n = min(n + G, cap)
+    return n
+
+
+def test_adaptive_sampling_draws_chunks_until_enough_like_one_large_draw(tiny, tmp_path):
+    cfg = _cfg(**ADA)
+    res, rec = _run(tiny, tmp_path / "ada", cfg)
+    model_dir, rows, ids = tiny
+    cap = ADA["adaptive_max_samples"]
+    # Independent reference: step 1 samples the base weights, so one plain engine call drawing all 14
+    # completions of every step-1 prompt must hold, in order, exactly what the chunks drew.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    template = get_template("qa")
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir),
+                      batch_size=cfg.rollout_batch_size)
+    full = engine.generate([template.render(r["question"]) for r in rows[:P]], ids[:P],
+                           SamplingParams(n=cap, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=MAX_NEW,
+                                          stop=template.stop, seed=0), step=0, epoch=0)
+    status = [[STATUS_CYCLE[len(x.text) % 5] for x in g] for g in full]
+    want_n = [_hand_stop([st is Status.CORRECT for st in sts], 2, 1, cap) for sts in status]
+    assert G in want_n and max(want_n) == cap and any(G < n < cap for n in want_n), \
+        f"sizes {want_n}: the test needs a prompt stopping early, one later and one at the cap"
+
+    # The engine calls of step 1: a first chunk of G for every prompt, then, for the prompts still short,
+    # chunks whose sample indices continue where the last ended; the last cut to fit the cap.
+    calls = [(c_ids, first, n) for c_ids, step, first, n in rec.chunks if step == 0]
+    want_calls, first = [], 0
+    while first < cap:
+        n = min(G, cap - first)
+        active = [ids[k] for k in range(P) if want_n[k] > first]
+        if active:
+            want_calls.append((active, first, n))
+        first += n
+    assert calls == want_calls
+
+    roll = [r for r in _rows(res.rollouts_path) if r["step"] == 1]
+    assert len(roll) == sum(want_n)
+    # Round-robin over the groups: sample 0 of each prompt, then sample 1 of each, ... skipping finished ones.
+    order = [(k, i) for i in range(cap) for k in range(P) if i < want_n[k]]
+    assert [(r["position"], r["sample_index"]) for r in roll] == order
+    adv_rows = {}
+    for r in roll:
+        k, i = r["position"], r["sample_index"]
+        x = full[k][i]
+        assert (r["prompt_id"], r["completion"], r["length"]) == (ids[k], x.text, len(x.token_ids))
+        assert r["status"] == status[k][i].value
+        adv_rows[k, i] = r["advantage"]
+    # GRPO advantages per group over the completions it has (unbiased std, eps 1e-6, 0 for a flat group).
+    for k in range(P):
+        rew = torch.tensor([float(st is Status.CORRECT) for st in status[k][:want_n[k]]], dtype=torch.float64)
+        hand = torch.zeros_like(rew) if rew.max() == rew.min() else (rew - rew.mean()) / (rew.std() + 1e-6)
+        for i in range(want_n[k]):
+            assert adv_rows[k, i] == pytest.approx(float(hand[i]), abs=1e-5), (k, i)
+    (adv_in, *_), (loss_in, *_) = rec.adv_in, rec.loss_in
+    assert adv_in.shape == (sum(want_n),)  # the estimator got the ragged groups flat, with group ids
+    assert loss_in["adv"].shape[0] == sum(want_n) and loss_in["kw"]["num_seqs"] == sum(want_n)
+
+    steps = _rows(res.steps_path)
+    one = steps[0]
+    assert sum(one[c] for c in STATUS_COLS) == sum(want_n)
+    assert one["samples_per_prompt_mean"] == sum(want_n) / P and one["samples_per_prompt_max"] == cap
+    assert one["adaptive/enough_share"] == sum(
+        sum(st is Status.CORRECT for st in status[k][:n]) >= 2 and n - sum(st is Status.CORRECT for st in status[k][:n]) >= 1
+        for k, n in enumerate(want_n)) / P
+    assert one["reward_mean"] == pytest.approx(sum(r["reward"] for r in roll) / len(roll))
+    two = steps[1]  # trained weights: sizes differ, but the counts agree with each other
+    assert sum(two[c] for c in STATUS_COLS) == two["samples_per_prompt_mean"] * P
+    assert G <= two["samples_per_prompt_mean"] <= two["samples_per_prompt_max"] <= cap
+    assert res.summary["done"] and res.summary["data_position"] == 2 * P
+
+
+def test_adaptive_cap_below_the_first_chunk_fails_on_the_field():
+    with pytest.raises(ValueError, match="adaptive_max_samples=3 is below group_size=4"):
+        _cfg(adaptive_sampling=True, adaptive_max_samples=3)
+    assert not GRPOConfig().adaptive_sampling

@@ -67,6 +67,20 @@ def test_batch_size_does_not_change_samples(model, tokenizer):
     assert same_samples(engine(model, tokenizer).generate(PROMPTS[1:2], IDS[1:2], p), many[1:2])
 
 
+def test_chunks_from_first_sample_index_are_one_larger_draw(model, tokenizer):
+    # Adaptive sampling asks for a prompt's completions in chunks: indices 0-2, then 3-7 must be what one
+    # call for 8 gives (same seeds, same tokens), whichever prompts share the later call.
+    p = SamplingParams(n=8, temperature=1.0, max_new_tokens=16, seed=5)
+    eng = engine(model, tokenizer)
+    whole = eng.generate(PROMPTS, IDS, p, step=3, epoch=1)
+    head = eng.generate(PROMPTS, IDS, SamplingParams(n=3, temperature=1.0, max_new_tokens=16, seed=5), step=3, epoch=1)
+    tail = eng.generate(PROMPTS[1:3], IDS[1:3], SamplingParams(n=5, temperature=1.0, max_new_tokens=16, seed=5),
+                        step=3, epoch=1, first_sample_index=3)
+    assert [s.sample_index for s in tail[0]] == [3, 4, 5, 6, 7]
+    assert same_samples([h + t for h, t in zip(head[1:3], tail)], whole[1:3])
+    assert same_samples([g[:3] for g in whole], head)
+
+
 def test_greedy_equals_transformers_generate(model, tokenizer):
     p = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
     got = engine(model, tokenizer, batch_size=4).generate(PROMPTS, IDS, p)  # batched: rows are left-padded
