@@ -214,6 +214,12 @@ class GRPOConfig(_Strict):
     adaptive_k_failure: int = Field(2, ge=0, description="adaptive sampling: incorrect completions a prompt needs")
     adaptive_max_samples: int = Field(64, ge=2, description="adaptive sampling: the most completions of one prompt "
                                       "in a step (the last chunk is cut to fit)")
+    max_staleness: int = Field(0, ge=0, description="bounded staleness: step t's rollouts come from the policy after "
+                               "max(0, t - max_staleness) updates, sampled ahead by a background thread on its own "
+                               "copy of the weights (synced from the policy every step) through a bounded buffer, "
+                               "so generation overlaps training. 0 = on-policy (the rollouts of step t use the "
+                               "weights it updates). Not with dynamic or adaptive sampling, which decide from "
+                               "verified rewards during the rollout")
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO soft overlong punishment (sec. 3.4): width in tokens "
                                      "of the window before max_new_tokens where the reward is lowered linearly, from 0 "
                                      "at max_new_tokens - len to -overlong_penalty_factor at max_new_tokens "
@@ -242,6 +248,9 @@ class GRPOConfig(_Strict):
             # ZeRO-3 partitions the model that peft wraps, and the trainer's ZeRO-3 path samples from a
             # replica filled by parameter name; adapters are small, so ZeRO 0-2 loses little.
             raise ValueError("lora_rank > 0 needs zero_stage 0, 1 or 2 (LoRA with ZeRO-3 is not supported)")
+        if self.max_staleness and (self.dynamic_sampling or self.adaptive_sampling):
+            raise ValueError("max_staleness > 0 cannot be combined with dynamic_sampling or adaptive_sampling: "
+                             "those decide from verified rewards while sampling, and the ahead sampler only samples")
         if self.adaptive_sampling and self.adaptive_max_samples < self.group_size:
             raise ValueError(f"adaptive_max_samples={self.adaptive_max_samples} is below group_size="
                              f"{self.group_size}, the first chunk: every prompt gets at least one chunk")

@@ -19,7 +19,9 @@ or unbounded waiting.
 No torch in the buffer/batcher (items are opaque); the filter takes reward tensors. The GRPO trainer
 uses the filter for `GRPOConfig.dynamic_sampling` (rounds bounded by `dynamic_sampling_max_rounds`, a
 short batch trained as it is) and AdaptiveSamplingState for `GRPOConfig.adaptive_sampling`.
-BoundedBuffer and Batcher are not wired into it (it samples and trains in turn, staleness 0).
+With `GRPOConfig.max_staleness` > 0 the ahead sampler (ahead.py) hands whole steps' rollouts to the
+trainer through a BoundedBuffer. Batcher is not used by the trainer (its items are whole steps, never a
+partial batch); it is for producers whose items are single groups.
 """
 
 from __future__ import annotations

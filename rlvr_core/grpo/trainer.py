@@ -10,7 +10,11 @@ only calls. One step:
      tensors DeepSpeed updates; under ZeRO-3 a plain copy refreshed from them first), with the
      template's stop strings and per-request seeds derived from (seed, prompt id, epoch, step, sample
      index) (G-fixed-seed). The engine returns each sampled token's RAW (temperature-1) log-prob:
-     these are the old log-probs (on-policy, staleness 0).
+     these are the old log-probs (on-policy, staleness 0). With `adaptive_sampling` a prompt gets
+     further chunks of G until it has k_success correct and k_failure other completions, or a cap.
+     With `max_staleness` s > 0 step t's rollouts were sampled ahead, in a thread, by a copy holding
+     the weights after max(0, t - s) updates (ahead.py; the trainer publishes its weights every step);
+     the old log-probs are then the behaviour policy's and the ratio leaves 1 by design.
   3. reward: VerifierPool (in-process for cheap verifiers) scores each completion against the gold;
      optionally plus DAPO's soft overlong penalty on the completion length (`overlong_buffer_len`).
      With `dynamic_sampling` (DAPO), groups whose rewards are all equal are dropped and rounds of the
@@ -77,6 +81,7 @@ import torch
 
 from rlvr_core.config import GRPOConfig
 from rlvr_core.export import LORA_CONFIG  # written beside the checkpoints: what export needs to merge adapters
+from rlvr_core.grpo.ahead import AheadSampler, snapshot
 from rlvr_core.grpo.advantages import get_advantage, overlong_penalty, weight_negative_advantages
 from rlvr_core.grpo.distributed import (DataParallel, check_divisible, global_normalisers, launch_world_size,
                                         reduce_loss_metrics, shutdown)
@@ -93,6 +98,7 @@ LORA_ADAPTER = "lora_adapter"  # with lora_rank > 0: the trained adapters alone,
 STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "grpo_summary.json"
 ROLLOUTS_FILE = "rollouts.parquet"
+AHEAD_WEIGHTS = "ahead_weights.pt"  # in a checkpoint's tag folder with max_staleness > 0: the versions before it
 STATUSES = ("correct", "incorrect", "no_answer", "error", "timeout")  # verifiers.base.Status values
 
 
@@ -342,6 +348,9 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     # evaluation and export then use a plain copy that receives the policy's weights before each use, as
     # a separate inference engine would.
     replica = copy.deepcopy(model).eval().requires_grad_(False) if cfg.zero_stage == 3 else None
+    # With max_staleness > 0 the rollouts are sampled ahead, in a thread, by a copy that receives each
+    # policy version when the trainer publishes it (ahead.py).
+    ahead_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.max_staleness else None
     engine, scheduler = _engine(model, cfg, P * G, world)
     # The process group exists now. A MASTER_PORT we invented would otherwise be inherited by every process
     # this one starts later (a demo's next subprocess, a test's server), which would then try to listen on
@@ -364,6 +373,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
         ref_model = ref_model.to(dev, torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
     if replica is not None:
         replica = replica.to(dev, next(policy.parameters()).dtype)  # sample in the precision that trains
+    if ahead_model is not None:
+        ahead_model = ahead_model.to(dev, next(policy.parameters()).dtype)
     # Ranks > 0 compute the same step rows as rank 0 but never report or write them.
     say = (progress or (lambda _msg: None)) if dp.is_main else (lambda _msg: None)
 
@@ -377,20 +388,27 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     # ---- resume ---------------------------------------------------------------------------------
     # data_pos: curriculum position of the next step's first prompt. Without dynamic sampling it is step * P;
     # with it, it advances by every prompt a step sampled, so it is checkpointed with the step.
-    start_step, step_rows, data_pos = 0, [], 0
+    start_step, step_rows, data_pos, ahead_weights = 0, [], 0, {}
     if (ckpt_dir / "latest").is_file():
         path, client = engine.load_checkpoint(str(ckpt_dir))
         if path is None:
             raise RuntimeError(f"{ckpt_dir} has a 'latest' file but DeepSpeed could not load it")
         start_step, step_rows = int(client["step"]), list(client["step_rows"])
         data_pos = int(client.get("data_pos", start_step * P))  # checkpoints from before dynamic sampling
+        if cfg.max_staleness and start_step:
+            saved = ckpt_dir / f"step{start_step}" / AHEAD_WEIGHTS
+            if not saved.is_file():
+                raise RuntimeError(f"resuming with max_staleness={cfg.max_staleness} needs {saved} (the policy "
+                                   "versions the next steps sample with); the checkpoint was saved without it")
+            ahead_weights = torch.load(saved, map_location=dev, weights_only=True)
         say(f"resumed from {path} at step {start_step}")
     # Rollout samples of the steps up to the resume point; rows of later steps (written by a call killed
     # before its checkpoint) are dropped here and sampled again, so nothing is duplicated.
     rollout_rows = _read_rollouts(out_dir / ROLLOUTS_FILE, start_step) if dp.is_main else []
     last_step = cfg.steps if stop_after_steps is None else min(cfg.steps, start_step + stop_after_steps)
 
-    sampler = HFEngine(policy if replica is None else replica, tok, batch_size=cfg.rollout_batch_size, device=dev)
+    sampling_model = ahead_model if ahead_model is not None else replica if replica is not None else policy
+    sampler = HFEngine(sampling_model, tok, batch_size=cfg.rollout_batch_size, device=dev)
     params = SamplingParams(n=G, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new_tokens,
                             stop=template.stop, seed=seed)
     norm_len = max_new_tokens if cfg.loss_agg == "seq-mean-token-sum-norm" else None
@@ -414,6 +432,9 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
         # Rollouts first: if the job dies before the checkpoint below, the resume drops their extra rows
         # (steps after the checkpoint it resumes from); written after it, they could be lost instead.
         write_rollouts()
+        if ahead is not None and dp.is_main:  # before DeepSpeed's files and its `latest`: a resume finds both
+            (ckpt_dir / f"step{step}").mkdir(parents=True, exist_ok=True)
+            torch.save(ahead.for_checkpoint(step), ckpt_dir / f"step{step}" / AHEAD_WEIGHTS)
         # Collective: under ZeRO every rank writes its own partition of the model/optimizer state.
         engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}",
                                client_state={"step": step, "step_rows": step_rows, "data_pos": data_pos})
@@ -447,6 +468,9 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     def rollout(positions: list[int], my_rows: list[dict], prompts: list[str], step: int, epoch: int):
         """Sample and verify this rank's prompts: (groups, their verifier outcomes, seconds generating).
 
+        With max_staleness > 0 the groups were sampled ahead (see `sample_ahead`); the seconds are the
+        trainer's wait for them.
+
         Without adaptive sampling every group has G completions. With it, all prompts get a first chunk
         of G; those that lack adaptive_k_success correct or adaptive_k_failure incorrect completions get
         further chunks (sample indices continuing where the last chunk ended, so the seeds are those of
@@ -454,6 +478,11 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
         rank's own: no collective runs inside it, so ranks may loop different numbers of times."""
         ids = [r["id"] for r in my_rows]
         golds = [gold_of(r) for r in my_rows]
+        if ahead is not None:
+            batch, waited = ahead.take(step)
+            taken.update(version=batch.version, generate_s=batch.generate_s)
+            flat = pool.verify_many([(x.text, gold) for gold, g in zip(golds, batch.groups) for x in g])
+            return batch.groups, [flat[k * G:(k + 1) * G] for k in range(len(golds))], waited
         groups: list[list] = [[] for _ in my_rows]
         outs: list[list] = [[] for _ in my_rows]
         states = [AdaptiveSamplingState(cfg.adaptive_k_success, cfg.adaptive_k_failure, M, G) for _ in my_rows]
@@ -476,11 +505,30 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 outs[k] += got
                 states[k] = states[k].observe(o.status.value == "correct" for o in got)
 
+    def sample_ahead(step: int) -> list:
+        """Step `step`'s groups, in the ahead sampler's thread (no dynamic sampling: step t starts at t * P
+        from where this call started). Same prompts, seeds and engine call as the on-policy path."""
+        pos = first_pos + (step - start_step) * P
+        my_rows = [rows[(pos + i) % L] for i in shard]
+        return sampler.generate([template.render(r["question"]) for r in my_rows], [r["id"] for r in my_rows],
+                                params, step=step, epoch=pos // L)
+
+    ahead, taken, first_pos = None, {}, data_pos
+    if cfg.max_staleness and start_step < last_step:
+        ahead = AheadSampler(ahead_model, sample_ahead, first_step=start_step, last_step=last_step,
+                             max_staleness=cfg.max_staleness)
+        for v in sorted(ahead_weights):  # a resume: the versions before it, then its own
+            ahead.publish(int(v), ahead_weights[v])
+        ahead.publish(start_step, snapshot(current_weights()))
+        ahead.start()
+        put_wait = 0.0
+
     try:
         for step in range(start_step, last_step):
             t0 = time.perf_counter()
             epoch = data_pos // L
-            current_weights()  # ZeRO-3: refresh the sampling copy before it samples
+            if ahead is None:
+                current_weights()  # ZeRO-3: refresh the sampling copy before it samples
             # Rollout rounds. Round k samples the P prompts at positions data_pos + k*P ...; each rank its
             # contiguous share. Without dynamic sampling there is exactly one round and every group is kept.
             # Every decision below comes from the gathered (all ranks) per-group numbers, so every rank
@@ -604,9 +652,11 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             gen_tokens, n_trunc = int(info_all[:, 2 * M + 1].sum()), int(info_all[:, 2 * M + 2].sum())
             status = [int(v) for v in info_all[:, 2 * M + 3:].sum(0).tolist()]
             zero_var = float((~filter_zero_variance_groups(rewards).keep_groups).float().mean())
+            staleness = step - taken["version"] if ahead is not None else 0
             flags = {
-                "G-onpolicy-ratio": int(abs(first["ratio_mean"] - 1) > cfg.ratio_guard_tol
-                                        or first["clip_frac"] > cfg.ratio_guard_tol),
+                # Only rollouts of the very weights being trained must give ratio 1: stale ones differ by design.
+                "G-onpolicy-ratio": int(staleness == 0 and (abs(first["ratio_mean"] - 1) > cfg.ratio_guard_tol
+                                                            or first["clip_frac"] > cfg.ratio_guard_tol)),
                 "G-kl-explosion": int(ref_logp is not None and first.get("kl_ref_max", 0.0) > cfg.kl_spike_max),
                 "G-fixed-seed": int(cfg.temperature > 0
                                     and sum(round(u * n) == 1 for u, n in zip(uniq, sizes.tolist())) > n_groups // 2),
@@ -659,6 +709,15 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 "dynamic/groups_dropped": dropped, "dynamic/groups_kept": K,
                 **{f"health/{g}": v for g, v in flags.items()},
             }
+            if ahead is not None:
+                # The weight sync: the version this step made, for the step that samples with it. Collective
+                # under ZeRO-3 (every rank gathers), like the on-policy refresh it replaces.
+                ahead.publish(step + 1, snapshot(current_weights()))
+                buf = ahead.buffer.stats()
+                row.update({"staleness": staleness, "t_generate_s": taken["generate_s"],
+                            "buffer/size": buf["size"], "buffer/evicted": buf["evicted"],
+                            "buffer/put_wait_s": buf["put_wait_s"] - put_wait})
+                put_wait = buf["put_wait_s"]
             if cfg.adaptive_sampling:  # share of groups that got their k_success and k_failure before the cap
                 correct = info_all[:, 2 * M + 3]
                 row["adaptive/enough_share"] = float(((correct >= cfg.adaptive_k_success)
@@ -701,6 +760,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 save(step + 1)
     finally:
         pool.close()
+        if ahead is not None:
+            ahead.close()
 
     done = bool(step_rows) and step_rows[-1]["step"] == cfg.steps
     final_dir = out_dir / FINAL_MODEL

@@ -60,6 +60,9 @@ RUNS = {
     # make different numbers of engine calls and train groups of different sizes.
     "z2_adaptive": dict(cfg=dict(zero_stage=2, adaptive_sampling=True, adaptive_k_success=2, adaptive_k_failure=1,
                                  adaptive_max_samples=14), verifier="_test_status"),
+    # Bounded staleness 1 under ZeRO-3: every step's weight sync is a gather (collective) in the trainer
+    # thread while each rank's sampler thread runs ahead; resumed at step 2, whose checkpoint carries version 1.
+    "z3_stale1_resumed": dict(cfg=dict(zero_stage=3, max_staleness=1, steps=3), calls=[2, None]),
 }
 EXACT = ("step", "epoch", "reward_mean", "reward_std", "zero_var_group_share", "n_tokens", "completion_len_mean",
          "truncation_share", "unique_frac_mean", "health/G-onpolicy-ratio", "health/G-kl-explosion",
@@ -164,7 +167,8 @@ def test_two_processes_train_like_one(tiny, tmp_path):
         b = pq.read_table(out / "steps.parquet").to_pylist()
         assert len(a) == len(b) == cfg.steps
         for ra, rb in zip(a, b):
-            for k in EXACT + (("adaptive/enough_share",) if cfg.adaptive_sampling else ()):
+            for k in EXACT + (("adaptive/enough_share",) if cfg.adaptive_sampling else ()) + \
+                    (("staleness", "buffer/evicted") if cfg.max_staleness else ()):
                 assert ra[k] == rb[k], (name, ra["step"], k, ra[k], rb[k])
             for k in CLOSE:
                 # relative too: lr 1e-2 moves the tiny policy far, token KLs to the reference reach ~140

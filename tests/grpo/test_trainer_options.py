@@ -417,3 +417,80 @@ def test_adaptive_cap_below_the_first_chunk_fails_on_the_field():
     with pytest.raises(ValueError, match="adaptive_max_samples=3 is below group_size=4"):
         _cfg(adaptive_sampling=True, adaptive_max_samples=3)
     assert not GRPOConfig().adaptive_sampling
+
+
+# ------------------------------------------------------------------------------------ bounded staleness
+# Staleness 1: step t (0-based) samples with the weights after max(0, t - 1) updates, ahead of the trainer.
+STALE = dict(steps=3, max_staleness=1, checkpoint_every=1, rollout_samples_per_step=100)
+
+
+def _draw(model_dir, step: int, cfg: GRPOConfig, tiny):
+    """Step `step`'s groups drawn by a plain engine on the weights in `model_dir` (the prompts of that step)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, rows, ids = tiny
+    template = get_template("qa")
+    part = [(step * P + i) % len(ids) for i in range(P)]
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(tiny[0]),
+                      batch_size=cfg.rollout_batch_size)
+    return engine.generate([template.render(rows[k]["question"]) for k in part], [ids[k] for k in part],
+                           SamplingParams(n=G, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=MAX_NEW,
+                                          stop=template.stop, seed=0), step=step, epoch=step * P // len(ids))
+
+
+def _completions(roll: list[dict], step: int) -> list[tuple]:
+    return sorted((r["prompt_id"], r["sample_index"], r["completion"], r["length"]) for r in roll if r["step"] == step)
+
+
+@pytest.fixture(scope="module")
+def stale(tiny, tmp_path_factory):
+    return _run(tiny, tmp_path_factory.mktemp("opt") / "stale", _cfg(**STALE))
+
+
+def test_staleness_one_samples_each_step_with_the_weights_one_update_behind(stale, tiny, tmp_path):
+    from rlvr_core.export import export_checkpoint
+
+    res, _ = stale
+    cfg = _cfg(**STALE)
+    rows, roll = _rows(res.steps_path), _rows(res.rollouts_path)
+    assert [r["staleness"] for r in rows] == [0, 1, 1]
+    # Independent reference: plain engine draws on the base weights (version 0) and on the weights after
+    # update 1, exported by DeepSpeed's own checkpoint of step 1 (not by the ahead sampler's copies).
+    v1 = export_checkpoint(res.checkpoints_dir, "step1", base_model_dir=tiny[0], out_dir=tmp_path / "v1").out_dir
+    for step, weights in ((0, tiny[0]), (1, tiny[0]), (2, v1)):
+        want = sorted((x.prompt_id, x.sample_index, x.text, len(x.token_ids))
+                      for g in _draw(weights, step, cfg, tiny) for x in g)
+        assert _completions(roll, step + 1) == want, f"step {step + 1}"
+    # Step 2's rollouts are not step 2's on-policy ones (those come from v1), so the ratio is not 1 and the
+    # on-policy guard, which only applies to staleness 0, stays quiet.
+    on_policy = sorted((x.prompt_id, x.sample_index, x.text, len(x.token_ids)) for g in _draw(v1, 1, cfg, tiny) for x in g)
+    assert _completions(roll, 2) != on_policy
+    assert rows[0]["logprob_abs_diff"] < 1e-3 and rows[1]["logprob_abs_diff"] > 1e-3
+    assert abs(rows[1]["ratio_mean"] - 1) > 1e-4
+    assert all(r["health/G-onpolicy-ratio"] == 0 for r in rows)
+    assert all(r["buffer/evicted"] == 0 and 0 <= r["buffer/size"] <= 2 for r in rows)
+    assert all(r["t_generate_s"] > 0 for r in rows)
+
+
+def test_resume_with_staleness_equals_uninterrupted(stale, tiny, tmp_path):
+    full, _ = stale
+    out = tmp_path / "resumed"
+    first, _ = _run(tiny, out, _cfg(**STALE), stop_after_steps=2)
+    assert not first.summary["done"] and (out / "checkpoints" / "step2" / "ahead_weights.pt").is_file()
+    second, _ = _run(tiny, out, _cfg(**STALE))  # step 3 samples version 1, restored from the step-2 checkpoint
+    assert second.summary["resumed_from_step"] == 2 and second.summary["done"]
+    a, b = _rows(full.steps_path), _rows(second.steps_path)
+    for ra, rb in zip(a, b, strict=True):
+        for k in ("reward_mean", "n_tokens", "staleness", *STATUS_COLS):
+            assert ra[k] == rb[k], (ra["step"], k)
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
+    assert _completions(_rows(full.rollouts_path), 3) == _completions(_rows(second.rollouts_path), 3)
+    wa, wb = _params(full.final_model_dir), _params(second.final_model_dir)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
+
+
+def test_staleness_refuses_options_that_decide_while_sampling():
+    for other in ("dynamic_sampling", "adaptive_sampling"):
+        with pytest.raises(ValueError, match="max_staleness > 0 cannot be combined"):
+            _cfg(max_staleness=1, **{other: True})
