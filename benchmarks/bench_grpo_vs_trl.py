@@ -90,7 +90,7 @@ def run_ours(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     cfg = GRPOConfig(enabled=True, steps=total, prompts_per_step=a.prompts_per_step, group_size=a.group_size,
                      temperature=a.temperature, top_p=1.0, lr=a.lr, beta=0.0, epochs_per_step=1,
                      loss_agg="token-mean", precision="fp32", zero_stage=a.our_zero_stage,
-                     checkpoint_every=10**6, eval_every=0)
+                     max_staleness=a.our_max_staleness, checkpoint_every=10**6, eval_every=0)
     out = work / "ours"
     t0 = time.perf_counter()
     res = train_grpo(a.base, rows, ids, out, cfg, template_id="qa", verifier="gsm8k", verifier_mode=None,
@@ -335,6 +335,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--our-zero-stage", type=int, default=2, choices=[0, 1, 2],
                     help="DeepSpeed ZeRO stage of our trainer (GRPOConfig default 2)")
+    ap.add_argument("--our-max-staleness", type=int, default=0,
+                    help="GRPOConfig.max_staleness of our trainer (0 = on-policy, the default)")
     ap.add_argument("--only", choices=["both", "ours", "trl"], default="both")
     ap.add_argument("--work", type=Path, default=None, help="scratch dir (default: a fresh temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="write every step and the summaries here")
@@ -350,7 +352,7 @@ def main() -> None:
 
     a.passthrough = [x for k, v in vars(a).items()
                      if k in ("base", "steps", "warmup_steps", "threads", "prompts_per_step", "group_size",
-                              "max_new_tokens", "temperature", "lr", "seed", "our_zero_stage")
+                              "max_new_tokens", "temperature", "lr", "seed", "our_zero_stage", "our_max_staleness")
                      for x in (f"--{k.replace('_', '-')}", str(v))]
     _ensure_base(a)
     work = a.work or Path(tempfile.mkdtemp(prefix="bench-grpo-"))

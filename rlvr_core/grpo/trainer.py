@@ -642,6 +642,13 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                     gn = engine.get_global_grad_norm()
                     grad_norm = float(gn) if gn is not None else float("nan")
             loss_last = dp.sum([float(m["loss"])])[0]
+            t_sync = 0.0
+            if ahead is not None:
+                # The weight sync: the version this step made, for the step that samples with it (collective
+                # under ZeRO-3: every rank gathers, like the on-policy refresh it replaces). Part of train time.
+                ts = time.perf_counter()
+                ahead.publish(step + 1, snapshot(current_weights()))
+                t_sync = time.perf_counter() - ts
             t3 = time.perf_counter()
 
             # Per-group numbers of every group sampled this step (all rounds), in sampling order: every rank
@@ -710,11 +717,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 **{f"health/{g}": v for g, v in flags.items()},
             }
             if ahead is not None:
-                # The weight sync: the version this step made, for the step that samples with it. Collective
-                # under ZeRO-3 (every rank gathers), like the on-policy refresh it replaces.
-                ahead.publish(step + 1, snapshot(current_weights()))
                 buf = ahead.buffer.stats()
-                row.update({"staleness": staleness, "t_generate_s": taken["generate_s"],
+                row.update({"staleness": staleness, "t_generate_s": taken["generate_s"], "t_sync_s": t_sync,
                             "buffer/size": buf["size"], "buffer/evicted": buf["evicted"],
                             "buffer/put_wait_s": buf["put_wait_s"] - put_wait})
                 put_wait = buf["put_wait_s"]
