@@ -33,6 +33,23 @@ def test_demo_sweep_expands_to_four_valid_trials():
     assert find_sweep("demo-2x2") == ROOT / "configs" / "sweeps" / "demo_2x2.yaml"
 
 
+def test_sampling_ablation_sweep_expands_to_valid_variants_times_seeds():
+    # Seed 001's ablation table as one sweep: every trial a valid experiment (staleness never meets
+    # dynamic or adaptive sampling, which the config refuses), the seed the only other difference.
+    sw = load_sweep(ROOT / "configs" / "sweeps" / "sampling_ablations.yaml")
+    assert len(sw.trials) == 12
+    kinds = [(g["dynamic_sampling"], g["max_staleness"], g["adaptive_sampling"])
+             for g in (t.config["grpo"] for t in sw.trials)]
+    assert kinds == [k for k in ((False, 0, False), (True, 0, False), (False, 1, False), (True, 0, True))
+                     for _ in range(3)]
+    assert [t.config["seed"] for t in sw.trials] == [0, 1, 2] * 4
+    base = load_config(ROOT / "configs" / "demo.yaml").resolved()
+    for t in sw.trials:
+        assert {k: v for k, v in t.config["grpo"].items() if not k.startswith(("adaptive", "dynamic_sampling", "max_st"))} \
+            == {k: v for k, v in base["grpo"].items() if not k.startswith(("adaptive", "dynamic_sampling", "max_st"))}
+    assert find_sweep("sampling-ablations") == ROOT / "configs" / "sweeps" / "sampling_ablations.yaml"
+
+
 def test_grid_variants_and_seeds_multiply(tmp_path):
     sw = parse_sweep({"name": "x", "base": {}, "grid": {"grpo.lr": [1e-5, 2e-5]},
                       "variants": [{"grpo.beta": 0.0}, {"grpo.beta": 0.1, "grpo.kl_estimator": "k1"}],
