@@ -99,7 +99,8 @@ class CollapseConfig:
     # entropy: window median <= abs floor or rel x baseline.
     entropy_abs_floor: float = 0.03
     entropy_rel_floor: float = 0.2
-    # importance ratio (first epoch): window max ratio_max >= limit or window min ratio_min <= min limit.
+    # importance ratio (first epoch): window max ratio_max >= limit or window min ratio_min <= min limit,
+    # over the window's steps with staleness 0 (or no staleness column).
     ratio_max_limit: float = 10.0
     ratio_min_limit: float = 0.1
     # repetition: window median unique-completion share <= abs floor and <= rel x baseline.
@@ -292,7 +293,10 @@ def _collapse_signals(rows: Sequence[Mapping[str, Any]], i: int, cfg: CollapseCo
         out["entropy"] = {"window_median": emed, "baseline_median": ebase, "floor": floor, "fired": emed <= floor,
                           "text": f"entropy {_fmt(emed)} vs early {_fmt(ebase)} (floor {_fmt(floor)})"}
 
-    rmax, rmin = _max(win, "ratio_max"), _min(win, "ratio_min")
+    # Only steps trained on their own weights' rollouts: with stale rollouts (max_staleness > 0) the ratio
+    # measures how far the last updates moved each token, and single tokens at 0.03 are normal there.
+    fresh = [r for r in win if not _num(r.get("staleness"))]
+    rmax, rmin = _max(fresh, "ratio_max"), _min(fresh, "ratio_min")
     if rmax is not None or rmin is not None:
         hi = rmax is not None and rmax >= cfg.ratio_max_limit
         lo = rmin is not None and rmin <= cfg.ratio_min_limit

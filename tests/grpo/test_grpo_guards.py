@@ -359,6 +359,23 @@ def test_collapse_arc_ratio_21_75_and_4444_repetition():
     assert "21.75" in f.reason and "unique-completion share 0.125" in f.reason
 
 
+def test_stale_rollouts_ratio_extremes_are_not_a_collapse_signal():
+    # A real staleness-1 demo run (lr 2e-4, easy-to-hard curriculum) was stopped at step 74 by two signals:
+    # the reward median fell from 0.70 to 0.17 (later prompts are harder) and one token's ratio reached
+    # 0.032. Ratio mean stayed 1.000, clip fraction <= 0.007, entropy and KL steady: not a collapse. With
+    # stale rollouts the ratio measures the last update's movement, so only staleness-0 steps count.
+    rows = healthy_rows(80, 6, reward=(0.8, 0.15))
+    for r in rows:
+        r["staleness"] = 1
+        r["ratio_max"], r["ratio_min"] = 1.6, 0.6
+    rows[70]["ratio_min"] = 0.032
+    assert detect_collapse(rows) == []
+    for r in rows:  # the same numbers on-policy would mean the trainer and sampler disagree: it fires
+        r["staleness"] = 0
+    fired = detect_collapse(rows)
+    assert [f.step for f in fired] == [71] and set(fired[0].evidence["signals"]) == {"ratio", "reward"}
+
+
 PLANTS = {  # one collapse signal each, from the onset step on; lag = steps until the 5-step window shows it
     "grad_norm": (lambda r: r.update(grad_norm=r["grad_norm"] * 20), 0),
     "ratio": (lambda r: r.update(ratio_max=21.75), 0),
