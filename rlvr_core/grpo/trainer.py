@@ -480,6 +480,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
         golds = [gold_of(r) for r in my_rows]
         if ahead is not None:
             batch, waited = ahead.take(step)
+            if [g[0].prompt_id for g in batch.groups] != ids:  # golds below are looked up by these rows
+                raise RuntimeError(f"step {step + 1}: the ahead sampler sampled other prompts than the trainer's")
             taken.update(version=batch.version, generate_s=batch.generate_s)
             flat = pool.verify_many([(x.text, gold) for gold, g in zip(golds, batch.groups) for x in g])
             return batch.groups, [flat[k * G:(k + 1) * G] for k in range(len(golds))], waited
