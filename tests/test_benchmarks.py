@@ -407,3 +407,64 @@ def test_bad_suite(tmp_path):
         B.load_suite(path)
     assert info.value.source == str(path)
     assert [p for p, _ in info.value.problems] == ["benchmarks.1", "benchmarks.2"]
+
+
+# ------------------------------------------------------------------------- benchmarks/bench_gpu_grpo.py
+def test_bench_gpu_grpo_tiny_smoke(tmp_path):
+    """The GPU benchmark's script end to end on the CPU (tiny shape, 2 steps): its JSON has positive
+    tokens/s, a time split that adds up to the trainer's step time, and the MFU of its stated formula."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = ROOT / "benchmarks" / "bench_gpu_grpo.py"
+    out = tmp_path / "gpu_grpo.json"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    cmd = [sys.executable, str(script), "--shape", "tiny", "--engine", "hf", "--allow-cpu", "--steps", "2",
+           "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "12", "--threads", "1",
+           "--peak-tflops", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ("MFU = (6*epochs_per_step + 2*[beta>0]) * N * train_tokens / t_train_s / (world_size * peak_flops)"
+            in proc.stdout)
+    res = json.loads(out.read_text())
+
+    s = res["settings"]
+    assert (s["prompts_per_step"], s["group_size"], s["max_new_tokens"], s["engine"], s["precision"]) == (
+        2, 4, 12, "hf", "bf16")
+    assert s["zero_stage"] in (0, 1, 2, 3) and res["versions"]["torch"] and res["versions"]["deepspeed"]
+    assert res["device"]["peak_flops"] == 1e12 and res["device"]["peak_source"] == "--peak-tflops"
+    assert res["world_size"] == 1
+    peak = res["world_size"] * res["device"]["peak_flops"]
+
+    # N is the architecture's real parameter count (tied embeddings once), vocab at the model's size.
+    spec = importlib.util.spec_from_file_location("bench_gpu_grpo", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        ref = Qwen2ForCausalLM(Qwen2Config(**mod.SHAPES["tiny"][1]))
+    N = sum(p.numel() for p in {id(p): p for p in ref.parameters()}.values())
+    assert res["model"]["n_params"] == N and res["model"]["tokenizer_len"] == res["model"]["vocab_size"] == 2048
+
+    factor = 6 * s["epochs_per_step"] + (2 if s["beta"] > 0 else 0)
+    assert res["flops_per_train_token"] == factor * N
+    assert [r["step"] for r in res["steps"]] == [1, 2]
+    for r in res["steps"]:
+        assert r["tokens_per_s"] > 0 and r["rollout_tokens_per_s"] > 0 and r["gen_tokens"] > 0
+        split = r["t_rollout_s"] + r["t_reward_s"] + r["t_train_s"]
+        assert abs(split - r["step_s"]) <= 0.01 * r["step_s"] + 1e-3, r
+        assert r["completion_tokens"] == r["gen_tokens"] <= 2 * 4 * 12  # every sampled sequence is trained
+        assert r["train_tokens"] == 4 * r["prompt_tokens"] + r["completion_tokens"]
+        mfu = factor * N * r["train_tokens"] / r["t_train_s"] / peak
+        assert r["mfu"] == pytest.approx(mfu, rel=1e-9) and r["mfu"] > 0
+    sm = res["summary"]
+    assert sm["steps_averaged"] == [2] and sm["tokens_per_s"] > 0 and sm["rollout_tokens_per_s"] > 0
+    last = res["steps"][-1]
+    assert sm["mfu"] == pytest.approx(factor * N * last["train_tokens"] / last["t_train_s"] / peak, rel=1e-9)
+    assert sum(sm["split_frac"].values()) == pytest.approx(1.0, abs=0.01)

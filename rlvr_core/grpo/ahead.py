@@ -1,10 +1,11 @@
 """Bounded-staleness rollouts: a background thread samples up to `max_staleness` steps ahead of the trainer.
 
-With staleness s the rollouts of step t (0-based) come from the policy after max(0, t - s) updates, on a
-copy of the weights the sampler owns: the trainer publishes its weights after every step (a "weight
-sync", as it would push them to a vLLM engine), and the producer loads the version a step needs before
-sampling it. Generation of step t + 1 .. t + s then overlaps the training of step t. s = 0 is the
-trainer's ordinary on-policy loop, which does not use this module.
+With staleness s the rollouts of step t (0-based) come from the policy after max(0, t - s) updates, on
+weights the rollout engine owns: the trainer publishes its weights after every step (a "weight sync",
+`RolloutEngine.snapshot`), and the producer hands the version a step needs to the engine (`load`: the HF
+engine's own copy of the model, or a vLLM engine's weights) before sampling it. Generation of step
+t + 1 .. t + s then overlaps the training of step t. s = 0 is the trainer's ordinary on-policy loop,
+which does not use this module.
 
 Why the version is pinned instead of "the newest weights": BUGZOO G-stale-buffer. A producer that samples
 with whatever weights it has runs ahead without bound, the buffer grows, and a staleness check on pop
@@ -15,8 +16,9 @@ Because the version of every step is fixed, a run with staleness is as determini
 as an on-policy one: a checkpoint at step c carries the s versions before c that steps c .. c + s - 1 need.
 
 Every wait has a finite timeout, and an exception in the producer reaches the trainer at its next `take`.
-No collective runs in the producer thread (it samples a plain copy of the model), so it is safe under
-ZeRO-3 and with several ranks, each rank sampling its own share of the prompts.
+No collective runs in the producer thread (it loads versions into, and samples, the rollout engine's own
+weights, never the trained module), so it is safe under ZeRO-3 and with several ranks, each rank sampling
+its own share of the prompts.
 """
 
 from __future__ import annotations
@@ -51,15 +53,17 @@ class AheadBatch:
 class AheadSampler:
     """Producer thread sampling steps first_step .. last_step - 1, step t with policy version max(0, t - s).
 
-    model: the sampler's own copy of the policy (it receives published versions with load_state_dict).
-    sample: sample(step) -> groups, run in the thread with `model` holding that step's version.
+    load: load(weights) puts one published version (a dict of tensors, as `publish` received it) into the
+        sampler, in the thread; called only when the version changes (the HF engine: load_state_dict into its
+        own copy of the model; a vLLM engine: load_weights).
+    sample: sample(step) -> groups, run in the thread after `load` gave the sampler that step's version.
     """
 
-    def __init__(self, model: torch.nn.Module, sample: Callable[[int], Any], *, first_step: int, last_step: int,
-                 max_staleness: int, timeout_s: float = AHEAD_TIMEOUT_S) -> None:
+    def __init__(self, load: Callable[[dict[str, torch.Tensor]], Any], sample: Callable[[int], Any], *,
+                 first_step: int, last_step: int, max_staleness: int, timeout_s: float = AHEAD_TIMEOUT_S) -> None:
         if max_staleness < 1:
             raise ValueError(f"max_staleness must be >= 1 for sampling ahead, got {max_staleness}")
-        self.model, self.sample, self.s = model, sample, max_staleness
+        self.load, self.sample, self.s = load, sample, max_staleness
         self.first_step, self.last_step, self.timeout_s = first_step, last_step, timeout_s
         self.buffer: BoundedBuffer[AheadBatch] = BoundedBuffer(max_staleness + 1, max_staleness=max_staleness)
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
@@ -136,8 +140,7 @@ class AheadSampler:
                 if weights is None:
                     return
                 if version != loaded:
-                    with torch.no_grad():
-                        self.model.load_state_dict(weights)
+                    self.load(weights)
                     loaded = version
                 t0 = time.perf_counter()
                 groups = self.sample(step)

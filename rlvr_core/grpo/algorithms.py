@@ -10,11 +10,12 @@ function and an unknown value fails before any expensive work:
                                                      "seq-mean-token-sum-norm"            (losses.py)
 
 Plus the unregistered pieces: advantages_to_tokens, overlong_penalty, lowprob_token_weights,
-weight_negative_advantages (advantages.py), grpo_loss, mask_from_lengths (losses.py), and the sampling strategies
-(sampling_strategies.py). docs/grpo_algorithms.md has the formulas, papers and defaults.
-The trainer uses overlong_penalty (GRPOConfig.overlong_buffer_len), lowprob_token_weights through
-grpo_loss's lowprob_c (GRPOConfig.dlogp_reweight_c) and filter_zero_variance_groups
-(GRPOConfig.dynamic_sampling); docs/grpo_training.md, "Options", says how.
+weight_negative_advantages (advantages.py), grpo_loss, mask_from_lengths, truncated_is_weights (losses.py),
+and the sampling strategies (sampling_strategies.py). docs/grpo_algorithms.md has the formulas, papers and
+defaults. The trainer uses overlong_penalty (GRPOConfig.overlong_buffer_len), lowprob_token_weights through
+grpo_loss's lowprob_c (GRPOConfig.dlogp_reweight_c), filter_zero_variance_groups
+(GRPOConfig.dynamic_sampling) and truncated_is_weights with grpo_loss's is_weights (GRPOConfig.tis_cap);
+docs/grpo_training.md, "Options", says how.
 This module only re-exports; it holds no logic.
 """
 
@@ -28,7 +29,7 @@ from rlvr_core.grpo.kl import (get_kl_estimator, kl_k1, kl_k2, kl_k3, known_kl_e
                                register_kl_estimator, token_kl)
 from rlvr_core.grpo.losses import (aggregate_loss, get_loss_agg, get_policy_loss, grpo_loss,
                                    known_loss_aggs, known_policy_losses, mask_from_lengths,
-                                   ppo_clip_loss, register_loss_agg, register_policy_loss)
+                                   ppo_clip_loss, register_loss_agg, register_policy_loss, truncated_is_weights)
 from rlvr_core.grpo.sampling_strategies import (AdaptiveSamplingState, Batcher, BoundedBuffer,
                                                 BufferClosed, DynamicSamplingResult,
                                                 filter_zero_variance_groups)
@@ -40,6 +41,7 @@ __all__ = [
     "get_kl_estimator", "kl_k1", "kl_k2", "kl_k3", "known_kl_estimators", "register_kl_estimator", "token_kl",
     "aggregate_loss", "get_loss_agg", "get_policy_loss", "grpo_loss", "known_loss_aggs",
     "known_policy_losses", "mask_from_lengths", "ppo_clip_loss", "register_loss_agg", "register_policy_loss",
+    "truncated_is_weights",
     "AdaptiveSamplingState", "Batcher", "BoundedBuffer", "BufferClosed", "DynamicSamplingResult",
     "filter_zero_variance_groups", "registries",
 ]

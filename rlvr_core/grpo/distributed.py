@@ -118,7 +118,7 @@ def global_normalisers(dp: DataParallel, n_tokens_local: int, n_seqs_global: int
 # grpo_loss metrics by how they combine: shares of a globally normalised loss add up; extremes take the
 # extreme; everything else is a mean over the rank's response tokens and is re-weighted by token counts.
 _SUMMED = frozenset({"loss", "pg_loss", "kl_loss"})
-_MAXED = frozenset({"ratio_max", "kl_ref_max"})
+_MAXED = frozenset({"ratio_max", "kl_ref_max", "logprob_mismatch/max_abs"})
 _MINNED = frozenset({"ratio_min"})
 
 

@@ -45,7 +45,7 @@ __all__ = [
     "GUARD_COLLAPSE", "GUARD_ENTROPY", "GUARD_REWARD_HACKING", "GUARD_KL_EXPLOSION", "GUARD_IDS",
     "Firing", "CollapseConfig", "EntropyConfig", "RewardHackingConfig", "KLExplosionConfig", "HealthConfig",
     "detect_collapse", "detect_entropy", "detect_reward_hacking", "detect_kl_explosion", "check_health",
-    "HealthMonitor", "health_flags", "firing_dict",
+    "HealthMonitor", "health_flags", "firing_dict", "GuardError",
 ]
 
 GUARD_COLLAPSE = "G-collapse"
@@ -53,6 +53,11 @@ GUARD_ENTROPY = "G-entropy"
 GUARD_REWARD_HACKING = "G-reward-hacking"
 GUARD_KL_EXPLOSION = "G-kl-explosion"
 GUARD_IDS = (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_REWARD_HACKING, GUARD_KL_EXPLOSION)
+
+
+class GuardError(RuntimeError):
+    """A guard that stops the run (as opposed to guards that only count and flag). Raised by the trainer
+    (also importable from rlvr_core.grpo.trainer)."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ Papers:
     GRPO         Shao et al. 2024, https://arxiv.org/abs/2402.03300 (per-sequence mean, then mean over sequences)
     DAPO         Yu et al. 2025, https://arxiv.org/abs/2503.14476 (clip-higher eps_low/eps_high; token-level loss)
     Dr.GRPO      Liu et al. 2025, https://arxiv.org/abs/2503.20783 (token sum over a constant normaliser)
+    TIS          Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
+                 (truncated importance sampling between the rollout engine and the trainer; verl, TRL)
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ __all__ = [
     "mask_from_lengths",
     "LossAgg", "register_loss_agg", "get_loss_agg", "known_loss_aggs", "aggregate_loss",
     "PolicyLossFn", "register_policy_loss", "get_policy_loss", "known_policy_losses",
-    "ppo_clip_loss", "grpo_loss",
+    "ppo_clip_loss", "grpo_loss", "truncated_is_weights",
 ]
 
 
@@ -150,12 +152,12 @@ def _masked_mean(x: torch.Tensor, m: torch.Tensor, n: torch.Tensor) -> torch.Ten
 @register_policy_loss("ppo_clip")
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                   clip_low: float = 0.2, clip_high: float = 0.28, agg_mode: str = "token-mean",
-                  norm_len: int | None = None, num_tokens: float | None = None,
-                  num_seqs: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                  norm_len: int | None = None, num_tokens: float | None = None, num_seqs: float | None = None,
+                  is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with clip-higher (separate eps_low / eps_high, DAPO sec. 3.1).
 
         ratio = exp(logp - old_logp)
-        L_t   = -min(ratio * A_t, clip(ratio, 1 - clip_low, 1 + clip_high) * A_t)
+        L_t   = -min(ratio * A_t, clip(ratio, 1 - clip_low, 1 + clip_high) * A_t)   [* w_t with is_weights]
         loss  = aggregate(L, mask, agg_mode)
 
     Why clip-higher: with a symmetric 0.2, a token at p_old = 0.01 can only rise to 0.012 per step while
@@ -164,7 +166,9 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
 
     logp: (B, T) with grad; old_logp: (B, T) (detached here); advantages: (B,) per sequence or (B, T)
     per token; mask: (B, T). clip_low, clip_high > 0. agg_mode: see `known_loss_aggs()`.
-    The log-ratio is clamped to [-20, 20] so one extreme token cannot overflow exp.
+    The log-ratio is clamped to [-20, 20] so one extreme token cannot overflow exp. is_weights: optional (B, T)
+    per-token importance weights (truncated importance sampling, `truncated_is_weights`), detached here: each
+    token's term is multiplied by its weight. None = no weighting (the loss is computed exactly as without it).
 
     Returns (loss: 0-dim float32 with grad, metrics) where metrics (detached 0-dim, over response tokens)
     are: ratio_mean, ratio_max, ratio_min; clip_frac_low (A < 0 and ratio < 1 - clip_low: the token's
@@ -189,7 +193,11 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     ratio = torch.exp(log_ratio)
     surr = ratio * adv
     surr_clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
-    per_token = _masked(-torch.minimum(surr, surr_clipped), m, dt)
+    if is_weights is None:
+        per_token = _masked(-torch.minimum(surr, surr_clipped), m, dt)
+    else:
+        _check(mask, is_weights)
+        per_token = _masked(-torch.minimum(surr, surr_clipped) * _masked(is_weights.detach(), m, dt), m, dt)
     loss = get_loss_agg(agg_mode)(per_token, m, norm_len=norm_len, num_tokens=num_tokens, num_seqs=num_seqs)
 
     with torch.no_grad():
@@ -218,12 +226,17 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
               ref_logp: torch.Tensor | None = None, beta: float = 0.0, kl_estimator: str = "k3",
               policy_loss: str = "ppo_clip", clip_low: float = 0.2, clip_high: float = 0.28,
               agg_mode: str = "token-mean", norm_len: int | None = None, lowprob_c: float = 0.0,
-              num_tokens: float | None = None,
-              num_seqs: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              num_tokens: float | None = None, num_seqs: float | None = None,
+              is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The full per-step objective: policy loss on (optionally reweighted) advantages + beta * KL to the reference.
 
         A'_t  = A_t * (1 + c - c * exp(old_logp_t))          (Δlog p reweighting; c = lowprob_c, 0 = off)
-        loss  = policy_loss(logp, old_logp, A', mask) + beta * aggregate(k(logp, ref_logp), mask)
+        loss  = policy_loss(logp, old_logp, A', mask[, w]) + beta * aggregate(k(logp, ref_logp), mask)
+
+    is_weights: optional (B, T) per-token importance weights w (truncated importance sampling: see
+    `truncated_is_weights`), no gradient. They multiply each token's *policy* term before aggregation, as
+    verl and TRL do; the KL term is not weighted. None (the default) = today's loss bit for bit: the policy
+    loss is called exactly as without the option.
 
     The KL term uses the same aggregation as the policy term (as verl does), so beta means the same thing
     per token in every mode. beta = 0 needs no reference model: ref_logp may be None. When ref_logp is
@@ -240,9 +253,10 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     adv = advantages_to_tokens(advantages, mask) if advantages.dim() == 1 else advantages
     if lowprob_c:
         adv = adv.detach().to(_float(adv)) * lowprob_token_weights(old_logp, lowprob_c).to(_float(adv))
+    extra = {} if is_weights is None else {"is_weights": is_weights}
     pg, metrics = get_policy_loss(policy_loss)(
         logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, agg_mode=agg_mode,
-        norm_len=norm_len, num_tokens=num_tokens, num_seqs=num_seqs)
+        norm_len=norm_len, num_tokens=num_tokens, num_seqs=num_seqs, **extra)
     loss = pg
     metrics = dict(metrics, pg_loss=pg.detach().float())
     if ref_logp is not None:
@@ -263,3 +277,34 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
                                                 torch.full_like(neg_inf, torch.nan)).float()
     metrics["loss"] = loss.detach().float()
     return loss, metrics
+
+
+# ---- truncated importance sampling (rollout engine vs trainer) ----------------------------------------------
+
+def truncated_is_weights(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                         cap: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token truncated importance weights w = min(exp(trainer_logp - rollout_logp), cap), no gradient.
+
+    The rollout engine samples from its own numerics (bf16 kernels, vLLM), so the distribution that drew the
+    tokens (rollout_logp) is not quite the trainer's (trainer_logp: the trainer's log-probs of the same
+    tokens under the same weights, before any update of the step). w corrects the policy gradient for that
+    mismatch; the cap bounds its variance (verl's TIS, TRL's vllm_importance_sampling_correction in
+    "token_truncate" mode). All inputs (B, T); padding gives w = 1 (and is masked by the loss anyway).
+
+    Returns (w (B, T) float32/float64, metrics over the response tokens: tis/weight_mean, the mean weight
+    after the cap, and tis/clipped_share, the share of tokens whose raw ratio exceeded the cap; nan when
+    the mask is empty).
+    """
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    m = _check(mask, trainer_logp, rollout_logp)
+    dt = _float(trainer_logp)
+    with torch.no_grad():
+        log_ratio = _masked(trainer_logp.detach(), m, dt) - _masked(rollout_logp.detach(), m, dt)
+        raw = torch.exp(log_ratio.clamp(max=LOG_RATIO_CLAMP))
+        w = torch.where(m, raw.clamp(max=cap), torch.ones((), dtype=dt, device=raw.device))
+        n = m.sum()
+        metrics = {"tis/weight_mean": _masked_mean(w, m, n).float(),
+                   "tis/clipped_share": _masked_mean((raw > cap).to(dt), m, n).float()}
+    return w, metrics
+

@@ -20,6 +20,14 @@ Choices that keep the two engines' outputs comparable:
   * the eos ids are the `hf` engine's (generation config + tokenizer), passed as stop token ids; the text
     is decoded from the token ids by our tokenizer and cut before the first stop string, as in `hf`;
   * `top_k` 0 means "disabled" in both our settings and vLLM >= 0.32 (older vLLM wanted -1).
+
+Speed (docs/benchmarks/engines.md): vLLM decodes the text of every returned log-prob's token (Logprob.decoded_token)
+whenever a request is detokenized, and our requests must be (stop strings). We never read that text, and on a
+~1M-parameter model that Python work was ~10 % of a rollout. Our requests therefore carry a marker in
+`SamplingParams.extra_args`, and `_skip_logprob_text()` wraps vLLM's LogprobsProcessor once so that marked requests get
+their log-probs without token text (`decoded_token` None). Tokens, log-prob values, text and stop strings are
+unchanged; unmarked requests of other code in the process are untouched; if vLLM's internals do not look as expected
+the wrapper is not installed and everything works as before, only slower.
 """
 
 from __future__ import annotations
@@ -34,6 +42,34 @@ from rlvr_core.seeding import request_seed
 __all__ = ["VLLMEngine", "to_vllm_sampling_kwargs", "vllm_available", "default_llm_kwargs"]
 
 CPU_KV_CACHE_BYTES = 1 << 28  # 256 MiB: room for ~250k tokens of a tiny model; raise it for larger ones
+_NO_LOGPROB_TEXT = "rlvr_no_logprob_text"  # extra_args key: this request's log-probs need no token text
+
+
+def _skip_logprob_text() -> bool:
+    """Make vLLM skip the token text of the log-probs of requests marked with `_NO_LOGPROB_TEXT` (see the module
+    docstring). Idempotent; returns whether the wrapper is in place (False: this vLLM looks different, left alone)."""
+    import inspect
+
+    try:
+        from vllm.v1.engine.logprobs import LogprobsProcessor
+    except ImportError:
+        return False
+    current = LogprobsProcessor.from_new_request
+    if getattr(current, "_rlvr_wrapped", False):
+        return True
+    original = getattr(current, "__func__", None)
+    if original is None or list(inspect.signature(current).parameters) != ["tokenizer", "request"]:
+        return False
+
+    def from_new_request(cls, tokenizer, request):
+        sp = getattr(request, "sampling_params", None)
+        if sp is not None and (getattr(sp, "extra_args", None) or {}).get(_NO_LOGPROB_TEXT):
+            tokenizer = None  # what vLLM does for a request with detokenize=False: no decoded_token
+        return original(cls, tokenizer, request)
+
+    from_new_request._rlvr_wrapped = True
+    LogprobsProcessor.from_new_request = classmethod(from_new_request)
+    return True
 
 
 def vllm_available() -> bool:
@@ -123,6 +159,8 @@ class VLLMEngine:
     """
 
     name = "vllm"
+    # Ask vLLM for log-probs without their token text (see the module docstring); False gives vLLM's default.
+    skip_logprob_text = True
 
     def __init__(self, model: str | Path, *, tokenizer=None, add_special_tokens: bool = True, llm=None,
                  eos_token_ids: list[int] | None = None, pad_token_id: int | None = None, **llm_kwargs):
@@ -154,6 +192,7 @@ class VLLMEngine:
                 kwargs.setdefault("distributed_executor_backend", "external_launcher")
             llm = vllm.LLM(**kwargs)
         self.llm = llm
+        self._logprob_text_skippable = _skip_logprob_text()
 
     # ---- sampling --------------------------------------------------------------------------------------
     def generate(self, prompts: list[str], prompt_ids: list[str], params: SamplingParams, *,
@@ -163,6 +202,8 @@ class VLLMEngine:
         check_prompt_ids(prompts, prompt_ids)
         encoded = [self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"] for p in prompts]
         keys, requests, req_params = [], [], []
+        skip_text = self.skip_logprob_text and self._logprob_text_skippable
+        extra = {"extra_args": {_NO_LOGPROB_TEXT: True}} if skip_text else {}
         for i, (ids, pid) in enumerate(zip(encoded, prompt_ids)):
             if len(ids) == 0:
                 raise ValueError(f"prompt {pid!r} encodes to zero tokens")
@@ -171,7 +212,7 @@ class VLLMEngine:
                 keys.append((i, s, seed))
                 requests.append({"prompt_token_ids": list(ids)})
                 req_params.append(self._vllm.SamplingParams(
-                    **to_vllm_sampling_kwargs(params, seed, self.eos_token_ids)))
+                    **to_vllm_sampling_kwargs(params, seed, self.eos_token_ids), **extra))
         outputs = self.llm.generate(requests, sampling_params=req_params, use_tqdm=False)
 
         result: list[list[Sample]] = [[] for _ in prompts]

@@ -20,7 +20,7 @@ def _versioned(v: int) -> dict[str, torch.Tensor]:
 def _trainer(s: int, steps: int, sample, first_step: int = 0, before: dict | None = None, train_s: float = 0.0):
     """Drive an AheadSampler like the trainer does: publish, take, 'train', publish the next version."""
     model = torch.nn.Linear(1, 1)
-    ahead = AheadSampler(model, sample(model), first_step=first_step, last_step=steps, max_staleness=s, timeout_s=10)
+    ahead = AheadSampler(model.load_state_dict, sample(model), first_step=first_step, last_step=steps, max_staleness=s, timeout_s=10)
     for v, w in sorted((before or {}).items()):
         ahead.publish(v, w)
     ahead.publish(first_step, _versioned(first_step))
@@ -94,7 +94,7 @@ def test_a_failing_producer_reaches_the_trainer_and_a_failing_trainer_stops_the_
 
     # The trainer stops after one step (a guard fired): close() ends the producer, blocked or not.
     model = torch.nn.Linear(1, 1)
-    ahead = AheadSampler(model, lambda step: step, first_step=0, last_step=100, max_staleness=1, timeout_s=10)
+    ahead = AheadSampler(model.load_state_dict, lambda step: step, first_step=0, last_step=100, max_staleness=1, timeout_s=10)
     ahead.publish(0, snapshot(model))
     ahead.start()
     ahead.take(0)
@@ -105,13 +105,13 @@ def test_a_failing_producer_reaches_the_trainer_and_a_failing_trainer_stops_the_
 
 def test_no_wait_is_forever():
     model = torch.nn.Linear(1, 1)
-    ahead = AheadSampler(model, lambda step: step, first_step=0, last_step=3, max_staleness=1, timeout_s=0.2)
+    ahead = AheadSampler(model.load_state_dict, lambda step: step, first_step=0, last_step=3, max_staleness=1, timeout_s=0.2)
     ahead.start()  # version 0 is never published: the producer gives up, the trainer hears why
     with pytest.raises(RuntimeError, match="policy version 0 was not published"):
         ahead.take(0)
     ahead.close()
     # A resume at step 4 with s = 1 that forgot version 3: a clear error at once, not a wait for the timeout.
-    ahead = AheadSampler(model, lambda step: step, first_step=4, last_step=6, max_staleness=1, timeout_s=600)
+    ahead = AheadSampler(model.load_state_dict, lambda step: step, first_step=4, last_step=6, max_staleness=1, timeout_s=600)
     ahead.publish(4, snapshot(model))
     ahead.start()
     t0 = time.perf_counter()
@@ -120,4 +120,4 @@ def test_no_wait_is_forever():
     assert time.perf_counter() - t0 < 5
     ahead.close()
     with pytest.raises(ValueError, match="max_staleness must be >= 1"):
-        AheadSampler(model, lambda step: step, first_step=0, last_step=3, max_staleness=0)
+        AheadSampler(model.load_state_dict, lambda step: step, first_step=0, last_step=3, max_staleness=0)

@@ -1,0 +1,142 @@
+"""The rollout-engine seam: the one object through which the GRPO trainer samples, so the engine is swappable.
+
+The trainer never builds a sampling engine itself. It calls `make_rollout_engine(name, ...)` once (after
+DeepSpeed has initialised, so the process group exists) and from then on talks to the `RolloutEngine` it
+got back:
+
+  * `sampler`: a `rlvr_core.sampling` engine (`generate(prompts, prompt_ids, params, *, step, epoch,
+    first_sample_index) -> list[list[Sample]]`) that also has `pad_token_id` and `add_special_tokens`: the
+    trainer re-tokenizes each prompt with the engine's own flag and pads with its pad id.
+  * on-policy (max_staleness 0): `sync(module)` before every step's rollout, with the module that holds the
+    policy's current FULL weights (the policy itself, or under ZeRO-3 the plain replica the trainer has just
+    filled from the partitions: a collective, every rank calls it). An engine with its own weights (vLLM)
+    copies them in here; the HF engine samples that very module, so it has nothing to do.
+  * bounded staleness (max_staleness > 0, ahead.py): after every update the trainer publishes
+    `snapshot(module)`, one policy version in the form `load` takes; the ahead sampler's thread calls
+    `load(weights)` to put the version a step needs into the sampler before sampling it. `load` runs in that
+    thread, concurrently with training, so it must not touch the trained module or run a collective.
+  * `close()` when the stage ends (also on failure).
+
+Engines are registered by name in `_BUILDERS`; `train_grpo(..., engine="hf")` picks one. "hf" is
+`HFRolloutEngine`, exactly the sampling the trainer always did. The vLLM engine plugs in at the marked
+place in `_BUILDERS` (rlvr_core/sampling/vllm.py has the sampler: `VLLMEngine`, `load_weights`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import torch
+
+from rlvr_core.config import GRPOConfig
+from rlvr_core.grpo.ahead import snapshot as _snapshot
+from rlvr_core.sampling.base import SamplingEngine
+
+__all__ = ["RolloutEngine", "HFRolloutEngine", "make_rollout_engine", "known_rollout_engines",
+           "check_rollout_engine"]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    # .generate(prompts, prompt_ids, params, *, step, epoch, first_sample_index) -> list[list[Sample]],
+    # plus .pad_token_id and .add_special_tokens (the trainer re-tokenizes prompts as the engine did)
+    sampler: SamplingEngine
+
+    def sync(self, module: torch.nn.Module) -> None:
+        """On-policy path: called before every on-policy rollout with the module holding the policy's current
+        full weights (the policy, or the ZeRO-3 replica). Afterwards `sampler` samples those weights."""
+        ...
+
+    def snapshot(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """Staleness path: one policy version (the module's current weights, copied), in the form `load` takes."""
+        ...
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        """Staleness path, called in the ahead sampler's thread: make `sampler` sample with that version."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class HFRolloutEngine:
+    """The transformers engine (`rlvr_core.sampling.HFEngine`, rollout_batch_size sequences per decode batch)
+    on a module of this process.
+
+    The sampled module is the trainer's own: the live policy (the tensors DeepSpeed updates), or under ZeRO-3
+    the plain replica the trainer refreshes from the partitions, so `sync` has nothing to copy. With
+    max_staleness > 0 it is a copy the engine owns (`own_copy`), which `load` fills with each published
+    version (load_state_dict), so sampling ahead in a thread never touches the trained module.
+    """
+
+    name = "hf"
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int, device: torch.device | str):
+        from rlvr_core.sampling import HFEngine
+
+        self.model = model
+        self.sampler = HFEngine(model, tokenizer, batch_size=batch_size, device=device)
+
+    @classmethod
+    def for_trainer(cls, *, policy: torch.nn.Module, replica: torch.nn.Module | None, tokenizer: Any,
+                    cfg: GRPOConfig, device: torch.device, own_copy: Callable[[], torch.nn.Module],
+                    **_: Any) -> "HFRolloutEngine":
+        if cfg.max_staleness:
+            # A fresh module, not copy.deepcopy(policy): DeepSpeed has hooked the policy, and those hooks hold
+            # its engine (a deepcopy would copy the optimizer). Its weights do not matter: `load` fills it with
+            # the published version before anything is sampled.
+            dtype = next(policy.parameters()).dtype  # sample in the precision that trains
+            model = own_copy().eval().requires_grad_(False).to(device, dtype)
+        else:
+            model = replica if replica is not None else policy
+        return cls(model, tokenizer, batch_size=cfg.rollout_batch_size, device=device)
+
+    def sync(self, module: torch.nn.Module) -> None:
+        if module is not self.model:  # the trainer's module *is* the sampled one; anything else is a wiring bug
+            raise RuntimeError("HFRolloutEngine.sync got a module other than the one it samples")
+
+    def snapshot(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return _snapshot(module)
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            self.model.load_state_dict(weights)
+
+    def close(self) -> None:
+        pass
+
+
+# name -> builder(**make_rollout_engine's keyword arguments) -> RolloutEngine
+_BUILDERS: dict[str, Callable[..., RolloutEngine]] = {
+    "hf": HFRolloutEngine.for_trainer,
+    # "vllm": <the vLLM rollout engine's builder goes here> (sampler: rlvr_core.sampling.vllm.VLLMEngine;
+    #         sync/load push weights with its load_weights; snapshot copies the module's weights).
+}
+
+
+def known_rollout_engines() -> list[str]:
+    return sorted(_BUILDERS)
+
+
+def check_rollout_engine(name: str) -> None:
+    """Refuse an unknown engine name before any work is done."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown rollout engine {name!r}: known engines are {known_rollout_engines()}")
+
+
+def make_rollout_engine(name: str, *, base_model_dir: str | Path, tokenizer: Any, cfg: GRPOConfig,
+                        device: torch.device, seed: int, policy: torch.nn.Module,
+                        replica: torch.nn.Module | None,
+                        own_copy: Callable[[], torch.nn.Module]) -> RolloutEngine:
+    """The rollout engine `name` for a trainer whose DeepSpeed engine is initialised.
+
+    base_model_dir: the model the policy started from; tokenizer: the trainer's; cfg: the stage's config
+    (rollout_batch_size, max_staleness, precision, lora_*); device: this rank's device; seed: the run's seed;
+    policy: the trained module (`engine.module`); replica: the ZeRO-3 plain copy the trainer refreshes, or
+    None; own_copy(): a fresh plain module shaped like the policy (base model, LoRA-wrapped when LoRA is on),
+    for an engine that samples its own copy. Raises ValueError for an unknown name.
+    """
+    check_rollout_engine(name)
+    return _BUILDERS[name](base_model_dir=base_model_dir, tokenizer=tokenizer, cfg=cfg, device=device, seed=seed,
+                           policy=policy, replica=replica, own_copy=own_copy)

@@ -1,0 +1,224 @@
+"""What the GRPO trainer records per step: the step row, the per-step guard flags, the rollout sample for
+rollouts.parquet, the run-level guards' bookkeeping, and the run summary.
+
+Rollout statistics (reward_mean/std, zero_var_group_share, completion_len_mean, truncation_share,
+unique_frac_mean, status counts, overlong columns, the G-fixed-seed and G-verifier-format flags,
+tokens_per_s) cover every group sampled in the step (all rounds); loss, ratio, entropy, log-prob mismatch
+and n_tokens cover the trained groups. Every rank derives the same row from gathered / all-reduced numbers;
+only rank 0 writes it (and adds eval/* columns).
+
+Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
+  * G-logprob-temp: at step 1 the trainer's log-probs of the sampled tokens must equal the rollout's
+    (mean |diff| under a float tolerance) before any update, else GuardError naming both temperatures
+    (`check_logprob_temp`, called by the update).
+  * G-onpolicy-ratio: flagged when a step with staleness 0 has a first-epoch ratio that is not ~1 or clips,
+    or a mean log-prob mismatch between rollout engine and trainer above the tolerance (an engine whose
+    weights were not synced after an update shows up here).
+  * G-kl-explosion: KL-to-reference max above a threshold (beta > 0 only); a non-finite loss stops the run.
+  * G-fixed-seed: more than half the groups collapse to one distinct text at temperature > 0.
+  * G-verifier-format: steps where every group has zero reward variance (no learning signal).
+  * run level (guards.py `HealthMonitor` over the step history: collapse, entropy floor, reward hacking,
+    KL explosion): a firing sets `health/<id>` in that step's row; a serious one stops the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from rlvr_core.config import GRPOConfig
+from rlvr_core.grpo.distributed import DataParallel
+from rlvr_core.grpo.guards import GUARD_IDS, Firing, GuardError, HealthConfig, HealthMonitor, firing_dict
+
+if TYPE_CHECKING:
+    from rlvr_core.grpo.rollouts import RolloutBatch
+    from rlvr_core.grpo.update import UpdateResult
+
+__all__ = ["StepTimes", "check_logprob_temp", "step_flags", "step_row", "rollout_sample_rows", "StepGuards",
+           "progress_line", "_summary"]
+
+STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format")
+
+
+def check_logprob_temp(cfg: GRPOConfig, *, step: int, n_tokens: int, diff: float, guard_tol: float) -> None:
+    """G-logprob-temp: at step 1, before any update, the trainer's log-probs of the sampled tokens must equal
+    the rollout engine's (mean |diff| <= guard_tol). No token trained: nothing to compare."""
+    if step == 0 and n_tokens and not diff <= guard_tol:
+        raise GuardError(
+            f"G-logprob-temp: trainer log-probs differ from the rollout's by {diff:.4g} (mean abs, "
+            f"tolerance {guard_tol:g}) on the same sampled tokens at step 1. The rollout engine "
+            f"returns raw log-probs (temperature 1; sampling temperature {cfg.temperature:g}); "
+            f"the trainer computed them at temperature {cfg.logprob_temperature:g}.")
+
+
+@dataclass
+class StepTimes:
+    total_s: float    # the whole step, rollout to checkpoint-ready
+    rollout_s: float  # generation (all rounds and chunks) or the wait for the ahead sampler, with the weight sync
+    reward_s: float   # the rest before training: verification, gathers, advantages
+    train_s: float    # the update (and, with the ahead sampler, the weight snapshot)
+    sync_s: float     # the weight snapshot published to the ahead sampler (0 on-policy)
+
+
+def staleness(step: int, rollouts: "RolloutBatch") -> int:
+    """Updates between the weights that sampled the step's rollouts and those it trains (0 on-policy)."""
+    return step - rollouts.version if rollouts.version is not None else 0
+
+
+def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "UpdateResult",
+               guard_tol: float) -> dict[str, int]:
+    """The per-step guard flags (1 = fired at this step)."""
+    first = upd.metrics
+    uniq = [s.unique_frac for s in rollouts.stats]
+    return {
+        # Only rollouts of the very weights being trained must give ratio 1 and the trainer's log-probs:
+        # stale ones differ by design.
+        "G-onpolicy-ratio": int(staleness(step, rollouts) == 0
+                                and (abs(first["ratio_mean"] - 1) > cfg.ratio_guard_tol
+                                     or first["clip_frac"] > cfg.ratio_guard_tol
+                                     or first["logprob_mismatch/mean_abs"] > guard_tol)),
+        "G-kl-explosion": int(upd.has_reference and first.get("kl_ref_max", 0.0) > cfg.kl_spike_max),
+        "G-fixed-seed": int(cfg.temperature > 0 and sum(round(u * n) == 1 for u, n in
+                                                        zip(uniq, rollouts.sizes.tolist())) > rollouts.n_groups // 2),
+        "G-verifier-format": int(rollouts.zero_var_share() == 1.0),
+    }
+
+
+def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch", upd: "UpdateResult",
+             times: StepTimes, flags: dict[str, int], buffer: dict[str, float] | None) -> dict[str, Any]:
+    """The step's row of steps.parquet (columns: docs/grpo_training.md). buffer: the ahead sampler's
+    buffer columns (`RolloutCollector.buffer_columns`), None on-policy."""
+    first, b = upd.metrics, rollouts
+    rewards, penalties, valid, sizes = b.rewards, b.penalties, b.valid, b.sizes
+    n_drawn = int(sizes.sum())  # completions sampled this step, all rounds
+    gen_tokens = sum(s.gen_tokens for s in b.stats)
+    row = {
+        "step": step + 1, "epoch": epoch, "lr": upd.lr, "loss": first["loss"], "pg_loss": first["pg_loss"],
+        "loss_last_epoch": upd.loss_last,
+        "ratio_mean": first["ratio_mean"], "ratio_max": first["ratio_max"], "ratio_min": first["ratio_min"],
+        "clip_frac": first["clip_frac"], "clip_frac_low": first["clip_frac_low"],
+        "clip_frac_high": first["clip_frac_high"], "approx_kl_old_new": first["approx_kl_old_new"],
+        "logprob_abs_diff": first["logprob_abs_diff"],
+        **{k: first[k] for k in ("logprob_mismatch/mean_abs", "logprob_mismatch/max_abs",
+                                 "logprob_mismatch/share_over_tol")},
+        "kl_ref_mean": first.get("kl_ref_mean", float("nan")),
+        "kl_ref_max": first.get("kl_ref_max", float("nan")),
+        "entropy": first["entropy"], "reward_mean": float(rewards[valid].mean()),
+        "reward_std": float(rewards[valid].std()),
+        "zero_var_group_share": b.zero_var_share(),
+        "completion_len_mean": gen_tokens / n_drawn,
+        "truncation_share": sum(s.truncations for s in b.stats) / n_drawn,
+        "samples_per_prompt_mean": n_drawn / b.n_groups, "samples_per_prompt_max": int(sizes.max()),
+        "unique_frac_mean": sum(s.unique_frac for s in b.stats) / b.n_groups,
+        "grad_norm": upd.grad_norm, "n_tokens": upd.n_tokens,
+        "t_rollout_s": times.rollout_s, "t_reward_s": times.reward_s, "t_train_s": times.train_s,
+        "tokens_per_s": gen_tokens / max(times.total_s, 1e-9),
+        **{f"status/{st}": n for st, n in b.status_counts().items()},
+        "overlong/penalty_mean": float(penalties[valid].mean()),
+        "overlong/penalized_share": float((penalties[valid] < 0).float().mean()),
+        "dynamic/rounds": b.rounds, "dynamic/prompts_consumed": b.n_groups,
+        "dynamic/groups_dropped": b.dropped, "dynamic/groups_kept": b.K,
+        **{f"health/{g}": v for g, v in flags.items()},
+    }
+    if buffer is not None:
+        row.update({"staleness": staleness(step, b), "t_generate_s": b.generate_s, "t_sync_s": times.sync_s,
+                    **buffer})
+    if cfg.adaptive_sampling:  # share of groups that got their k_success and k_failure before the cap
+        enough = [s.n_correct >= cfg.adaptive_k_success and s.size - s.n_correct >= cfg.adaptive_k_failure
+                  for s in b.stats]
+        row["adaptive/enough_share"] = float(torch.tensor(enough).float().mean())
+    if cfg.tis_cap is not None:
+        row.update({k: first[k] for k in ("tis/weight_mean", "tis/clipped_share")})
+    return row
+
+
+def rollout_sample_rows(cfg: GRPOConfig, dp: DataParallel, *, step: int, data_pos: int, rollouts: "RolloutBatch",
+                        adv_all: torch.Tensor) -> list[dict]:
+    """A sample of the trained completions for rollouts.parquet (rows on rank 0, [] on the others),
+    round-robin over the trained groups (sample 0 of each, then sample 1 of each that has one, ...). Each
+    rank contributes the ones it holds; rank 0 keeps them in pick order, so N ranks log exactly what one
+    process logs. Collective when anything is logged."""
+    b, picks = rollouts, []
+    sel_sizes = b.sizes[b.selected].tolist()
+    order = [(j, i) for i in range(b.width) for j in range(b.K) if i < sel_sizes[j]]
+    for k, (j, i) in enumerate(order[:cfg.rollout_samples_per_step]):
+        g = b.local.get(b.selected[j])
+        if g is not None:
+            x, o = g.samples[i], g.outcomes[i]
+            picks.append((k, {
+                "step": step + 1, "position": data_pos + b.selected[j], "prompt_id": g.row["id"],
+                "sample_index": x.sample_index, "prompt": g.prompt, "completion": x.text,
+                "reward": float(o.reward), "status": o.status.value, "length": len(x.token_ids),
+                "finish_reason": x.finish_reason, "overlong_penalty": float(b.penalties[b.selected[j], i]),
+                "advantage": float(adv_all[j, i])}))
+    if not (b.K and cfg.rollout_samples_per_step):
+        return []
+    picked = dp.gather_objects(picks)
+    return [row for _, row in sorted(picked, key=lambda kv: kv[0])] if dp.is_main else []
+
+
+class StepGuards:
+    """Guard bookkeeping of a run: counts per guard id (the summary's `health/<id>`), the run-level
+    detectors over the step history (collapse, entropy floor, reward hacking; guards.py) and their firings.
+    A resumed run replays its history first: those firings are already in its rows."""
+
+    def __init__(self, step_rows: list[dict]):
+        self.counts = {g: 0 for g in (*STEP_FLAGS, *GUARD_IDS)}
+        for r in step_rows:
+            for g in self.counts:
+                self.counts[g] += int(r.get(f"health/{g}", 0))
+        self.health = HealthMonitor(HealthConfig())
+        self.health.update(step_rows)
+        self.firings: list[dict] = []
+
+    def count(self, flags: dict[str, int]) -> None:
+        for g, v in flags.items():
+            self.counts[g] += v
+
+    def check(self, step_rows: list[dict], say: Callable[[str], None]) -> list[Firing]:
+        """Run the detectors after the newest row was appended; mark their firings in it. Returns the
+        serious ones (the caller stops the run)."""
+        row = step_rows[-1]
+        for g in GUARD_IDS:
+            row.setdefault(f"health/{g}", 0)
+        new = self.health.update(step_rows)  # firings at this step only, once per episode
+        for f in new:
+            say(("STOP " if f.serious else "flag ") + f.reason)
+            if not row[f"health/{f.guard_id}"]:  # G-kl-explosion may be set by the per-step flag already
+                row[f"health/{f.guard_id}"] = 1
+                self.counts[f.guard_id] += 1
+            self.firings.append(firing_dict(f))
+        return [f for f in new if f.serious]
+
+
+def progress_line(row: dict, steps: int, seconds: float) -> str:
+    return (f"step {row['step']}/{steps} reward {row['reward_mean']:.3f} loss {row['loss']:+.4f} "
+            f"ratio {row['ratio_mean']:.4f} len {row['completion_len_mean']:.1f} lr {row['lr']:.2e} "
+            f"({seconds:.2f}s)" + "".join(f" {k} {v:.3f}" for k, v in row.items() if k.startswith("eval/")))
+
+
+def _summary(rows: list[dict], cfg: GRPOConfig, guards: dict[str, int], done: bool, wall_s: float,
+             start_step: int) -> dict[str, Any]:
+    if not rows:
+        return {"steps": 0, "done": done, "wall_s": wall_s, "guards": guards}
+
+    def mean(key: str, part: list[dict]) -> float:
+        return sum(r[key] for r in part) / len(part)
+
+    k = max(1, min(10, len(rows) // 4))
+    t = {p: sum(r[f"t_{p}_s"] for r in rows) for p in ("rollout", "reward", "train")}
+    total = sum(t.values())
+    return {
+        "steps": rows[-1]["step"], "done": done, "resumed_from_step": start_step,
+        "first_reward_mean": rows[0]["reward_mean"], "last_reward_mean": rows[-1]["reward_mean"],
+        f"first{k}_reward_mean": mean("reward_mean", rows[:k]), f"last{k}_reward_mean": mean("reward_mean", rows[-k:]),
+        "tokens_per_s": sum(r["tokens_per_s"] * (r["t_rollout_s"] + r["t_reward_s"] + r["t_train_s"])
+                            for r in rows) / max(total, 1e-9),
+        "time_split_s": {**{p: round(v, 3) for p, v in t.items()}, "total_steps": round(total, 3)},
+        "time_split_frac": {p: round(v / max(total, 1e-9), 3) for p, v in t.items()},
+        "wall_s_this_call": round(wall_s, 3),
+        "guards": {f"health/{g}": n for g, n in guards.items()},
+        "config": cfg.model_dump(),
+    }
