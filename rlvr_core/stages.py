@@ -351,6 +351,15 @@ class TrainArtifact:
     summary: dict[str, Any]
 
 
+def _trainer_engine_options(cfg: ExperimentConfig) -> dict | None:
+    """The rollout engine's settings from `sampling` (vllm: memory share / KV cache; one engine per rank)."""
+    if cfg.sampling.engine != "vllm":
+        return None
+    from rlvr_core.sampling.vllm import llm_options
+
+    return llm_options(cfg.sampling, tensor_parallel=False)
+
+
 def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, curriculum: CurriculumArtifact,
                 progress: Progress = SILENT) -> TrainArtifact:
     """GRPO on the curriculum, starting from the base model.
@@ -364,14 +373,15 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     key = {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
            "grpo": cfg.grpo.model_dump(mode="json"), "template": get_template(cfg.prompt.template).key,
            "verifier": cfg.eval.verifier, "verifier_mode": cfg.eval.verifier_mode,
-           "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed}
+           "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine}
     folder, done = resumable_dir("grpo", key)
     if not done:
         ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
         result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
                             verifier=cfg.eval.verifier, verifier_mode=cfg.eval.verifier_mode,
                             max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
-                            progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data))
+                            progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
+                            engine=cfg.sampling.engine, engine_options=_trainer_engine_options(cfg))
         (folder / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str))
         final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
         (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))

@@ -18,8 +18,8 @@ got back:
   * `close()` when the stage ends (also on failure).
 
 Engines are registered by name in `_BUILDERS`; `train_grpo(..., engine="hf")` picks one. "hf" is
-`HFRolloutEngine`, exactly the sampling the trainer always did. The vLLM engine plugs in at the marked
-place in `_BUILDERS` (rlvr_core/sampling/vllm.py has the sampler: `VLLMEngine`, `load_weights`).
+`HFRolloutEngine`: transformers generate on the trainer's own module. "vllm" is `VLLMRolloutEngine`
+(vllm_rollout.py): an in-process vLLM engine per rank into which `sync`/`load` push the weights.
 """
 
 from __future__ import annotations
@@ -107,11 +107,19 @@ class HFRolloutEngine:
         pass
 
 
+def _vllm_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, cfg: GRPOConfig, seed: int,
+                      engine_options: dict | None = None, **_: Any) -> RolloutEngine:
+    """A colocated vLLM engine per rank (vllm_rollout.py), sampling in the precision that trains."""
+    from rlvr_core.grpo.vllm_rollout import VLLMRolloutEngine
+
+    options = {"dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(cfg.precision, "float32"), "seed": seed, **(engine_options or {})}
+    return VLLMRolloutEngine(base_model_dir, tokenizer, **options)
+
+
 # name -> builder(**make_rollout_engine's keyword arguments) -> RolloutEngine
 _BUILDERS: dict[str, Callable[..., RolloutEngine]] = {
     "hf": HFRolloutEngine.for_trainer,
-    # "vllm": <the vLLM rollout engine's builder goes here> (sampler: rlvr_core.sampling.vllm.VLLMEngine;
-    #         sync/load push weights with its load_weights; snapshot copies the module's weights).
+    "vllm": _vllm_for_trainer,
 }
 
 
@@ -128,15 +136,17 @@ def check_rollout_engine(name: str) -> None:
 def make_rollout_engine(name: str, *, base_model_dir: str | Path, tokenizer: Any, cfg: GRPOConfig,
                         device: torch.device, seed: int, policy: torch.nn.Module,
                         replica: torch.nn.Module | None,
-                        own_copy: Callable[[], torch.nn.Module]) -> RolloutEngine:
+                        own_copy: Callable[[], torch.nn.Module],
+                        engine_options: dict | None = None) -> RolloutEngine:
     """The rollout engine `name` for a trainer whose DeepSpeed engine is initialised.
 
     base_model_dir: the model the policy started from; tokenizer: the trainer's; cfg: the stage's config
     (rollout_batch_size, max_staleness, precision, lora_*); device: this rank's device; seed: the run's seed;
     policy: the trained module (`engine.module`); replica: the ZeRO-3 plain copy the trainer refreshes, or
     None; own_copy(): a fresh plain module shaped like the policy (base model, LoRA-wrapped when LoRA is on),
-    for an engine that samples its own copy. Raises ValueError for an unknown name.
+    for an engine that samples its own copy; engine_options: engine-specific settings (vllm: `vllm.LLM`
+    overrides such as kv_cache_memory_bytes or gpu_memory_utilization). Raises ValueError for an unknown name.
     """
     check_rollout_engine(name)
     return _BUILDERS[name](base_model_dir=base_model_dir, tokenizer=tokenizer, cfg=cfg, device=device, seed=seed,
-                           policy=policy, replica=replica, own_copy=own_copy)
+                           policy=policy, replica=replica, own_copy=own_copy, engine_options=engine_options)

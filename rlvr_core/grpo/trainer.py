@@ -141,14 +141,16 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                cfg: GRPOConfig, *, template_id: str, verifier: str, verifier_mode: str | None,
                max_new_tokens: int, seed: int, progress: Callable[[str], None] | None = None,
                stop_after_steps: int | None = None,
-               evaluate: Callable[[Any, Any], dict[str, float]] | None = None, engine: str = "hf") -> GRPOResult:
+               evaluate: Callable[[Any, Any], dict[str, float]] | None = None, engine: str = "hf",
+               engine_options: dict | None = None) -> GRPOResult:
     """Train the policy in `base_model_dir` with GRPO on the curriculum; see the module docstring.
 
     Resumes from `out_dir/checkpoints` when it holds a checkpoint. `stop_after_steps` ends this call
     after that many steps (counted from the resume point) with a checkpoint, as if the job were
     killed; a second call resumes. `evaluate(model, tokenizer) -> {name: value}` is called every
     `cfg.eval_every` steps and after the last one (G-no-eval); its values land in that step's row as
-    `eval/<name>`. `engine` names the rollout engine (rollout_engine.py; "hf"). Returns a GRPOResult;
+    `eval/<name>`. `engine` names the rollout engine (rollout_engine.py: "hf" or "vllm"), `engine_options`
+    its settings (vllm: `vllm.LLM` overrides, see `rlvr_core.sampling.vllm.llm_options`). Returns a GRPOResult;
     `final_model_dir` exists only when all `cfg.steps` steps are done.
 
     Under a launcher every rank calls this with the same arguments; P must be divisible by the world
@@ -157,7 +159,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     """
     run = _setup(base_model_dir, train_rows, curriculum_ids, Path(out_dir), cfg, template_id=template_id,
                  verifier=verifier, verifier_mode=verifier_mode, max_new_tokens=max_new_tokens, seed=seed,
-                 progress=progress, stop_after_steps=stop_after_steps, evaluate=evaluate, engine=engine)
+                 progress=progress, stop_after_steps=stop_after_steps, evaluate=evaluate, engine=engine,
+                 engine_options=engine_options)
     policy, state, dp, say = run.policy, run.state, run.policy.dp, run.say
     ahead = None
     try:
@@ -241,7 +244,7 @@ class _Run:
 
 def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOConfig, *, template_id: str,
            verifier: str, verifier_mode: str | None, max_new_tokens: int, seed: int, progress, stop_after_steps,
-           evaluate, engine: str) -> _Run:
+           evaluate, engine: str, engine_options: dict | None) -> _Run:
     """Check the request (before any work), load the policy under DeepSpeed, resume, build the rollout side."""
     from transformers import AutoTokenizer
 
@@ -276,7 +279,8 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
     rollout_engine = make_rollout_engine(engine, base_model_dir=base_model_dir, tokenizer=tok, cfg=cfg,
                                          device=policy.device, seed=seed, policy=policy.module,
                                          replica=policy.replica,
-                                         own_copy=lambda: load_policy_model(base_model_dir, cfg, seed))
+                                         own_copy=lambda: load_policy_model(base_model_dir, cfg, seed),
+                                         engine_options=engine_options)
     pool = VerifierPool(verifier, {"mode": verifier_mode} if verifier_mode else {}, workers=0)
     collector = RolloutCollector(cfg, rows=rows, template=template, engine=rollout_engine, pool=pool, dp=dp,
                                  max_new_tokens=max_new_tokens, seed=seed, weights=policy.current_weights)

@@ -32,6 +32,8 @@ the wrapper is not installed and everything works as before, only slower.
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from pathlib import Path
 from typing import Iterable
@@ -39,7 +41,7 @@ from typing import Iterable
 from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids, find_stop
 from rlvr_core.seeding import request_seed
 
-__all__ = ["VLLMEngine", "to_vllm_sampling_kwargs", "vllm_available", "default_llm_kwargs"]
+__all__ = ["VLLMEngine", "to_vllm_sampling_kwargs", "vllm_available", "default_llm_kwargs", "llm_options"]
 
 CPU_KV_CACHE_BYTES = 1 << 28  # 256 MiB: room for ~250k tokens of a tiny model; raise it for larger ones
 _NO_LOGPROB_TEXT = "rlvr_no_logprob_text"  # extra_args key: this request's log-probs need no token text
@@ -123,6 +125,52 @@ def default_llm_kwargs(model_dir: str | Path, *, dtype: str | None = None, seed:
     return kw
 
 
+def llm_options(sampling, *, dtype: str | None = None, tensor_parallel: bool = True) -> dict:
+    """`vllm.LLM` overrides of `default_llm_kwargs` from a `SamplingConfig`'s vllm_* settings: the GPU memory
+    share on a GPU, the KV cache size on CPU, the tensor-parallel size (unless `tensor_parallel` is False:
+    the trainer's colocated engines run one per rank), and `dtype` when given."""
+    kw: dict = {}
+    if _on_gpu():
+        kw["gpu_memory_utilization"] = sampling.vllm_gpu_memory_utilization
+    else:
+        kw["kv_cache_memory_bytes"] = int(sampling.vllm_kv_cache_gib * (1 << 30))
+    if tensor_parallel and sampling.vllm_tensor_parallel_size > 1:
+        kw["tensor_parallel_size"] = sampling.vllm_tensor_parallel_size
+    if dtype is not None:
+        kw["dtype"] = dtype
+    return kw
+
+
+def _process_group_exists() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _keep_process_group(keep: bool):
+    """While active, vLLM's `destroy_distributed_environment` forgets its world group without destroying
+    torch.distributed's default group (when `keep`: the group belongs to the caller, e.g. the trainer)."""
+    if not keep:
+        yield
+        return
+    from vllm.distributed import parallel_state as ps
+
+    original = ps.destroy_distributed_environment
+
+    def forget_world() -> None:  # destroy_distributed_environment without destroying the default group
+        if ps._WORLD:
+            ps._WORLD.destroy()  # vLLM's own subgroups (new_group)
+        ps._WORLD = None
+        ps._NODE_COUNT = None
+
+    ps.destroy_distributed_environment = forget_world
+    try:
+        yield
+    finally:
+        ps.destroy_distributed_environment = original
+
+
 def _prepare_in_process() -> None:
     """Environment for an engine that lives in this process (read when `vllm.LLM` is built)."""
     import torch
@@ -185,6 +233,7 @@ class VLLMEngine:
         if pad_token_id is None:
             pad_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
         self.pad_token_id = int(pad_token_id)
+        _process_group_exists_before_engine = _process_group_exists()
         if llm is None:
             _prepare_in_process()
             kwargs = {**default_llm_kwargs(model), **llm_kwargs}
@@ -192,6 +241,8 @@ class VLLMEngine:
                 kwargs.setdefault("distributed_executor_backend", "external_launcher")
             llm = vllm.LLM(**kwargs)
         self.llm = llm
+        # A process group that existed before the engine (a trainer's, DeepSpeed's) is not vLLM's to destroy.
+        self._caller_process_group = _process_group_exists_before_engine
         self._logprob_text_skippable = _skip_logprob_text()
 
     # ---- sampling --------------------------------------------------------------------------------------
@@ -259,8 +310,18 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
-        """Free the engine (its KV cache); the object is unusable afterwards."""
+        """Free the engine (its KV cache); the object is unusable afterwards.
+
+        vLLM's shutdown tears down torch.distributed as if it had created it; a process group that existed
+        before the engine (the trainer's) is kept, only vLLM's own groups go."""
         import gc
 
-        self.llm = None
-        gc.collect()
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        with _keep_process_group(self._caller_process_group):
+            if client is not None:
+                client.shutdown()  # idempotent: detaches vLLM's own finalizer
+            del llm, client
+            gc.collect()
