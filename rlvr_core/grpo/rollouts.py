@@ -110,6 +110,7 @@ class RolloutBatch:
     t_rollout_s: float              # generation (or the wait for the ahead sampler) and the weight sync
     version: int | None = None      # with the ahead sampler: policy updates behind the weights that sampled
     generate_s: float | None = None  # with the ahead sampler: its generation time for this step
+    push_s: float = 0.0             # on-policy: the weight sync into the engine (part of t_rollout_s)
 
     @property
     def K(self) -> int:
@@ -179,7 +180,7 @@ class RolloutCollector:
         selected: list[int] = []
         rounds = dropped = 0
         taken: dict[str, Any] = {}
-        t_roll = time.perf_counter() - t0  # the ZeRO-3 weight copy counts as rollout time
+        t_roll = push_s = time.perf_counter() - t0  # the weight sync (ZeRO-3 gather, vLLM push) is rollout time
         while rounds < max_rounds and len(selected) < P:
             positions = [data_pos + rounds * P + i for i in self.shard]
             my_rows = [self.rows[q % self.L] for q in positions]
@@ -196,7 +197,7 @@ class RolloutCollector:
             selected += [rounds * P + i for i in range(P) if keep[i]][:P - len(selected)]
             rounds += 1
         return RolloutBatch(local, stats, selected, rounds, dropped, self.M, t_roll, taken.get("version"),
-                            taken.get("generate_s"))
+                            taken.get("generate_s"), push_s)
 
     def _stats(self, samples: list[Sample], outcomes: list[Any]) -> GroupStats:
         cfg = self.cfg

@@ -114,6 +114,7 @@ def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch"
         "unique_frac_mean": sum(s.unique_frac for s in b.stats) / b.n_groups,
         "grad_norm": upd.grad_norm, "n_tokens": upd.n_tokens,
         "t_rollout_s": times.rollout_s, "t_reward_s": times.reward_s, "t_train_s": times.train_s,
+        "t_weight_push_s": b.push_s,
         "tokens_per_s": gen_tokens / max(times.total_s, 1e-9),
         **{f"status/{st}": n for st, n in b.status_counts().items()},
         "overlong/penalty_mean": float(penalties[valid].mean()),
