@@ -109,7 +109,10 @@ def default_llm_kwargs(model_dir: str | Path, *, dtype: str | None = None, seed:
     """`vllm.LLM` arguments for an in-process engine on this machine.
 
     CPU: float32 unless told otherwise, eager mode, a fixed 256 MiB KV cache (`kv_cache_memory_bytes`; vLLM
-    would otherwise size it from free memory). GPU: bfloat16 unless told otherwise, and
+    would otherwise size it from free memory), and no chunked prefill: a prompt split across scheduler steps
+    makes vLLM rewind its request's seeded generator, which CPU generators cannot do ("CPU Generator does not
+    use offset"); unchunked, each step's token budget (max_num_batched_tokens) must hold one whole request.
+    GPU: bfloat16 unless told otherwise, and
     gpu_memory_utilization 0.3, which leaves the rest of the device to a colocated trainer. max_model_len is
     the model's context, capped at 4096 (the KV cache must hold one full request)."""
     import json
@@ -121,7 +124,8 @@ def default_llm_kwargs(model_dir: str | Path, *, dtype: str | None = None, seed:
     if _on_gpu():
         kw.update(dtype=dtype or "bfloat16", gpu_memory_utilization=0.3)
     else:
-        kw.update(dtype=dtype or "float32", enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+        kw.update(dtype=dtype or "float32", enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES,
+                  enable_chunked_prefill=False, max_num_batched_tokens=max(4096, kw["max_model_len"]))
     return kw
 
 
@@ -237,6 +241,9 @@ class VLLMEngine:
         if llm is None:
             _prepare_in_process()
             kwargs = {**default_llm_kwargs(model), **llm_kwargs}
+            if kwargs.get("enable_chunked_prefill") is False:  # unchunked: a step must fit one whole request
+                kwargs["max_num_batched_tokens"] = max(kwargs.get("max_num_batched_tokens") or 0,
+                                                       kwargs["max_model_len"])
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one engine per rank, inside the launcher's world
                 kwargs.setdefault("distributed_executor_backend", "external_launcher")
             llm = vllm.LLM(**kwargs)

@@ -71,6 +71,19 @@ def _as_dicts(groups):
               "index": s.sample_index, "logprobs": s.logprobs} for s in g] for g in groups]
 
 
+def _big_batch(vl, tok, params) -> dict:
+    """Seeded sampling of a batch whose prompts exceed one scheduler step's token budget (4096 on CPU), as a
+    GRPO step of many long prompts does; and the first prompt sampled alone, which must give the same samples
+    (per-request seeds: a sample does not depend on its batch)."""
+    text = " ".join(PROMPTS)
+    prompts = [f"{i} {text} {text}" for i in range(40)]
+    ids = [f"long{i}" for i in range(40)]
+    together = vl.generate(prompts, ids, params)
+    alone = vl.generate(prompts[:1], ids[:1], params)
+    return {"big_batch_prompt_tokens": sum(len(tok(p)["input_ids"]) for p in prompts) * params.n,
+            "big_batch_first": _as_dicts(together[:1]), "big_batch_alone": _as_dicts(alone)}
+
+
 def _worker(out_path: Path) -> None:
     import torch
 
@@ -113,6 +126,8 @@ def _worker(out_path: Path) -> None:
         r["greedy_hf_new"] = _as_dicts(HFEngine(new, tok, batch_size=16).generate(PROMPTS, ids, greedy))
         r["greedy_vllm_new"] = _as_dicts(vl.generate(PROMPTS, ids, greedy))
         r["gap_after_push"] = _max_gap(new, tok, vl.generate(PROMPTS, ids, sampled, step=4))
+        if not tied:
+            r.update(_big_batch(vl, tok, sampled))
         vl.close()
     out_path.write_text(json.dumps(res))
 
@@ -165,6 +180,13 @@ def test_per_request_seeds_are_the_hf_engines_and_sampling_is_reproducible(resul
     assert r["sampled_again"] == r["sampled_vllm"]
     texts = [s["text"] for g in r["sampled_vllm"] for s in g]
     assert len(set(texts)) > len(texts) // 2  # distinct seeds, distinct samples (G-fixed-seed)
+
+
+def test_seeded_sampling_of_a_batch_larger_than_one_scheduler_step(results):
+    """Chunked prefill would split these prompts across steps and crash a CPU engine on its seeded requests."""
+    r = results["tied0"]
+    assert r["big_batch_prompt_tokens"] > 4096
+    assert _strip(r["big_batch_first"], "token_ids", "seed") == _strip(r["big_batch_alone"], "token_ids", "seed")
 
 
 if __name__ == "__main__":
