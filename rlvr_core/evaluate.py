@@ -38,6 +38,7 @@ in the artifact store are read the same way::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -81,7 +82,7 @@ _ANSWER_LINE = re.compile(r"####|[Tt]he (?:final )?answer is|Final Answer:")
 class RunSettings:
     """How the completions are produced, beyond the benchmark file: engine, precision, parallelism.
 
-    engine: "hf" (transformers, our decode loop) or "vllm" (GPU). dtype: weights dtype. device: torch
+    engine: "hf" (transformers, our decode loop) or "vllm" (an in-process vLLM engine, GPU or its CPU build). dtype: weights dtype. device: torch
     device for hf. tensor_parallel: vLLM tensor-parallel size (hf is always single-process).
     batch_size: requests decoded together (hf) and problems per engine call = batch_size // n.
     verifier_workers: verifier processes per pool (0 = in-process, no timeout); verifier_timeout_s: the
@@ -554,8 +555,13 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
 
 
 # --------------------------------------------------------------------------------------------- entry point
-def build_engine(checkpoint_dir: str | Path, run: RunSettings, *, chat: bool = False):
-    """(engine, tokenizer) for a model folder (from_pretrained on local files only)."""
+def build_engine(checkpoint_dir: str | Path, run: RunSettings, *, chat: bool = False,
+                 llm_options: dict[str, Any] | None = None):
+    """(engine, tokenizer) for a model folder (from_pretrained on local files only).
+
+    vllm: an in-process engine given the pipeline's tokenizer object (prompts encode as the hf engine's do)
+    and `llm_options` (`rlvr_core.sampling.vllm.llm_options`: KV cache size or GPU memory share). Close it
+    when done (`opened_engine` does): it holds its KV cache and a torch.distributed group."""
     from transformers import AutoTokenizer
 
     if run.engine == "hf":
@@ -568,21 +574,39 @@ def build_engine(checkpoint_dir: str | Path, run: RunSettings, *, chat: bool = F
         from rlvr_core.sampling.vllm import VLLMEngine
 
         tok = AutoTokenizer.from_pretrained(checkpoint_dir, local_files_only=True)
-        return VLLMEngine(str(checkpoint_dir), dtype=run.dtype, tensor_parallel_size=run.tensor_parallel), tok
+        kw = {**(llm_options or {}), "dtype": run.dtype}
+        if run.tensor_parallel > 1:
+            kw["tensor_parallel_size"] = run.tensor_parallel
+        return VLLMEngine(str(checkpoint_dir), tokenizer=tok, add_special_tokens=not chat, **kw), tok
     raise ValueError(f"unknown engine {run.engine!r}; known: hf, vllm")
+
+
+@contextlib.contextmanager
+def opened_engine(checkpoint_dir: str | Path, run: RunSettings, *, chat: bool = False,
+                  llm_options: dict[str, Any] | None = None):
+    """`build_engine` as a context: yields (engine, tokenizer) and closes the engine on the way out."""
+    engine, tok = build_engine(checkpoint_dir, run, chat=chat, llm_options=llm_options)
+    try:
+        yield engine, tok
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
 def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out: str | Path | None = None,
              run: RunSettings = RunSettings(), eval_id: str | None = None, checkpoint: str | None = None,
              model_kind: str | None = None, max_problems: int | None = None, n: int | None = None,
              temperature: float | None = None, max_new_tokens: int | None = None, seed: int | None = None,
-             progress: Progress = SILENT, timings: dict[str, dict[str, float]] | None = None) -> EvalResult:
+             progress: Progress = SILENT, timings: dict[str, dict[str, float]] | None = None,
+             llm_options: dict[str, Any] | None = None) -> EvalResult:
     """Evaluate a model folder on benchmarks; write the results to `out` (when given) and return them.
 
     model_kind: "base" or "chat"; benchmarks for the other kind are skipped and listed in `skipped`
         (G-chat-template). None evaluates every benchmark as written.
     max_problems, n, temperature, max_new_tokens, seed: overrides applied to every spec (`override_spec`);
         they change the benchmark hash, so the results say they were overridden.
+    llm_options: for the vllm engine (`build_engine`).
     """
     from rlvr_core.stages import model_hashes
 
@@ -602,18 +626,19 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
             continue
         todo.append(override_spec(spec, max_problems=max_problems, n=n, temperature=temperature,
                                   max_new_tokens=max_new_tokens, seed=seed))
-    engines: dict[bool, tuple] = {}
-    results = []
-    for spec in todo:
-        chat = spec.prompt.model_kind == "chat"
-        if chat not in engines:
-            engines[chat] = build_engine(path, run, chat=chat)
-        engine, tok = engines[chat]
-        t = {} if timings is not None else None
-        results.append(evaluate_spec(engine, tok, spec, run=run, eval_id=eval_id, checkpoint=checkpoint,
-                                     identity=identity, progress=progress, timings=t))
-        if timings is not None:
-            timings[spec.name] = t
+    results: list[BenchmarkResult | None] = [None] * len(todo)
+    # One engine per prompt kind (chat prompts skip the tokenizer's special tokens), one engine at a time.
+    for chat in (False, True):
+        mine = [i for i, spec in enumerate(todo) if (spec.prompt.model_kind == "chat") == chat]
+        if not mine:
+            continue
+        with opened_engine(path, run, chat=chat, llm_options=llm_options) as (engine, tok):
+            for i in mine:
+                t = {} if timings is not None else None
+                results[i] = evaluate_spec(engine, tok, todo[i], run=run, eval_id=eval_id, checkpoint=checkpoint,
+                                           identity=identity, progress=progress, timings=t)
+                if timings is not None:
+                    timings[todo[i].name] = t
     result = EvalResult(eval_id, checkpoint, results, skipped)
     if out is not None:
         result.write(out)

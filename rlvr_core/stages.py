@@ -178,8 +178,12 @@ def load_model(path: str | Path, dtype: str = "float32"):
 def sample_and_verify(model, tokenizer, rows: list[dict], *, template_id: str, n: int, temperature: float,
                       top_p: float, max_new_tokens: int, seed: int, batch_size: int, verifier: str,
                       verifier_mode: str | None, verifier_workers: int, verifier_timeout_s: float,
-                      step: int = 0, progress: Progress = SILENT, stage: str = "sample") -> list[dict]:
+                      step: int = 0, progress: Progress = SILENT, stage: str = "sample",
+                      engine: Any = None) -> list[dict]:
     """n completions per problem, each verified against the problem's gold answer.
+
+    engine: a built sampling engine (`rlvr_core.evaluate.build_engine`); default an `HFEngine` on model
+    and tokenizer.
 
     Returns one record per sample: problem_id, sample_index, response, extracted, status, reward,
     correct, finish_reason, length (generated tokens), seed, unique_frac (of the problem's group).
@@ -189,7 +193,7 @@ def sample_and_verify(model, tokenizer, rows: list[dict], *, template_id: str, n
     from rlvr_core.verifiers.pool import VerifierPool
 
     template = get_template(template_id)
-    engine = HFEngine(model, tokenizer, batch_size=batch_size)
+    engine = engine if engine is not None else HFEngine(model, tokenizer, batch_size=batch_size)
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                             stop=template.stop, seed=seed)
     groups = []
@@ -255,12 +259,14 @@ def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtif
                           max_new_tokens=cfg.sampling.max_new_tokens)
     key = {"stage": PASSRATE_STAGE_VERSION, "data": rows_sha256(rows), "model": model.model_hash,
            "tokenizer": model.tokenizer_hash, "template": get_template(cfg.prompt.template).key,
-           "dtype": cfg.model.dtype, **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")}}
+           "dtype": cfg.model.dtype, "engine": cfg.sampling.engine, **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")}}
 
     def build(tmp: Path) -> None:
+        from rlvr_core.evaluate import opened_engine
+
         t0 = time.monotonic()
-        m, tok = load_model(model.path, cfg.model.dtype)
-        records = sample_and_verify(m, tok, rows, progress=progress, stage="pass@k", **kw)
+        with opened_engine(model.path, _run_settings(cfg), llm_options=_vllm_options(cfg)) as (engine, _):
+            records = sample_and_verify(None, None, rows, progress=progress, stage="pass@k", engine=engine, **kw)
         pq.write_table(pa.Table.from_pylist(records), tmp / "samples.parquet")
         table = normalise_passk_columns(pass_rate_table(records, ks=cfg.passk.ks))
         pq.write_table(table, tmp / "pass_rate_table.parquet")
@@ -351,8 +357,9 @@ class TrainArtifact:
     summary: dict[str, Any]
 
 
-def _trainer_engine_options(cfg: ExperimentConfig) -> dict | None:
-    """The rollout engine's settings from `sampling` (vllm: memory share / KV cache; one engine per rank)."""
+def _vllm_options(cfg: ExperimentConfig) -> dict | None:
+    """vLLM engine settings from `sampling` (memory share or KV cache size; the tensor-parallel size travels
+    separately: in `RunSettings` for evaluation, and GRPO runs one engine per rank). None for hf."""
     if cfg.sampling.engine != "vllm":
         return None
     from rlvr_core.sampling.vllm import llm_options
@@ -381,7 +388,7 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
                             verifier=cfg.eval.verifier, verifier_mode=cfg.eval.verifier_mode,
                             max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
                             progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
-                            engine=cfg.sampling.engine, engine_options=_trainer_engine_options(cfg))
+                            engine=cfg.sampling.engine, engine_options=_vllm_options(cfg))
         (folder / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str))
         final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
         (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))
@@ -434,14 +441,15 @@ def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, A
     G-reward-hacking): the evaluator (`rlvr_core.evaluate`) on the same held-out benchmark as
     `evaluate_stage`, so the curve's last point is the trained model's `accuracy_greedy`. Greedy accuracy
     always; pass@k from `grpo.eval_samples` sampled completions per problem at `eval.temperature` when
-    both are > 0."""
+    both are > 0. Always the hf engine on the trainer's own module: a vLLM engine would need a weight push
+    for a handful of greedy problems (docs/engines.md)."""
     from rlvr_core.evaluate import evaluate_spec
     from rlvr_core.sampling import HFEngine
 
     n = cfg.grpo.eval_samples
     spec = held_out_spec(cfg, n=n if n else None, greedy_only=not n)
     problems = held_out_problems(cfg, data, spec)
-    run = _run_settings(cfg)
+    run = _run_settings(cfg, engine="hf")
 
     def evaluate(model: Any, tokenizer: Any) -> dict[str, float]:
         engine = HFEngine(model, tokenizer, batch_size=cfg.sampling.batch_size)
@@ -579,10 +587,13 @@ def held_out_problems(cfg: ExperimentConfig, data: DataArtifact, spec) -> list[d
     return problems
 
 
-def _run_settings(cfg: ExperimentConfig):
+def _run_settings(cfg: ExperimentConfig, engine: str | None = None):
+    """How a sampling stage produces completions: `sampling.engine` unless told otherwise."""
     from rlvr_core.evaluate import RunSettings
 
-    return RunSettings(engine="hf", dtype=cfg.model.dtype, batch_size=cfg.sampling.batch_size,
+    engine = engine or cfg.sampling.engine
+    tp = cfg.sampling.vllm_tensor_parallel_size if engine == "vllm" else 1
+    return RunSettings(engine=engine, dtype=cfg.model.dtype, batch_size=cfg.sampling.batch_size, tensor_parallel=tp,
                        verifier_workers=cfg.eval.verifier_workers, verifier_timeout_s=cfg.eval.verifier_timeout_s)
 
 
@@ -590,16 +601,15 @@ def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifa
                    checkpoint: str = "base", progress: Progress = SILENT) -> EvalArtifact:
     """Greedy accuracy (with Wilson 95% CI and n) and sampled pass@k on the held-out split, through the
     evaluator (`rlvr_core.evaluate`) with `held_out_spec(cfg)`: the code path of `rlvr eval`."""
-    from rlvr_core.evaluate import curves_table, evaluate_spec, metrics_table, samples_table
-    from rlvr_core.sampling import HFEngine
+    from rlvr_core.evaluate import curves_table, evaluate_spec, metrics_table, opened_engine, samples_table
 
     spec = held_out_spec(cfg)
     problems = held_out_problems(cfg, data, spec)
-    m, tok = load_model(model.path, cfg.model.dtype)
-    engine = HFEngine(m, tok, batch_size=cfg.sampling.batch_size)
+    run = _run_settings(cfg)
     identity = {"model_path": model.path, "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash}
-    res = evaluate_spec(engine, tok, spec, run=_run_settings(cfg), problems=problems, eval_id=eval_id,
-                        checkpoint=checkpoint, identity=identity, progress=progress)
+    with opened_engine(model.path, run, llm_options=_vllm_options(cfg)) as (engine, tok):
+        res = evaluate_spec(engine, tok, spec, run=run, problems=problems, eval_id=eval_id,
+                            checkpoint=checkpoint, identity=identity, progress=progress)
     s = res.summary
     summary = {"accuracy_greedy": s["accuracy_greedy"], "accuracy_greedy_ci": s["accuracy_greedy_ci"], "n": s["n"],
                "passk": s["passk"],
