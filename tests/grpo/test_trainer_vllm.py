@@ -32,7 +32,7 @@ from rlvr_core.sampling.vllm import vllm_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_trainer import VERIFIER, _cfg, _params  # noqa: E402
+from test_trainer import VERIFIER, _cfg, _params, build_tiny  # noqa: E402
 from twoproc import LAUNCH_VARS, run_two_ranks  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
@@ -58,14 +58,7 @@ TWO_RANK_RUNS = {"z3": dict(cfg=dict(steps=2, zero_stage=3, beta=0.05), calls=[1
 @pytest.fixture(scope="module")
 def tiny_vllm(tmp_path_factory):
     """(model dir, rows, ids): test_trainer's tiny base, at head_dim 32."""
-    from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-    from rlvr_core.tiny.warmstart import WarmStartSpec, warm_start
-
-    rows = make_synthetic_dataset(SyntheticSpec(n_train=200, n_test=10))["train"]
-    out = tmp_path_factory.mktemp("tiny-vllm-base")
-    warm_start(rows, out, WarmStartSpec(steps=30, batch_size=16, hidden_size=64, num_layers=2, heads=2,
-                                        vocab_size=300, warmup_steps=5))
-    return out, rows, [r["id"] for r in rows[:12]]
+    return build_tiny(tmp_path_factory.mktemp("tiny-vllm-base"), hidden_size=64)
 
 
 def _spec(tiny, out: Path, runs: dict) -> Path:
