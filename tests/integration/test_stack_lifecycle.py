@@ -1,0 +1,143 @@
+"""The whole local stack as a user runs it: `rlvr stack up` (S3 on disk, MLflow server, PostgreSQL, Prefect
+server, pools, workers, deployments), left alone, stopped and started again.
+
+1. Schedules fire: with `--nightly-cron '* * * * *'` the Prefect server itself creates runs of
+   `nightly-eval/nightly` and a worker executes one to Completed; nobody asks for a run. Meanwhile the
+   server's log stays free of errors (SQLAlchemy 2.1 broke the scheduler; SQLite gave "database is locked").
+2. A restart keeps the data: an MLflow run with artifacts, a checkpoint folder (with a multipart-sized
+   file) and a report in the artifact store, and Prefect's flow runs are all there, byte for byte, after
+   `down` and `up`. Only `down --delete-data` removes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import stack_cmd
+
+pytestmark = [pytest.mark.slow, pytest.mark.s3]
+
+UP = ["up", "--mlflow-port", "0", "--s3-port", "0", "--prefect-port", "0", "--pg-port", "0", "--json"]
+
+
+def _up(home: Path, *extra: str) -> dict:
+    proc = stack_cmd(home, *UP, *extra, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _api(state: dict, path: str, body: dict | None = None):
+    req = urllib.request.Request(state["prefect"]["api_url"] + path, data=json.dumps(body or {}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _nightly_runs(state: dict) -> list[dict]:
+    deps = _api(state, "/deployments/filter", {"deployments": {"name": {"any_": ["nightly"]}}})
+    assert len(deps) == 1, deps
+    return _api(state, "/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": [deps[0]["id"]]}},
+                                             "limit": 200})
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    home = tmp_path_factory.mktemp("lifecycle")
+    state = _up(home, "--nightly-cron", "* * * * *")
+    try:
+        yield home, state
+    finally:
+        stack_cmd(home, "down")
+
+
+def test_the_server_schedules_the_nightly_run_and_a_worker_runs_it(stack):
+    home, state = stack
+    assert state["prefect"]["database"] == "postgresql" and state["prefect"]["nightly_cron"] == "* * * * *"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        runs = _nightly_runs(state)
+        done = [r for r in runs if r["state_type"] == "COMPLETED"]
+        if done:
+            break
+        time.sleep(5)
+    assert done, f"no scheduled nightly run completed in 4 min; states: {[r['state_type'] for r in runs]}"
+    assert all(r["auto_scheduled"] for r in runs)  # the scheduler made every one of them, not this test
+    assert any(r["state_type"] == "SCHEDULED" for r in runs)  # and keeps the next ones queued
+    log = (home / "logs" / "prefect-server.log").read_text(errors="replace")
+    bad = [line for line in log.splitlines() if "Traceback" in line or "| ERROR" in line or "locked" in line]
+    assert not bad, "\n".join(bad[:20])
+
+
+def _point_at(state: dict, monkeypatch) -> dict:
+    for k, v in state["env"].items():
+        monkeypatch.setenv(k, v)
+    return state["env"]
+
+
+def _write_everything(state: dict, tmp: Path, monkeypatch) -> dict:
+    """An MLflow run with an artifact, a checkpoint folder and a report in the artifact store."""
+    import mlflow
+
+    from rlvr_core.storage import open_store
+
+    env = _point_at(state, monkeypatch)
+    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    exp = client.create_experiment("restart-check")
+    run = client.create_run(exp, run_name="kept")
+    (tmp / "notes.txt").write_text("trained for 3 steps\n")
+    client.log_artifact(run.info.run_id, str(tmp / "notes.txt"), "summary")
+    client.log_metric(run.info.run_id, "reward", 0.5, step=3)
+    client.set_terminated(run.info.run_id)
+
+    ckpt = tmp / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(os.urandom(9 * 1024 * 1024))  # over boto3's multipart threshold
+    (ckpt / "config.json").write_text('{"hidden_size": 32}')
+    store = open_store(env["RLVR_ARTIFACT_URI"], env["RLVR_S3_ENDPOINT_URL"])
+    store.put_dir("restart-check/kept/checkpoints/final", ckpt)
+    (tmp / "report.html").write_text("<html><body>report</body></html>")
+    store.put_file("restart-check/kept/report.html", tmp / "report.html")
+    return {"run_id": run.info.run_id, "ckpt": ckpt, "report": tmp / "report.html"}
+
+
+def _read_everything(state: dict, written: dict, tmp: Path, monkeypatch) -> None:
+    import mlflow
+
+    from rlvr_core.storage import open_store
+
+    env = _point_at(state, monkeypatch)
+    tmp.mkdir()
+    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    run = client.get_run(written["run_id"])
+    assert run.data.metrics["reward"] == 0.5 and run.info.status == "FINISHED"
+    got = client.download_artifacts(written["run_id"], "summary/notes.txt", str(tmp))
+    assert Path(got).read_text() == "trained for 3 steps\n"
+    store = open_store(env["RLVR_ARTIFACT_URI"], env["RLVR_S3_ENDPOINT_URL"])
+    for f in written["ckpt"].iterdir():
+        store.get_file(f"restart-check/kept/checkpoints/final/{f.name}", tmp / f.name)
+        assert (tmp / f.name).read_bytes() == f.read_bytes(), f.name
+    store.get_file("restart-check/kept/report.html", tmp / "r.html")
+    assert (tmp / "r.html").read_bytes() == written["report"].read_bytes()
+
+
+def test_down_and_up_keep_every_artifact_checkpoint_run_and_flow_run(stack, tmp_path, monkeypatch):
+    home, state = stack
+    written = _write_everything(state, tmp_path, monkeypatch)
+    before = {r["id"] for r in _nightly_runs(state) if r["state_type"] == "COMPLETED"}
+    down = stack_cmd(home, "down")
+    assert down.returncode == 0 and "data kept" in down.stderr, down.stderr
+    state = _up(home)  # new ports: clients follow the new `rlvr stack env`
+    try:
+        _read_everything(state, written, tmp_path / "after", monkeypatch)
+        assert before and before <= {r["id"] for r in _nightly_runs(state)}  # Prefect's history is in PostgreSQL
+    finally:
+        gone = stack_cmd(home, "down", "--delete-data")
+    assert gone.returncode == 0, gone.stderr
+    for data in ("s3", "postgres", "mlflow.db"):
+        assert not (home / "stack" / data).exists(), data
