@@ -542,3 +542,12 @@ def test_bench_grpo_vs_trl_smoke(tmp_path):
     pushes = [s["push_s"] for r in res["runs"]["ours-vllm"] for s in r["steps"]]
     hf_pushes = [s["push_s"] for r in res["runs"]["ours"] for s in r["steps"]]
     assert min(pushes) > max(hf_pushes) and max(hf_pushes) < 1e-3  # hf samples the live module: nothing to push
+
+
+@pytest.mark.s3
+def test_bench_local_s3_smoke():
+    """The local-S3 benchmark at a tiny size: both servers answer the same work (its assertions on the key
+    count run inside), and the table has a row per phase with a ratio."""
+    proc = _run_script("bench_local_s3.py", ["--mb", "9", "--small", "5", "--rounds", "1"])
+    rows = [line.split() for line in proc.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["put", "put", "list", "get"] and all(float(r[-1]) > 0 for r in rows)
