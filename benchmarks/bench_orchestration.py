@@ -51,6 +51,7 @@ def direct(overrides: dict) -> dict:
     from rlvr_core import stages, warehouse
     from rlvr_core.config import dump_yaml, load_config
     from rlvr_core.runrecord import upload_run_folder, write_run_folder
+    from rlvr_core.layout import run_prefix
     from rlvr_core.storage import join, open_store
     from rlvr_core.tracking import Tracker, flatten
 
@@ -72,7 +73,7 @@ def direct(overrides: dict) -> dict:
     store = open_store(None)
     tracker = Tracker(cfg.tracking.experiment)
     run_id = tracker.start_run(cfg.name, {"kind": "pipeline"})
-    prefix = join(cfg.tracking.experiment, run_id)
+    prefix = run_prefix(cfg.tracking.experiment, cfg.name, run_id)  # the pipeline's folder name (rlvr_core.layout)
     ex = stages.export_stage(tr, base, store, join(prefix, "checkpoints", "final")); lap("export")
     ev = stages.evaluate_stage(cfg, data, ex.model, eval_id="trained", checkpoint=ex.uri); lap("evaluate")
     # The same run record as the pipeline flow's `record-run` task: the same tables, every step metric,

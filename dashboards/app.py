@@ -67,12 +67,31 @@ tabs = st.tabs(["Leaderboard", "Training curves", "pass@k", "Ablation", "Per-pro
 with tabs[0]:
     metric = st.selectbox("metric", eval_metrics, key="lb_metric")
     board = safe("leaderboard", metric=metric)
-    top = board.iloc[0]
-    n_collapsed = int(board["collapsed"].sum())
-    st.markdown(f"**{len(board)} runs** in {board['experiment'].nunique()} experiment(s) · best "
-                f"`{top['run_id']}` with {metric} **{top['value']:.3f}** on {top['benchmark']} "
-                f"({top['checkpoint']}, n={top['n']}) · {n_collapsed} collapsed")
-    st.dataframe(board, hide_index=True, width="stretch")
+    # Runs are ranked only against runs evaluated with the same settings (the query's settings_group:
+    # `rlvr compare`'s rule), so the page shows one group at a time, the largest first.
+    scored = board[board["settings_group"].notna()]
+    groups = list(dict.fromkeys(scored["settings_group"]))
+
+    def describe(g: str) -> str:
+        r = scored[scored["settings_group"] == g].iloc[0]
+        parts = [str(r["benchmark"])] + [f"{k} {r[c]}" for k, c in (
+            ("problems", "n_problems"), ("samples", "samples_per_problem"), ("template", "template"),
+            ("T", "temperature"), ("max tokens", "max_new_tokens")) if pd.notna(r[c])]
+        return f"{' · '.join(parts)} ({int(r['runs_in_group'])} runs, settings {g})"
+
+    n_collapsed = int(board.drop_duplicates("run_id")["collapsed"].sum())
+    st.markdown(f"**{board['run_id'].nunique()} runs** in {board['experiment'].nunique()} experiment(s) · "
+                f"{len(groups)} group(s) of comparable evaluation settings · {n_collapsed} collapsed")
+    if groups:
+        group = st.selectbox("evaluation settings", groups, format_func=describe, key="lb_group")
+        ranked = scored[scored["settings_group"] == group]
+        top = ranked.iloc[0]
+        st.markdown(f"best `{top['run_id']}` with {metric} **{top['value']:.3f}** on {top['benchmark']} "
+                    f"({top['checkpoint']}, n={top['n']}), among {len(ranked)} runs evaluated the same way")
+        st.dataframe(ranked, hide_index=True, width="stretch")
+    unscored = board[board["settings_group"].isna()]
+    if not unscored.empty:
+        st.caption(f"{len(unscored)} run(s) without {metric}: " + ", ".join(unscored["run_id"]))
     st.subheader("Best checkpoint per benchmark")
     st.dataframe(safe("best_checkpoint", metric=metric), hide_index=True, width="stretch")
     collapsed = safe("collapsed_runs")

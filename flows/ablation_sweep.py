@@ -1,6 +1,7 @@
 """The `ablation-sweep` flow: a sweep file expands to trials; each trial is a `pipeline` flow run on the GPU
 work pool; results aggregate into an MLflow parent run, a Prefect table artifact and a warehouse pivot.
 
+    rlvr sweep run demo-2x2 --watch           (validates, submits, follows, prints the pivot: rlvr_core/sweep_cli.py)
     prefect deployment run 'ablation-sweep/demo-2x2'
     prefect deployment run 'ablation-sweep/demo-2x2' --param sweep=configs/sweeps/my_sweep.yaml
 
@@ -14,25 +15,28 @@ Order of work:
    parent run id and its sweep/trial ids. A trial whose flow run crashed (its worker was lost: the
    heartbeat automation marks it Crashed) is launched again; the new run resumes from the checkpoint.
 4. Aggregate: the warehouse pivot (one row per cell, mean and a 95% interval across seeds), a Prefect
-   table artifact, metrics and the pivot on the MLflow parent run.
+   table artifact `sweep-<id>` and link artifacts `sweep-<id>-mlflow` / `-artifacts` (what `rlvr sweep`
+   prints), metrics and the pivot on the MLflow parent run.
+A failure ends the flow with `SweepFailed: <one line>` (the final error, e.g. a ConfigError naming the file
+and field, not a traceback) as its state message; the MLflow parent run gets the same line as tag `error`.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run
 
 from rlvr_core import settings, warehouse
 from rlvr_core.config import config_hash
-from rlvr_core.sweeps import Sweep, Trial, find_sweep, load_sweep
+from rlvr_core.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
+                              pivot_rows, pivot_sql, sweep_pivot)  # pivot_sql/sweep_pivot: re-exported
 from rlvr_core.tracking import Tracker
 from tasks.retry import DeterministicError, TransientError, retry_condition_fn
 
@@ -40,63 +44,13 @@ from tasks.retry import DeterministicError, TransientError, retry_condition_fn
 SHARED_SECTIONS = ("data", "model", "prompt", "sampling", "passk", "curriculum")
 
 
-# ------------------------------------------------------------------------------------------ pivot (SQL)
-def pivot_sql(swept_keys: list[str]) -> str:
-    """One row per cell of the sweep: the swept values, seeds, and the metric per seed (warehouse only)."""
-    cols = ",\n       ".join(f"max(CASE WHEN p.key = '{k}' THEN p.value END) AS \"{k}\"" for k in swept_keys)
-    group = ", ".join(f'"{k}"' for k in swept_keys)
-    return f"""
-WITH trials AS (
-  SELECT r.run_id,
-       max(CASE WHEN p.key = 'sweep.id' THEN p.value END) AS sweep_id,
-       max(CASE WHEN p.key = 'sweep.trial_id' THEN p.value END) AS trial_id,
-       max(CASE WHEN p.key = 'seed' THEN p.value END) AS seed{"," if swept_keys else ""}
-       {cols}
-  FROM runs r JOIN run_params p ON p.run_id = r.run_id
-  WHERE r.kind = 'trial'
-  GROUP BY r.run_id
-), scores AS (
-  SELECT run_id, value, n, ci_low, ci_high FROM eval_metrics WHERE eval_id = 'trained' AND metric = ?
-)
-SELECT {group + "," if group else ""}
-       count(*) AS n_seeds,
-       avg(s.value) AS mean,
-       stddev_samp(s.value) AS sd,
-       list(s.value ORDER BY t.seed) AS per_seed,
-       list(t.seed ORDER BY t.seed) AS seeds,
-       list(t.trial_id ORDER BY t.seed) AS trial_ids,
-       min(s.n) AS n_problems,
-       min(s.ci_low) AS ci_low_single, max(s.ci_high) AS ci_high_single
-FROM trials t JOIN scores s ON s.run_id = t.run_id
-WHERE t.sweep_id = ?
-{"GROUP BY " + group if group else ""}
-ORDER BY {group or "n_seeds"}
-"""
-
-
-def sweep_pivot(sweep_id: str, swept_keys: list[str], metric: str = "accuracy_greedy",
-                path: str | Path | None = None) -> list[dict[str, Any]]:
-    """The pivot with a 95% interval across seeds (Student t); with one seed, the trial's own Wilson interval."""
-    from scipy import stats
-
-    rows = warehouse.query_records(pivot_sql(swept_keys), [metric, sweep_id], path)
-    for r in rows:
-        n = r["n_seeds"]
-        if n >= 2 and r["sd"] is not None:
-            half = stats.t.ppf(0.975, n - 1) * r["sd"] / math.sqrt(n)
-            r["ci_low"], r["ci_high"], r["ci_kind"] = r["mean"] - half, r["mean"] + half, f"t over {n} seeds"
-        else:
-            r["ci_low"], r["ci_high"], r["ci_kind"] = r["ci_low_single"], r["ci_high_single"], "wilson (1 seed)"
-        del r["ci_low_single"], r["ci_high_single"]
-    return rows
-
-
 # ------------------------------------------------------------------------------------------ tasks
 def _check_flow_run(fr: Any, what: str) -> None:
     state = fr.state
     if state is None or state.is_completed():
         return
-    msg = f"{what}: flow run {fr.name} ({fr.id}) ended {state.type.value}: {state.message or ''}"
+    # One line: the child's final error (its state message), not the traceback in its logs.
+    msg = f"{what} {state.type.value.lower()}: {one_line_error(state.message) or 'no message'} (flow run {fr.name})"
     if state.is_crashed():  # lost worker / killed process: launching it again resumes from its checkpoint
         raise TransientError(msg)
     raise DeterministicError(msg)  # its stages already retried what was transient
@@ -132,66 +86,118 @@ def run_trial(trial: Trial, sweep_id: str, parent_run_id: str, deployment: str |
 
 
 # ------------------------------------------------------------------------------------------ the flow
-@flow(name="ablation-sweep", log_prints=True, validate_parameters=False)
-def ablation_sweep_flow(sweep: str = "demo-2x2", max_parallel: int = 2, deployment: str | None = "pipeline/pipeline",
-                        trial_timeout_s: float = 6 * 3600) -> dict[str, Any]:
-    """`sweep`: a sweep name under configs/sweeps or a path. `deployment=None` runs trials inline (no worker)."""
-    settings.configure_environment()
-    log = get_run_logger()
-    t0 = time.monotonic()
+class SweepFailed(RuntimeError):
+    """The sweep's final error in one line (the flow run's state message reads `SweepFailed: <line>`)."""
+
+
+def _load(sweep: str | dict[str, Any], sweep_source: str | None) -> tuple[Sweep, str]:
+    """A sweep name or path (the worker's checkout), or the mapping `rlvr sweep run` submits (base inlined)."""
+    if isinstance(sweep, dict):
+        source = sweep_source or f"<sweep {sweep.get('name', '?')}>"
+        return parse_sweep(sweep, source), source
     path = find_sweep(sweep)
     if not path.is_absolute() and not path.exists():
         from tasks.pipeline import ROOT
 
         path = ROOT / path
-    sw: Sweep = load_sweep(path)  # every trial validated; ConfigError names the file and field
+    return load_sweep(path), str(path)  # every trial validated; ConfigError names the file and field
+
+
+@flow(name="ablation-sweep", log_prints=True, validate_parameters=False)
+def ablation_sweep_flow(sweep: str | dict[str, Any] = "demo-2x2", max_parallel: int = 2,
+                        deployment: str | None = "pipeline/pipeline", trial_timeout_s: float = 6 * 3600,
+                        sweep_source: str | None = None) -> dict[str, Any]:
+    """`sweep`: a sweep name under configs/sweeps, a path, or the sweep itself (a mapping, as `rlvr sweep run`
+    sends it; `sweep_source` names its file in messages). `deployment=None` runs trials inline (no worker)."""
+    settings.configure_environment()
+    try:
+        sw, source = _load(sweep, sweep_source)
+    except Exception as e:
+        raise SweepFailed(one_line_error(f"{type(e).__name__}: {e}")) from e
     run_key = str(flow_run.id)[:8] if flow_run.id else time.strftime("%H%M%S")
     sweep_id = f"{sw.spec.name}-{run_key}"
-    experiment = sw.base_config["tracking"]["experiment"]
-    tracker = Tracker(experiment, sw.base_config["tracking"]["tracking_uri"])
+    tracker = Tracker(sw.base_config["tracking"]["experiment"], sw.base_config["tracking"]["tracking_uri"])
     parent = tracker.start_run(sweep_id, {"kind": "sweep", "sweep_id": sweep_id, "sweep_name": sw.spec.name,
-                                          "sweep_hash": sw.sweep_hash, "sweep_file": str(path),
+                                          "sweep_hash": sw.sweep_hash, "sweep_file": source,
                                           "prefect_flow_run_id": str(flow_run.id) if flow_run.id else None})
-    log.info(f"sweep {sweep_id}: {len(sw.trials)} trials, MLflow parent run {parent}")
+    get_run_logger().info(f"sweep {sweep_id}: {len(sw.trials)} trials, MLflow parent run {parent}")
     try:
-        tracker.log_params(parent, {"sweep.trials": len(sw.trials), "sweep.seeds": sw.spec.seeds,
-                                    "sweep.metric": sw.spec.metric,
-                                    **{f"sweep.grid.{k}": v for k, v in sw.spec.grid.items()}})
-        # 2. shared stages, once per distinct setting
-        shared: dict[str, dict[str, Any]] = {}
-        for tr in sw.trials:
-            shared.setdefault(config_hash({s: tr.config[s] for s in SHARED_SECTIONS}), tr.config)
-        for fut in [shared_stages.submit(c, deployment, trial_timeout_s) for c in shared.values()]:
-            fut.result()
-        log.info(f"shared stages ready ({len(shared)} distinct pass-rate settings for {len(sw.trials)} trials)")
-        # 3. trials, max_parallel at a time (the GPU pool's slots are the real limit on a cluster)
-        results: dict[str, str] = {}
-        for i in range(0, len(sw.trials), max(1, max_parallel)):
-            wave = sw.trials[i:i + max(1, max_parallel)]
-            futures = [run_trial.submit(tr, sweep_id, parent, deployment, trial_timeout_s) for tr in wave]
-            for tr, fut in zip(wave, futures):
-                results[tr.trial_id] = fut.result()  # a trial that failed for good fails the sweep
-        # 4. aggregate
-        pivot = sweep_pivot(sweep_id, sw.swept_keys, sw.spec.metric)
-        children = tracker.client.search_runs([tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
-        out = _aggregate(sw, sweep_id, parent, tracker, pivot, children)
-        out["duration_s"] = round(time.monotonic() - t0, 2)
+        out = _run_sweep(sw, sweep_id, parent, tracker, max_parallel, deployment, trial_timeout_s)
         tracker.end_run(parent, "FINISHED")
         return out
+    except Exception as e:
+        line = one_line_error(f"{type(e).__name__}: {e}")
+        tracker.set_tags(parent, {"error": line[:5000]})  # the MLflow parent says why, as the flow run does
+        tracker.end_run(parent, "FAILED")
+        raise SweepFailed(line) from e
     except BaseException:
         tracker.end_run(parent, "FAILED")
         raise
 
 
+def _run_sweep(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, max_parallel: int,
+               deployment: str | None, trial_timeout_s: float) -> dict[str, Any]:
+    log, t0 = get_run_logger(), time.monotonic()
+    tracker.log_params(parent, {"sweep.trials": len(sw.trials), "sweep.seeds": sw.spec.seeds,
+                                "sweep.metric": sw.spec.metric,
+                                **{f"sweep.grid.{k}": v for k, v in sw.spec.grid.items()}})
+    # 2. shared stages, once per distinct setting
+    shared: dict[str, dict[str, Any]] = {}
+    for tr in sw.trials:
+        shared.setdefault(config_hash({s: tr.config[s] for s in SHARED_SECTIONS}), tr.config)
+    for fut in [shared_stages.submit(c, deployment, trial_timeout_s) for c in shared.values()]:
+        fut.result()
+    log.info(f"shared stages ready ({len(shared)} distinct pass-rate settings for {len(sw.trials)} trials)")
+    # 3. trials, max_parallel at a time (the GPU pool's slots are the real limit on a cluster)
+    results: dict[str, str] = {}
+    for i in range(0, len(sw.trials), max(1, max_parallel)):
+        wave = sw.trials[i:i + max(1, max_parallel)]
+        futures = [run_trial.submit(tr, sweep_id, parent, deployment, trial_timeout_s) for tr in wave]
+        for tr, fut in zip(wave, futures):
+            results[tr.trial_id] = fut.result()  # a trial that failed for good fails the sweep
+    # 4. aggregate
+    pivot = sweep_pivot(sweep_id, sw.swept_keys, sw.spec.metric)
+    children = tracker.client.search_runs([tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    out = _aggregate(sw, sweep_id, parent, tracker, pivot, children)
+    out["duration_s"] = round(time.monotonic() - t0, 2)
+    return out
+
+
+def ui_link(tracker: Tracker, run_id: str) -> str | None:
+    """The run's page in the MLflow UI (`<server>/#/experiments/<id>/runs/<run id>`), or None for a file store."""
+    url = tracker.run_url(run_id)
+    if not url.startswith(("http://", "https://")):
+        return None
+    return url if "/#/" in url else url.replace("#/", "/#/", 1)
+
+
+def sweep_location(sw: Sweep, sweep_id: str) -> str:
+    """The sweep's folder in the artifact store its trials write to (`<experiment>/<sweep id>/`, rlvr_core.layout)."""
+    from rlvr_core.layout import sweep_prefix
+    from rlvr_core.storage import open_store
+
+    storage = sw.base_config["storage"]
+    store = open_store(storage["artifact_uri"], storage.get("s3_endpoint_url"))
+    return store.url(sweep_prefix(sw.base_config["tracking"]["experiment"], sweep_id)) + "/"
+
+
+def artifact_key(sweep_id: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes."""
+    return "sweep-" + "".join(c if c.isalnum() else "-" for c in sweep_id.lower())
+
+
 def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: list[dict[str, Any]],
                children: list[Any]) -> dict[str, Any]:
     metric = sw.spec.metric
-    table = [{**{k: r[k] for k in sw.swept_keys}, "n_seeds": r["n_seeds"], f"mean {metric}": round(r["mean"], 4),
-              "95% CI": f"{r['ci_low']:.3f}–{r['ci_high']:.3f} ({r['ci_kind']})",
-              "per seed": ", ".join(f"{v:.3f}" for v in r["per_seed"]), "trials": ", ".join(r["trial_ids"])}
-             for r in pivot]
-    key = "sweep-" + "".join(c if c.isalnum() else "-" for c in sweep_id.lower())
-    create_table_artifact(table, key=key, description=f"{sw.spec.name}: {metric} by cell (95% CI across seeds)")
+    key = artifact_key(sweep_id)
+    # Read back by `rlvr sweep run --watch` / `status` (flows/sweep_cli.py): keep the row fields as pivot_rows makes them.
+    create_table_artifact(pivot_rows(pivot, sw.swept_keys), key=key,
+                          description=f"{sw.spec.name}: mean {metric} by cell, 95% CI across seeds (Student t); "
+                                      f"swept: {', '.join(sw.swept_keys)}")
+    create_link_artifact(ui_link(tracker, parent) or tracker.run_url(parent), link_text=f"MLflow parent run {parent}",
+                         key=key + "-mlflow", description=f"MLflow parent run of {sweep_id} (experiment {tracker.experiment_id})")
+    create_link_artifact(sweep_location(sw, sweep_id), link_text="the sweep's folder in the artifact store",
+                         key=key + "-artifacts", description=f"index.html, pivot and one folder per trial of {sweep_id}")
     links = "\n".join(f"- {c.data.tags.get('trial_id')} `{c.data.tags.get('trial_label')}`: "
                       f"{tracker.run_url(c.info.run_id)}" for c in sorted(children, key=lambda c: c.data.tags.get('trial_id', '')))
     create_markdown_artifact(f"# Sweep `{sweep_id}`\n\nMLflow parent run: {tracker.run_url(parent)}\n\n"
@@ -207,6 +213,12 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
         p = Path(tmp) / "pivot.json"
         p.write_text(json.dumps(pivot, indent=2, default=str))
         tracker.log_artifact(parent, p)
+    # The sweep's folder in the artifact store: index.html (pivot, figure, a link per trial) and pivot.json.
+    from rlvr_core.artifacts_index import publish_sweep_index
+
+    print("sweep index: " + publish_sweep_index(
+        sw.base_config, sweep_id, pivot, sw.swept_keys, metric,
+        {"MLflow parent run": tracker.run_url(parent)} if tracker.tracking_uri.startswith("http") else None))
     return {"sweep_id": sweep_id, "mlflow_parent_run_id": parent, "n_trials": len(sw.trials),
             "n_child_runs": len(children), "pivot": pivot, "swept_keys": sw.swept_keys,
             "best": {k: best[k] for k in sw.swept_keys} if best else None}

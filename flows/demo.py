@@ -24,7 +24,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from rlvr_core import manifest as manifest_mod
-from rlvr_core import settings, stages, warehouse
+from rlvr_core import layout, settings, stages, warehouse
 from rlvr_core.artifacts_index import write_run_index
 from rlvr_core.compare import compare, from_result, write_report
 from rlvr_core.config import parse_config
@@ -102,13 +102,13 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
         children["evaluate-base"] = child
         base_eval = t.evaluate(cfg, data, model, "base", "base", progress)
         tracker.log_metrics(child, _eval_metrics(base_eval))
-    prefix = join(cfg.tracking.experiment, run_id)
+    prefix = layout.run_prefix(cfg.tracking.experiment, cfg.name, run_id)  # <experiment>/<name>-<id[:8]>
     trained = trained_eval = exported = None
     if cfg.grpo.enabled:
         with stage("train", "grpo") as child:
             children["train"] = child
-            trained = t.train(cfg, data, model, curriculum, progress)
-            tracker.log_step_rows(child, pq.read_table(trained.steps_path).to_pylist())
+            trained = t.train(cfg, data, model, curriculum, progress, mlflow_run_id=child)  # steps live
+            tracker.log_step_rows(child, pq.read_table(trained.steps_path).to_pylist())  # only what is missing
         # The trained model is scored from its exported, uploaded and checksum-verified copy
         # (G-lost-ckpt): the numbers belong to the checkpoint users will download.
         with stage("export") as child:

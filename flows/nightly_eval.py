@@ -29,7 +29,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from rlvr_core import manifest as manifest_mod
-from rlvr_core import settings, stages
+from rlvr_core import layout, settings, stages
 from rlvr_core.config import ExperimentConfig, config_hash, dump_yaml
 from rlvr_core.export import MANIFEST_FILE, verify_local_export
 from rlvr_core.progress import SILENT
@@ -96,7 +96,8 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                                        f"tags.suite_version = '{suite}' and tags.checkpoint_key = '{prefix}'",
                                        max_results=1)
     run_id = found[0].info.run_id if found else tracker.start_run(f"eval {prefix}", tags)
-    run_prefix = join(EXPERIMENT, run_id)
+    # nightly-eval/eval_<checkpoint's run folder>-<run id[:8]>/ (rlvr_core.layout)
+    run_prefix = layout.run_prefix(EXPERIMENT, "eval " + prefix.removesuffix("/checkpoints/final"), run_id)
     row = {"run_id": run_id, "experiment": EXPERIMENT, "name": f"eval {prefix}", "kind": "eval",
            "status": "FINISHED", "started_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "duration_s": ev.summary["duration_s"],

@@ -24,7 +24,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.runtime import flow_run
 
 from rlvr_core import manifest as manifest_mod
-from rlvr_core import settings, stages
+from rlvr_core import layout, settings, stages
 from rlvr_core.stages import experiment_manifest
 from rlvr_core.config import ExperimentConfig, dump_yaml, load_config, parse_config
 from rlvr_core.progress import Progress
@@ -81,16 +81,19 @@ def pipeline_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides:
             "kind": kind, "prompt_template": template.key, "sweep_id": sweep_id, "trial_id": trial_id,
             "trial_label": trial_label}
     tracking_uri = settings.mlflow_tracking_uri(cfg.tracking.tracking_uri)
-    run_name = f"{sweep_id}/{trial_id}" if sweep_id else cfg.name
+    # A trial is named by what differs (its label: "lr=5e-05 loss_agg=token-mean seed=1", rlvr_core.sweeps),
+    # so MLflow's run list tells trials apart; the sweep and trial ids are tags.
+    run_name = (trial_label or f"{sweep_id}/{trial_id}") if sweep_id else cfg.name
     run_id = tp.open_run(cfg.tracking.experiment, tracking_uri, run_name, tags, parent_run_id)
-    prefix = join(cfg.tracking.experiment, run_id)
+    # <experiment>/<sweep>/<trial>/ for a trial, <experiment>/<name>-<run id[:8]>/ otherwise (rlvr_core.layout)
+    prefix = layout.pipeline_prefix(cfg.tracking.experiment, cfg.name, run_id, sweep_id, trial_id, trial_label)
     from rlvr_core.tracking import Tracker
 
     tracker = Tracker(cfg.tracking.experiment, tracking_uri)
     try:
         trained = exported = trained_eval = base_eval = None
         if cfg.grpo.enabled:
-            trained = tp.train(cfg, data, model, curriculum)
+            trained = tp.train(cfg, data, model, curriculum, mlflow_run_id=run_id)  # per-step metrics live
             exported = t.export(trained, model, store, join(prefix, "checkpoints", "final"),
                                 {"config_hash": chash, "mlflow_run_id": run_id, "git_sha": git["sha"],
                                  "experiment": cfg.tracking.experiment, "sweep_id": sweep_id, "trial_id": trial_id},

@@ -23,6 +23,9 @@ artifacts_app = typer.Typer(no_args_is_help=True, help="Browse the artifact stor
 app.add_typer(config_app, name="config")
 app.add_typer(warehouse_app, name="warehouse")
 app.add_typer(artifacts_app, name="artifacts")
+from rlvr_core.sweep_cli import sweep_app  # noqa: E402  (Prefect only inside its commands)
+
+app.add_typer(sweep_app, name="sweep")
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -146,9 +149,21 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 
 @config_app.command("validate")
-def config_validate(file: Path = typer.Argument(..., help="experiment YAML")) -> None:
-    """Exit 0 and print the config hash if FILE is valid; otherwise name the file, field and why."""
+def config_validate(file: Path = typer.Argument(..., help="experiment YAML, or a sweep file (configs/sweeps/)")) -> None:
+    """Exit 0 and print the config hash if FILE is valid; otherwise name the file, field and why.
+
+    A sweep file (it has a `base`) is expanded and every trial's config validated, with the files it names."""
+    from rlvr_core.config import read_yaml_file
+    from rlvr_core.sweeps import check_sweep_files, is_sweep_file, load_sweep
+
     try:
+        if is_sweep_file(read_yaml_file(file)):
+            sw = load_sweep(file)
+            check_sweep_files(sw)
+            cells = len(sw.trials) // len(sw.spec.seeds)
+            typer.echo(f"{file}: valid sweep {sw.spec.name!r}: {len(sw.trials)} trials ({cells} cells × "
+                       f"{len(sw.spec.seeds)} seeds), sweep hash {sw.sweep_hash}")
+            return
         cfg = _load(file, [])
     except ConfigError as e:
         _fail(str(e))

@@ -22,9 +22,9 @@ every side-by-side scoring both have):
   solvable sets (c > 0): both, A only, B only, neither. RL that sharpens without widening shows B above A
   at small k, the curves crossing at large k, and few "B only" problems.
 
-Inputs: folders written by `rlvr eval --out` or run folders in the artifact store (`EXPERIMENT/RUN_ID`,
-or a bare run id), optionally `#EVAL_ID` to pick one evaluation of a run that holds several (the demo
-run holds `base` and `trained`).
+Inputs: folders written by `rlvr eval --out` or runs in the artifact store (a run folder such as
+`EXPERIMENT/NAME-ID8`, `EXPERIMENT/RUN_ID`, or a bare run id; rlvr_core.layout), optionally `#EVAL_ID` to
+pick one evaluation of a run that holds several (the demo run holds `base` and `trained`).
 """
 
 from __future__ import annotations
@@ -194,17 +194,17 @@ def _read_tables(ref: str, store) -> tuple[Any, Any, str]:
         from rlvr_core.storage import open_store
 
         store = open_store()
-    prefix = ref.strip("/")
-    if "/" not in prefix:  # a bare run id: find its experiment
-        hits = sorted({k.rsplit("/", 2)[0] for k in store.list() if k.endswith(f"/{prefix}/run.json")})
-        if len(hits) != 1:
-            raise FileNotFoundError(f"{ref!r} is neither a local folder nor a single run in the artifact store "
-                                    f"{store.url('')} ({len(hits)} runs named so)")
-        prefix = f"{hits[0]}/{prefix}"
+    from rlvr_core.layout import resolve_run
+
+    try:  # a run folder, EXPERIMENT/RUN_ID or a bare run id (rlvr_core.layout)
+        prefix = resolve_run(store, ref)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"run {ref!r} not found: it is neither a local folder nor a run in the artifact "
+                                f"store {store.uri}") from None
     keys = [f"{prefix}/{SAMPLES_FILE}", f"{prefix}/{METRICS_FILE}"]
-    missing = [k for k in keys if not store.exists(k)]
+    missing = [k[len(prefix) + 1:] for k in keys if not store.exists(k)]
     if missing:
-        raise FileNotFoundError(f"run {prefix!r} in {store.url('')} has no {', '.join(missing)}")
+        raise FileNotFoundError(f"run {ref!r} ({store.url(prefix)}) has no {', '.join(missing)}")
     samples, metrics = (pq.read_table(io.BytesIO(store.get_bytes(k))) for k in keys)
     return samples, metrics, store.url(prefix)
 

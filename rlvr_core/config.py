@@ -370,7 +370,29 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
         if data is not None and not isinstance(data, dict):
             raise ConfigError(str(p), [("", f"top level must be a mapping, got {type(data).__name__}")])
         data = apply_overrides(data or {}, overrides)
-    return parse_config(data, str(p))
+    try:
+        return parse_config(data, str(p))
+    except ConfigError as e:
+        raise _blame_overrides(e, str(p), overrides or {}) from None
+
+
+def _blame_overrides(err: ConfigError, source: str, overrides: dict[str, Any]) -> ConfigError:
+    """Problems at (or under) an overridden key are the override's (`--set grpo.lrr=1`), not the file's."""
+    def key_of(field: str) -> str | None:
+        return next((k for k in overrides if field == k or field.startswith(k + ".")), None)
+
+    ours = [(f, why) for f, why in err.problems if key_of(f)]
+    if not ours:
+        return err
+    keys = sorted({key_of(f) for f, _ in ours})
+    what = (f"override {keys[0]}={overrides[keys[0]]!r}" if len(keys) == 1 else "overrides " + ", ".join(keys))
+    out = ConfigError(f"{what} (applied to {source})", ours)
+    theirs = [(f, why) for f, why in err.problems if not key_of(f)]
+    if theirs:  # the file's own problems follow, still named by the file
+        out.problems = err.problems
+        out.args = (str(out) + "".join(f"\n  {source}: {f}: {why}" if f else f"\n  {source}: {why}"
+                                       for f, why in theirs),)
+    return out
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

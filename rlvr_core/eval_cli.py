@@ -24,7 +24,9 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def eval_command(
-    checkpoint: Path = typer.Argument(..., help="model folder (Hugging Face layout, e.g. an exported checkpoint)"),
+    # A str, not a Path: Path("s3://b/k") would become "s3:/b/k".
+    checkpoint: str = typer.Argument(..., help="model folder (Hugging Face layout, e.g. an exported checkpoint), "
+                                     "local or s3://bucket/key (downloaded to the cache first)"),
     benchmark: list[str] = typer.Option([], "--benchmark", "-b", help="benchmark name or YAML file (repeatable)"),
     suite: Optional[str] = typer.Option(None, "--suite", "-s", help="suite name or YAML file"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default $RLVR_HOME/evals/<eval id>)"),
@@ -58,21 +60,20 @@ def eval_command(
         _fail("give --benchmark NAME (repeatable) or --suite NAME, not both and not neither")
     if model_kind not in (None, "base", "chat"):
         _fail(f"--model-kind must be base or chat, got {model_kind!r}")
-    if not (checkpoint / "config.json").is_file():
-        _fail(f"{checkpoint}: no config.json (a Hugging Face model folder, e.g. an exported checkpoint)")
     try:
         specs = resolve_suite(suite) if suite else [load_benchmark(b) for b in benchmark]
     except ConfigError as e:
         _fail(str(e))
+    folder = _model_folder(checkpoint)  # after the cheap checks: an s3:// checkpoint is downloaded here
     from rlvr_core.evaluate import RunSettings, evaluate
     from rlvr_core.progress import SILENT, Progress
 
-    eval_id = eval_id or checkpoint.resolve().name
+    eval_id = eval_id or folder.resolve().name
     out = out or settings.rlvr_home() / "evals" / f"{eval_id}-{time.strftime('%Y%m%d-%H%M%S')}"
     run = RunSettings(engine=engine, dtype=dtype, device=device, tensor_parallel=tensor_parallel,
                       batch_size=batch_size, verifier_workers=verifier_workers, verifier_timeout_s=verifier_timeout_s)
     try:
-        result = evaluate(checkpoint, specs, out=out, run=run, eval_id=eval_id, model_kind=model_kind,
+        result = evaluate(folder, specs, out=out, run=run, eval_id=eval_id, model_kind=model_kind,
                           max_problems=max_problems, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
                           seed=seed, progress=SILENT if quiet else Progress())
     except ConfigError as e:
@@ -98,23 +99,69 @@ def eval_command(
         print(json.dumps(summary, default=str), flush=True)
 
 
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _model_folder(checkpoint: str) -> Path:
+    """The local folder to evaluate: the path itself, or an s3:// folder downloaded (and checked against its
+    export manifest when it has one). Exits with a one-line error naming the folder when it holds no model."""
+    if checkpoint.startswith("s3://"):
+        folder = _download(checkpoint)
+    else:
+        folder = Path(checkpoint)
+        if not folder.is_dir():
+            _fail(f"{checkpoint}: no such folder")
+    if not (folder / "config.json").is_file():
+        _fail(f"{checkpoint}: no config.json (a Hugging Face model folder, e.g. an exported checkpoint)")
+    if not any(next(folder.glob(w), None) for w in WEIGHTS):
+        _fail(f"{checkpoint}: no model weights (*.safetensors or pytorch_model*.bin): not a model folder, or an "
+              "export that did not finish")
+    return folder
+
+
+def _download(uri: str) -> Path:
+    """`s3://bucket/key/` → `$RLVR_HOME/cache/eval-checkpoints/bucket/key/` (endpoint from RLVR_S3_ENDPOINT_URL)."""
+    from urllib.parse import urlparse
+
+    from rlvr_core import settings
+    from rlvr_core.export import MANIFEST_FILE, verify_local_export
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from rlvr_core.storage import open_store
+
+    parsed = urlparse(uri)
+    key = parsed.path.strip("/")
+    dest = settings.paths().cache / "eval-checkpoints" / parsed.netloc / key
+    try:
+        if not open_store(f"s3://{parsed.netloc}").get_dir(key, dest):
+            _fail(f"{uri}: no such folder in the bucket")
+        if (dest / MANIFEST_FILE).is_file():
+            verify_local_export(dest)
+    except (OSError, ValueError, BotoCoreError, ClientError) as e:
+        _fail(f"{uri}: {e}")
+    return dest
+
+
 def _short(s: dict[str, Any]) -> dict[str, Any]:
     """The summary without the long per-k curve (it is in passk_curves.parquet)."""
     return {k: v for k, v in s.items() if k not in ("passk_curve",)}
 
 
 def _record(result, out: Path, experiment: str) -> dict[str, str]:
-    """Upload the evaluation as a run (`<experiment>/<run_id>/`, kind 'eval') and ingest it into the warehouse."""
+    """Upload the evaluation as a run (`<experiment>/<eval id>-<run id[:8]>/`, kind 'eval'), write its index
+    page and ingest it into the warehouse."""
     import yaml
 
     from rlvr_core import manifest as manifest_mod
     from rlvr_core import warehouse
     from rlvr_core.runrecord import upload_run_folder
-    from rlvr_core.storage import join, open_store
+    from rlvr_core.artifacts_index import write_run_index
+    from rlvr_core.layout import run_prefix
+    from rlvr_core.storage import open_store
 
     store = open_store()
     run_id = uuid.uuid4().hex
-    prefix = join(experiment, run_id)
+    prefix = run_prefix(experiment, result.eval_id, run_id)
     first = result.benchmarks[0] if result.benchmarks else None
     identity = first.summary.get("identity", {}) if first else {}
     git = manifest_mod.git_state()
@@ -134,6 +181,7 @@ def _record(result, out: Path, experiment: str) -> dict[str, str]:
     (out / "config.yaml").write_text(yaml.safe_dump({b.spec.name: b.spec.model_dump(mode="json")
                                                      for b in result.benchmarks}, sort_keys=False))
     upload_run_folder(store, prefix, out)
+    write_run_index(store, prefix)
     warehouse.ingest_run(store, prefix)
     return {"run_id": run_id, "prefix": prefix, "uri": store.url(prefix)}
 

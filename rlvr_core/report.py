@@ -3,12 +3,14 @@
 `build_report(run_id)` runs the dashboard's canned queries (dashboards/queries/*.sql, through
 rlvr_core.warehouse_queries) for one run, draws the figures with matplotlib (PNG) and writes
 
-    <experiment>/<run_id>/reports/index.html
-    <experiment>/<run_id>/reports/figures/*.png
+    <run folder>/reports/index.html
+    <run folder>/reports/figures/*.png
 
-into the artifact store (a local folder or S3), the HTML linking the figures by relative path, so the
-folder opens the same from a laptop, a bucket browser or `python -m http.server`. Same numbers as the
-Streamlit app, because it is the same SQL.
+into the run's folder in the artifact store (a local folder or S3; found from the warehouse's ingest log,
+rlvr_core.layout). The page is self-contained: its figures are embedded as data: URIs, so it shows them
+opened alone (downloaded from a bucket, mailed); the PNG files beside it are for browsing. A run whose
+folder is gone from the store gets no report (ReportError), rather than a report of missing files. Same
+numbers as the Streamlit app, because it is the same SQL.
 
 `report_command` and `dashboard_command` are the `rlvr report RUN` and `rlvr dashboard` commands
 (typer signatures; rlvr_core/cli.py registers them).
@@ -16,6 +18,7 @@ Streamlit app, because it is the same SQL.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import html
 import math
@@ -183,7 +186,29 @@ def _table(rows: list[dict], columns: list[str] | None = None, limit: int = 200)
 
 
 def _figure(path: Path | None, alt: str) -> str:
-    return f'<img src="figures/{path.name}" alt="{html.escape(alt)}">' if path else "<p class=empty>No data.</p>"
+    """The PNG embedded in the page (a data: URI): the page needs no file beside it."""
+    if not path:
+        return "<p class=empty>No data.</p>"
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}" title="figures/{path.name}">'
+
+
+def run_folder(store: ArtifactStore, run_id: str, warehouse_path: str | Path | None = None) -> str:
+    """The run's folder in `store`: where the warehouse last ingested it from, else looked up by run id.
+    ReportError when the store does not hold it (its files are gone, or this is another store)."""
+    from rlvr_core import warehouse
+    from rlvr_core.layout import RUN_FILE, resolve_run
+
+    rows = warehouse.query_records("SELECT run_prefix FROM ingest_log WHERE run_id = ?", [run_id], warehouse_path)
+    prefix = rows[0]["run_prefix"] if rows else None
+    if prefix and store.exists(join(prefix, RUN_FILE)):
+        return prefix
+    try:
+        return resolve_run(store, run_id)
+    except FileNotFoundError:
+        raise ReportError(f"run {run_id!r} is in the warehouse but its folder {prefix or '(unknown)'} is not in the "
+                          f"artifact store {store.uri}: its files are gone, or give --artifact-uri of the store "
+                          "it was written to") from None
 
 
 _CSS = """
@@ -202,8 +227,9 @@ def build_report(run_id: str, *, store: ArtifactStore | None = None, warehouse_p
     overview = q("run_overview", run_id=run_id)
     if not overview:
         raise ReportError(f"run {run_id!r} is not in the warehouse {warehouse_path or settings.warehouse_path()} "
-                          "(ingest it first: rlvr warehouse ingest EXPERIMENT/RUN_ID)")
+                          "(ingest it first: rlvr warehouse ingest EXPERIMENT/FOLDER)")
     run = overview[0]
+    folder = run_folder(store, run_id, warehouse_path)  # before any work: no report of a run whose files are gone
     metrics = q("run_eval_metrics", run_id=run_id)
     checkpoints = q("run_checkpoints", run_id=run_id)
     curves = q("training_curves", runs=[run_id], metrics=None)
@@ -255,11 +281,14 @@ def build_report(run_id: str, *, store: ArtifactStore | None = None, warehouse_p
                 f"<title>{html.escape(title)}</title><link rel=icon href=\"data:,\"><style>{_CSS}</style></head>"
                 "<body>" + "\n".join(sections) + "</body></html>\n")
         (Path(tmp) / "index.html").write_text(page)
-        prefix = join(run["experiment"], run_id, REPORT_DIR)
+        prefix = join(folder, REPORT_DIR)
         # Figures first, the page last: a reader that finds index.html finds what it links.
         for f in sorted(figs.iterdir()):
             store.put_file(join(prefix, "figures", f.name), f)
         store.put_file(join(prefix, "index.html"), Path(tmp) / "index.html")
+    from rlvr_core.artifacts_index import write_run_index
+
+    write_run_index(store, folder)  # the run's own page now lists the report
     return store.url(join(prefix, "index.html"))
 
 
@@ -280,9 +309,9 @@ def dashboard_command(port: int = typer.Option(8501, help="port to serve on"),
                       host: str = typer.Option("127.0.0.1", help="address to bind (0.0.0.0 to share on a network)"),
                       warehouse: Optional[Path] = typer.Option(None, help="warehouse file (default: configured)")
                       ) -> None:
-    """Start the Streamlit dashboard over the warehouse (read-only)."""
+    """Start the Streamlit dashboard over the warehouse (read-only). Stopping this command (Ctrl-C,
+    `kill -TERM`, a closed terminal) stops the Streamlit server it started."""
     import os
-    import subprocess
     import sys
 
     env = dict(os.environ)
@@ -292,4 +321,32 @@ def dashboard_command(port: int = typer.Option(8501, help="port to serve on"),
            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     typer.echo(f"dashboard on http://{host}:{port}  (warehouse {env.get('RLVR_WAREHOUSE') or settings.warehouse_path()})",
                err=True)
-    raise typer.Exit(subprocess.call(cmd, env=env))
+    raise typer.Exit(run_forwarding_signals(cmd, env))
+
+
+def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
+    """Run `cmd` as a child and wait for it; SIGTERM, SIGINT and SIGHUP sent to this process are passed on
+    to it, so the child never outlives the command (a plain subprocess.call leaves it running on SIGTERM)."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(cmd, env=env)
+    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def forward(signum, _frame) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in sigs}
+    try:
+        return proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if proc.poll() is None:  # this process is leaving for another reason: do not leave the server behind
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

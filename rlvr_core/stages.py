@@ -8,6 +8,7 @@ inputs (data, base model, pass-rate table) are content-addressed in the stage ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -367,9 +368,25 @@ def _vllm_options(cfg: ExperimentConfig) -> dict | None:
     return llm_options(cfg.sampling, tensor_parallel=False)
 
 
+@contextlib.contextmanager
+def _live_metrics(cfg: ExperimentConfig, run_id: str | None):
+    """The trainer's `on_step` for MLflow run `run_id` (None: no live metrics); flushed at the end, also when
+    training fails, so the steps before a crash or a guard stop are in MLflow."""
+    if not run_id:
+        yield None
+        return
+    from rlvr_core.tracking import StepMetricsSink
+
+    with StepMetricsSink(run_id, cfg.tracking.tracking_uri) as sink:
+        yield sink
+
+
 def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, curriculum: CurriculumArtifact,
-                progress: Progress = SILENT) -> TrainArtifact:
+                progress: Progress = SILENT, mlflow_run_id: str | None = None) -> TrainArtifact:
     """GRPO on the curriculum, starting from the base model.
+
+    With `mlflow_run_id` each step's metrics reach that run (in `cfg.tracking`'s store) while training runs
+    (`StepMetricsSink`); the caller still records steps.parquet afterwards, which logs only what is missing.
 
     The output folder is keyed by every input (base model hash, curriculum, GRPO settings, template,
     verifier, seed) and used in place, so a killed or retried run resumes from its last checkpoint
@@ -384,11 +401,12 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     folder, done = resumable_dir("grpo", key)
     if not done:
         ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
-        result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
-                            verifier=cfg.eval.verifier, verifier_mode=cfg.eval.verifier_mode,
-                            max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
-                            progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
-                            engine=cfg.sampling.engine, engine_options=_vllm_options(cfg))
+        with _live_metrics(cfg, mlflow_run_id) as on_step:
+            result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
+                                verifier=cfg.eval.verifier, verifier_mode=cfg.eval.verifier_mode,
+                                max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
+                                progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
+                                engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step)
         (folder / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str))
         final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
         (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))

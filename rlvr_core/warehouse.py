@@ -674,8 +674,11 @@ def ingest_all(store: ArtifactStore, path: str | Path | None = None, force: bool
 
 
 def find_runs(store: ArtifactStore) -> list[str]:
-    """Run folders in the store: every `<experiment>/<run_id>/run.json`."""
-    return sorted(k.rsplit("/", 1)[0] for k in store.list() if k.endswith("/run.json") and k.count("/") == 2)
+    """Run folders in the store: every folder holding a run.json, at any depth below its experiment
+    (`<experiment>/<run>/`, and sweep trials' `<experiment>/<sweep>/<trial>/`; docs/artifacts.md)."""
+    from rlvr_core.layout import find_run_folders
+
+    return find_run_folders(store)
 
 
 def rebuild(store: ArtifactStore, path: str | Path | None = None) -> dict[str, int]:

@@ -254,7 +254,7 @@ def query_command(
 
 
 def ingest_command(
-    run: Optional[str] = typer.Argument(None, help="run folder in the artifact store: EXPERIMENT/RUN_ID"),
+    run: Optional[str] = typer.Argument(None, help="run folder in the artifact store, e.g. EXPERIMENT/NAME-ID8 (docs/artifacts.md)"),
     all_runs: bool = typer.Option(False, "--all", help="every run folder in the store (unchanged ones are skipped; "
                                                        "an interrupted call resumes)"),
     force: bool = typer.Option(False, "--force", help="re-read runs whose files have not changed"),
@@ -267,7 +267,7 @@ def ingest_command(
     from rlvr_core.storage import open_store
 
     if (run is None) == (not all_runs):
-        _fail("give EXPERIMENT/RUN_ID or --all", 2)
+        _fail("give a run folder (EXPERIMENT/NAME-ID8) or --all", 2)
     store = open_store(artifact_uri)
     try:
         out = warehouse.ingest_all(store, force=force) if all_runs else warehouse.ingest_run(store, run, force=force)

@@ -33,6 +33,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from rlvr_core import settings, stages
+from rlvr_core.artifacts_index import write_run_index
 from rlvr_core.config import ExperimentConfig
 from rlvr_core.runrecord import upload_run_folder, write_run_folder
 from rlvr_core.storage import ArtifactStore
@@ -100,9 +101,11 @@ def _tmp_root() -> str:
 # ------------------------------------------------------------------------------------------ GPU stages
 @task(name="grpo-train", cache_policy=NO_CACHE, tags=[GPU_TAG], **_RETRY)
 def train(cfg: ExperimentConfig, data: stages.DataArtifact, base: stages.ModelArtifact,
-          curriculum: stages.CurriculumArtifact) -> stages.TrainArtifact:
+          curriculum: stages.CurriculumArtifact, mlflow_run_id: str | None = None) -> stages.TrainArtifact:
+    """`mlflow_run_id`: the run that gets the per-step metrics while training runs (docs/tracking.md); the
+    stage process reaches it through `cfg.tracking` and the environment, so no credential is written."""
     out = run_stage_process("train", {"config": cfg.resolved(), "data": asdict(data), "base": asdict(base),
-                                      "curriculum": asdict(curriculum)})
+                                      "curriculum": asdict(curriculum), "mlflow_run_id": mlflow_run_id})
     return stages.TrainArtifact(model=stages.ModelArtifact(**out.pop("model")), **out)
 
 
@@ -139,7 +142,8 @@ def record(store: ArtifactStore, prefix: str, tracker_args: tuple[str, str | Non
            run_row: dict[str, Any], params: dict[str, Any], manifest: dict[str, Any], config_yaml: str,
            summary: dict[str, Any], tables: dict[str, pa.Table], metrics: dict[str, float],
            tags: dict[str, Any], report_md: str, steps_path: str | None) -> str:
-    """Run folder → artifact store (run.json last), and the same numbers → MLflow. Safe to repeat."""
+    """Run folder → artifact store (run.json last), and the same numbers → MLflow; then the folder's
+    index.html (rlvr_core.artifacts_index), linking the MLflow run when the tracking URI is a server. Safe to repeat."""
     tracker = Tracker(*tracker_args)
     with tempfile.TemporaryDirectory(prefix="rlvr-run-") as tmp:
         local = write_run_folder(Path(tmp), run=run_row, params=params, manifest=manifest, config_yaml=config_yaml,
@@ -149,9 +153,11 @@ def record(store: ArtifactStore, prefix: str, tracker_args: tuple[str, str | Non
         tracker.log_params(run_id, params)
         tracker.log_metrics(run_id, metrics)
         if steps_path:
-            tracker.log_step_rows(run_id, pq.read_table(steps_path).to_pylist())
+            tracker.log_step_rows(run_id, pq.read_table(steps_path).to_pylist())  # what training did not send
         tracker.set_tags(run_id, tags)
         tracker.log_artifact(run_id, local)
+    links = {"MLflow run": tracker.run_url(run_id)} if tracker.tracking_uri.startswith("http") else None
+    write_run_index(store, prefix, links)
     return store.url(prefix)
 
 

@@ -54,8 +54,10 @@ def _worth_retrying(task, task_run, state) -> bool:
 @task(name="grpo-train", cache_policy=NO_CACHE, tags=["compute"], retries=1, retry_delay_seconds=5,
       retry_condition_fn=_worth_retrying)
 def train(cfg: ExperimentConfig, data: stages.DataArtifact, base: stages.ModelArtifact,
-          curriculum: stages.CurriculumArtifact, progress: Progress) -> stages.TrainArtifact:
-    return stages.train_stage(cfg, data, base, curriculum, progress)
+          curriculum: stages.CurriculumArtifact, progress: Progress,
+          mlflow_run_id: str | None = None) -> stages.TrainArtifact:
+    """`mlflow_run_id`: the run that gets the per-step metrics while training runs (docs/tracking.md)."""
+    return stages.train_stage(cfg, data, base, curriculum, progress, mlflow_run_id=mlflow_run_id)
 
 
 # Retried on transient storage errors: the local export is reused when it still matches its manifest,

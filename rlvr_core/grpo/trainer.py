@@ -142,7 +142,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                max_new_tokens: int, seed: int, progress: Callable[[str], None] | None = None,
                stop_after_steps: int | None = None,
                evaluate: Callable[[Any, Any], dict[str, float]] | None = None, engine: str = "hf",
-               engine_options: dict | None = None) -> GRPOResult:
+               engine_options: dict | None = None, on_step: Callable[[dict], None] | None = None) -> GRPOResult:
     """Train the policy in `base_model_dir` with GRPO on the curriculum; see the module docstring.
 
     Resumes from `out_dir/checkpoints` when it holds a checkpoint. `stop_after_steps` ends this call
@@ -150,7 +150,9 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     killed; a second call resumes. `evaluate(model, tokenizer) -> {name: value}` is called every
     `cfg.eval_every` steps and after the last one (G-no-eval); its values land in that step's row as
     `eval/<name>`. `engine` names the rollout engine (rollout_engine.py: "hf" or "vllm"), `engine_options`
-    its settings (vllm: `vllm.LLM` overrides, see `rlvr_core.sampling.vllm.llm_options`). Returns a GRPOResult;
+    its settings (vllm: `vllm.LLM` overrides, see `rlvr_core.sampling.vllm.llm_options`). `on_step(row)` gets
+    each finished step's row of steps.parquet on rank 0 (guard flags set), e.g. a
+    `rlvr_core.tracking.StepMetricsSink` that sends it to MLflow while training runs. Returns a GRPOResult;
     `final_model_dir` exists only when all `cfg.steps` steps are done.
 
     Under a launcher every rank calls this with the same arguments; P must be divisible by the world
@@ -201,6 +203,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             state.step_rows.append(row)
             # 6. guards: the run-level detectors; one stop decision for every rank (eval/* exist on rank 0 only)
             serious = run.guards.check(state.step_rows, say)
+            if on_step is not None and dp.is_main:
+                on_step(row)  # the row is final now (guard flags set): live metrics (docs/tracking.md)
             if dp.max([float(bool(serious))])[0] > 0:
                 _stop_collapsed(run, serious, step)
             state.data_pos += rollouts.n_groups  # every prompt sampled is consumed, kept or not

@@ -136,4 +136,4 @@ def test_artifacts_open_prints_a_local_path(store, rlvr_home, monkeypatch):
     one = CliRunner().invoke(app, ["open", "exp/r2/manifest.json", "--print", "--artifact-uri", store.uri])
     assert one.exit_code == 0 and Path(one.output.strip()).read_text() == "{}"
     missing = CliRunner().invoke(app, ["open", "exp/nope", "--print", "--artifact-uri", store.uri])
-    assert missing.exit_code == 1 and "no artifact or folder 'exp/nope'" in missing.output
+    assert missing.exit_code == 1 and "no artifact, folder or run 'exp/nope'" in missing.output

@@ -19,12 +19,13 @@ def write(tmp_path: Path, data: dict, name: str = "s.yaml") -> Path:
     return p
 
 
-def test_demo_sweep_expands_to_four_valid_trials():
+def test_demo_sweep_expands_to_four_cells_times_three_seeds():
     sw = load_sweep(ROOT / "configs" / "sweeps" / "demo_2x2.yaml")
-    assert [t.trial_id for t in sw.trials] == ["t00", "t01", "t02", "t03"]
+    assert [t.trial_id for t in sw.trials] == [f"t{i:02d}" for i in range(12)]
     assert sw.swept_keys == ["grpo.loss_agg", "grpo.lr"]
-    cells = {(t.config["grpo"]["loss_agg"], t.config["grpo"]["lr"]) for t in sw.trials}
-    assert cells == {(a, b) for a in ("token-mean", "seq-mean-token-mean") for b in (1e-5, 5e-5)}
+    cells = [(t.config["grpo"]["loss_agg"], t.config["grpo"]["lr"], t.config["seed"]) for t in sw.trials]
+    assert sorted(cells) == sorted((a, b, s) for a in ("token-mean", "seq-mean-token-mean") for b in (1e-5, 5e-5)
+                                   for s in (0, 1, 2))
     # `set` reached every trial, and everything else is the base file's.
     base = load_config(ROOT / "configs" / "demo.yaml").resolved()
     for t in sw.trials:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
-from rlvr_core.tracking import (STANDARD_TAGS, Tracker, common_tags, config_params, metric_key, redact,
-                                redact_url)
+from rlvr_core.tracking import (EXPERIMENT_KIND_TAG, STANDARD_TAGS, StepMetricsSink, Tracker, common_tags,
+                                config_params, is_secret_key, metric_key, redact, redact_url)
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +145,119 @@ def test_step_rows_are_logged_at_their_steps_in_few_batches(tracker):
     assert {m.step: m.value for m in tracker.client.get_metric_history(run, "health/G-entropy")}[3] == 1
     assert 2 not in {m.step for m in tracker.client.get_metric_history(run, "train/kl_ref_mean")}
     assert not tracker.client.get_metric_history(run, "train/note")
+
+
+# ------------------------------------------------------------------ redaction by names that are secrets
+SECRET_NAMES = ["password", "db_password", "passwd", "secret", "client_secret", "aws_secret_access_key",
+                "api_key", "apikey", "openai_api_key", "access_key", "aws_access_key_id", "private_key",
+                "credential", "google_credentials", "auth", "basic_auth", "authorization", "token", "hf_token",
+                "access_token", "api_token", "auth_token", "MLFLOW_TRACKING_TOKEN", "HF_TOKEN", "hfToken",
+                "storage.api_token", "tracking.password"]
+PLAIN_NAMES = ["max_new_tokens", "eval.max_new_tokens", "sampling.max_new_tokens", "max_tokens", "tokens_per_s",
+               "n_tokens", "tokenizer", "tokenizer_hash", "token_kl", "pad_token", "eos_token", "author",
+               "max_tokens_per_step", "lr", "tracking_uri", "experiment",
+               "loss_agg", "kl_ref_mean"]
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_secret_names_are_redacted(name):
+    assert is_secret_key(name), name
+    assert redact({name: "hunter2"}) == {name: "***"}
+
+
+@pytest.mark.parametrize("name", PLAIN_NAMES)
+def test_token_counts_and_tokenizers_are_not_secrets(name):
+    assert not is_secret_key(name), name
+    assert redact({name: 48}) == {name: 48}
+
+
+def test_max_new_tokens_params_keep_their_values(tracker):
+    run = tracker.start_run("r", {})
+    cfg = {"eval": {"max_new_tokens": 48}, "sampling": {"max_new_tokens": 64},
+           "storage": {"hf_token": "hunter2"}, "tracking": {"tracking_uri": "http://u:hunter2@h:1"}}
+    tracker.log_params(run, config_params(cfg))
+    params = tracker.client.get_run(run).data.params
+    assert params["eval.max_new_tokens"] == "48" and params["sampling.max_new_tokens"] == "64"
+    assert params["storage.hf_token"] == "***" and params["tracking.tracking_uri"] == "http://u:***@h:1"
+    assert "hunter2" not in repr(params)
+
+
+# ------------------------------------------------------------------ MLflow 3 opens the runs view
+def test_experiments_are_tagged_machine_learning_and_links_open_the_runs(home):
+    created = Tracker("kind-created")
+    assert created.client.get_experiment(created.experiment_id).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    # An experiment made elsewhere (an older rlvr, the UI) gets the tag when a Tracker uses it ...
+    other = created.client.create_experiment("kind-existing")
+    created.client.set_experiment_tag(other, EXPERIMENT_KIND_TAG, "no_inferred_type")  # what MLflow may infer
+    Tracker("kind-existing")
+    assert created.client.get_experiment(other).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    # ... but a kind someone chose stays.
+    chosen = created.client.create_experiment("kind-chosen", tags={EXPERIMENT_KIND_TAG: "genai_development"})
+    Tracker("kind-chosen")
+    assert created.client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"
+    # MLflow 3.17's UI picks the view from the link's workflowType (the tag is what older 3.x UIs read).
+    served = Tracker("kind-created", tracking_uri=created.tracking_uri)
+    served.tracking_uri = "http://rlvr:pw@127.0.0.1:5000"
+    assert served.run_url("abc") == (f"http://127.0.0.1:5000#/experiments/{created.experiment_id}/runs/abc"
+                                     "?workflowType=machine_learning")
+    assert served.experiment_url() == (f"http://127.0.0.1:5000#/experiments/{created.experiment_id}"
+                                       "?workflowType=machine_learning")
+
+
+# ------------------------------------------------------------------ per-step metrics while training runs
+def _row(step: int, value: float) -> dict:
+    return {"step": step, "loss": value, "reward_mean": value / 2, "health/G-entropy": 0, "note": "x"}
+
+
+def _history(client, run, key="train/loss") -> list:
+    return sorted(client.get_metric_history(run, key), key=lambda m: (m.step, m.timestamp))
+
+
+def _wait_for_step(client, run, step: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while step not in {m.step for m in client.get_metric_history(run, "train/loss")}:
+        assert time.monotonic() < deadline, f"step {step} not in MLflow after {timeout_s}s"
+        time.sleep(0.05)
+
+
+def test_step_sink_sends_each_step_during_training_with_its_own_time(tracker):
+    run = tracker.start_run("live", {})
+    handed = {}
+    with StepMetricsSink(run, tracker.tracking_uri, every_steps=2, every_s=0.2) as sink:
+        for step in range(1, 7):
+            t0 = time.perf_counter()
+            handed[step] = int(time.time() * 1000)
+            sink(_row(step, float(step)))
+            assert time.perf_counter() - t0 < 0.05  # the trainer never waits for MLflow
+            _wait_for_step(tracker.client, run, step)  # visible while "training" still runs
+            time.sleep(0.03)
+    hist = _history(tracker.client, run)
+    assert [m.step for m in hist] == [1, 2, 3, 4, 5, 6]  # each step once
+    stamps = [m.timestamp for m in hist]
+    assert stamps == sorted(stamps) and len(set(stamps)) == 6  # their own times, not one shared stamp
+    assert all(abs(m.timestamp - handed[m.step]) < 50 for m in hist)
+    assert [m.step for m in _history(tracker.client, run, "health/G-entropy")] == [1, 2, 3, 4, 5, 6]
+    assert sink.sent == 6 * 3 and tracker.log_step_rows(run, [_row(s, float(s)) for s in range(1, 7)]) == 0
+
+
+def test_step_sink_after_resume_logs_no_step_twice(tracker):
+    run = tracker.start_run("resumed", {})
+    with StepMetricsSink(run, tracker.tracking_uri, every_s=0.1) as sink:  # killed after step 4 ...
+        for step in range(1, 5):
+            sink(_row(step, float(step)))
+    with StepMetricsSink(run, tracker.tracking_uri, every_s=0.1) as sink:  # ... resumed from its step-2 checkpoint
+        for step in range(3, 8):
+            sink(_row(step, 100.0 + step))
+    hist = _history(tracker.client, run)
+    assert [m.step for m in hist] == list(range(1, 8))
+    assert {m.step: m.value for m in hist}[3] == 3.0 and {m.step: m.value for m in hist}[7] == 107.0
+    # The record afterwards (steps.parquet) only fills what is missing: here nothing.
+    assert tracker.log_step_rows(run, [_row(s, 100.0 + s) for s in range(1, 8)]) == 0
+    assert [m.step for m in _history(tracker.client, run)] == list(range(1, 8))
+
+
+def test_log_step_rows_backfills_only_missing_steps(tracker):
+    run = tracker.start_run("backfill", {})
+    tracker.log_step_rows(run, [_row(s, float(s)) for s in (1, 2)])
+    assert tracker.log_step_rows(run, [_row(s, float(s)) for s in (1, 2, 3)]) == 3  # step 3's three values
+    assert [m.step for m in _history(tracker.client, run)] == [1, 2, 3]

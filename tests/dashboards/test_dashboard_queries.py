@@ -33,8 +33,15 @@ def test_every_query_file_parses_and_runs(sample_warehouse):
 def test_leaderboard_is_each_runs_best_metric_and_flags_the_collapse(sample_warehouse):
     truth = sample_warehouse.runs.truth
     rows = rec(sample_warehouse, "leaderboard")
-    assert {r["run_id"]: r["value"] for r in rows} == {rid: max(t["accuracy"].values()) for rid, t in truth.items()}
-    assert [r["value"] for r in rows] == sorted((r["value"] for r in rows), reverse=True)
+    # One row per run and benchmark (different benchmarks are different settings): the best checkpoint's value.
+    assert {(r["run_id"], r["benchmark"]): r["value"] for r in rows} == {
+        (rid, b): max(v for (bb, _), v in t["accuracy"].items() if bb == b)
+        for rid, t in truth.items() for b in sample_runs.BENCHMARKS}
+    for bench in sample_runs.BENCHMARKS:  # ranked within the group, best first
+        group = [r for r in rows if r["benchmark"] == bench]
+        assert len({r["settings_group"] for r in group}) == 1 and all(r["runs_in_group"] == 6 for r in group)
+        assert [r["value"] for r in group] == sorted((r["value"] for r in group), reverse=True)
+        assert [r["rank_in_group"] for r in group] == [1 + sum(o["value"] > r["value"] for o in group) for r in group]
     assert {r["run_id"] for r in rows if r["collapsed"]} == {sample_runs.COLLAPSED}
     one = rec(sample_warehouse, "leaderboard", benchmark="synthetic")
     assert {r["run_id"]: r["value"] for r in one} == {
@@ -277,3 +284,51 @@ def test_warehouse_commands(sample_warehouse, tmp_path, monkeypatch):
     assert json.loads(one.stdout)["probe_tokens"] == len(sample_warehouse.runs.truth[sample_runs.PROBED]["probe_tokens"])
     missing = runner.invoke(app, ["ingest", "exp/none", "--artifact-uri", store])
     assert missing.exit_code == 1 and "no run.json" in missing.output
+
+
+def _eval_run(store, run_id: str, value: float, **settings) -> None:
+    """A run folder holding one evaluation's metric row, with the evaluator's settings JSON."""
+    import json
+
+    import pyarrow as pa
+
+    from rlvr_core.runrecord import upload_run_folder, write_run_folder
+
+    full = {"benchmark": "synthetic", "n_problems": 40, "n": 4, "template": "plain", "temperature": 1.0,
+            "max_new_tokens": 48, "seed": 0, "batch_size": 64, "verifier_workers": 2, **settings}
+    metrics = pa.Table.from_pylist([{"eval_id": "e", "benchmark": "synthetic", "checkpoint": "c", "metric":
+                                     "accuracy_greedy", "value": value, "n": full["n_problems"], "ci_low": 0.0,
+                                     "ci_high": 1.0, "settings": json.dumps(full, sort_keys=True)}])
+    local = write_run_folder(store.root.parent / "local" / run_id, run={"run_id": run_id, "experiment": "lb"},
+                             params={}, manifest={}, config_yaml="", summary={},
+                             tables={"evals/metrics.parquet": metrics})
+    upload_run_folder(store, f"lb/{run_id}", local)
+
+
+def test_leaderboard_never_ranks_different_settings_together(tmp_path):
+    """n = 40 against n = 200 problems (or another template, temperature, max tokens) are different groups, as
+    `rlvr compare` would refuse the pair; batch size and verifier workers (COMPARE_EXEMPT) are not."""
+    import re
+
+    from rlvr_core.evaluate import COMPARE_EXEMPT
+    from rlvr_core.storage import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    _eval_run(store, "small", 0.9)
+    _eval_run(store, "big", 0.6, n_problems=200)
+    _eval_run(store, "big-fast", 0.7, n_problems=200, batch_size=256, verifier_workers=0)
+    _eval_run(store, "other-template", 0.95, n_problems=200, template="qwen-boxed")
+    _eval_run(store, "short", 0.8, n_problems=200, max_new_tokens=16)
+    _eval_run(store, "hot", 0.85, n_problems=200, temperature=0.6)
+    warehouse.ingest_all(store, tmp_path / "w.duckdb")
+    rows = {r["run_id"]: r for r in wq.records("leaderboard", {}, tmp_path / "w.duckdb")}
+    groups = {rid: r["settings_group"] for rid, r in rows.items()}
+    assert groups["big"] == groups["big-fast"]
+    assert len({groups[k] for k in ("small", "big", "other-template", "short", "hot")}) == 5
+    assert (rows["big-fast"]["rank_in_group"], rows["big"]["rank_in_group"]) == (1, 2)
+    assert rows["small"]["rank_in_group"] == 1 and rows["small"]["runs_in_group"] == 1
+    assert (rows["big"]["n_problems"], rows["small"]["n_problems"], rows["short"]["max_new_tokens"],
+            rows["hot"]["temperature"], rows["other-template"]["template"]) == (200, 40, 16, 0.6, "qwen-boxed")
+    # The query's exempt keys are exactly the comparison's (rlvr_core.evaluate.COMPARE_EXEMPT).
+    sql = wq.load("leaderboard").sql
+    assert set(re.findall(r'"(\w+)": null', sql)) == set(COMPARE_EXEMPT)

@@ -174,8 +174,11 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     # Per-step training numbers live on the pipeline's `train` child run (docs/tracking.md).
     train_run = s["mlflow_child_run_ids"]["train"]
     assert client.get_run(train_run).data.tags["mlflow.parentRunId"] == run
-    history = client.get_metric_history(train_run, "train/reward_mean")
-    assert sorted(m.step for m in history) == [1, 2, 3]
+    history = sorted(client.get_metric_history(train_run, "train/reward_mean"), key=lambda m: m.step)
+    assert [m.step for m in history] == [1, 2, 3]
+    # Sent while training ran (StepMetricsSink), each step at the time it finished: not one shared stamp.
+    stamps = [m.timestamp for m in history]
+    assert len(set(stamps)) == 3 and stamps == sorted(stamps)
     # The periodic held-out evaluation (every 2 steps and after the last) uses the final evaluation's
     # problems, prompts, decoding and verifier: its last point is exactly the trained model's score.
     curve = {m.step: m.value for m in client.get_metric_history(train_run, "train/eval/greedy_pass_at_1")}

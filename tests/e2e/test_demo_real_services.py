@@ -41,16 +41,17 @@ def test_demo_flow_on_prefect_server_and_s3(rlvr_home, s3_env, monkeypatch):
             assert run.state.is_completed()
 
     run_id = summary["mlflow_run_id"]
-    assert summary["artifact_uri"] == f"s3://{bucket}/team/real-services/{run_id}"
+    folder = f"demo-{run_id[:8]}"  # <experiment>/<run name>-<run id[:8]> (rlvr_core.layout)
+    assert summary["artifact_uri"] == f"s3://{bucket}/team/real-services/{folder}"
     # The run folder really is in the bucket, run.json included (written last).
     s3 = boto3.client("s3", endpoint_url=endpoint)
-    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"team/real-services/{run_id}/")["Contents"]}
-    assert {f"team/real-services/{run_id}/{k}" for k in ("run.json", "manifest.json", "config.yaml",
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"team/real-services/{folder}/")["Contents"]}
+    assert {f"team/real-services/{folder}/{k}" for k in ("run.json", "manifest.json", "config.yaml",
                                                           "evals/samples.parquet")} <= keys
-    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"team/real-services/{run_id}/manifest.json")["Body"].read())
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"team/real-services/{folder}/manifest.json")["Body"].read())
     assert manifest["prefect_flow_run_id"] == summary["prefect_flow_run_id"]
     # The run's index page sits at its root and links its files relatively.
-    index = s3.get_object(Bucket=bucket, Key=f"team/real-services/{run_id}/index.html")["Body"].read().decode()
+    index = s3.get_object(Bucket=bucket, Key=f"team/real-services/{folder}/index.html")["Body"].read().decode()
     assert 'href="manifest.json"' in index and 'href="evals/samples.parquet"' in index
     # MLflow: the demo is a parent run with one finished child per stage, all carrying the same standard tags.
     from mlflow.tracking import MlflowClient
@@ -67,7 +68,7 @@ def test_demo_flow_on_prefect_server_and_s3(rlvr_home, s3_env, monkeypatch):
         assert {k: r.data.tags.get(k) for k in STANDARD_TAGS} == {
             "sweep_id": "", "trial_id": "", "config_hash": summary["config_hash"], "git_sha": manifest["code"]["sha"] or "",
             "prefect_flow_run_id": summary["prefect_flow_run_id"], "dataset_hash": json.loads(
-                s3.get_object(Bucket=bucket, Key=f"team/real-services/{run_id}/run.json")["Body"].read())["dataset_hash"]}
+                s3.get_object(Bucket=bucket, Key=f"team/real-services/{folder}/run.json")["Body"].read())["dataset_hash"]}
     # Each stage's numbers live on its child; the headline numbers on the parent.
     (ev,) = [c for c in children if c.info.run_name == "evaluate-base"]
     assert ev.data.tags["stage"] == "evaluate" and ev.data.params["eval.verifier"] == "gsm8k"

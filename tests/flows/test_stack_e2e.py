@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.local_stack import GPU_POOL, ROOT, prefect_down, prefect_up, stack_env, start_worker
+from flows.local_stack import GPU_POOL, ROOT, prefect_down, prefect_up, stack_env, start_worker, stop_pid
 
 pytestmark = pytest.mark.slow
 
@@ -32,14 +32,55 @@ TINY_EVAL = {"data.synthetic.n_train": 400, "data.synthetic.n_test": 40, "eval.n
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, monkeypatch_module):
     home = tmp_path_factory.mktemp("stack")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))  # compiled once
-    state = prefect_up(home)
+    # An MLflow tracking server (as on a team stack) over the sqlite file the tests also read directly:
+    # flows and `rlvr sweep` get MLFLOW_TRACKING_URI through stack_env, so links point at its UI.
+    mlflow = _start_mlflow(home)
+    monkeypatch_module.setenv("MLFLOW_TRACKING_URI", mlflow["url"])
     try:
-        yield state
+        state = prefect_up(home)
+        state["mlflow_url"] = mlflow["url"]
+        try:
+            yield state
+        finally:
+            prefect_down(state)
     finally:
-        prefect_down(state)
+        stop_pid(mlflow["pid"])
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def _start_mlflow(home: Path) -> dict:
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (home / "mlflow").mkdir(parents=True, exist_ok=True)
+    log = open(home / "mlflow-server.log", "ab")
+    proc = subprocess.Popen([str(Path(os.sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
+                             "--default-artifact-root", str(home / "mlflow" / "artifacts")],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (home / "mlflow-server.log").read_text()[-3000:]
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                return {"url": url, "pid": proc.pid}
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    pytest.fail("mlflow server did not start")
 
 
 def prefect_cli(state, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -69,29 +110,111 @@ def sweep_runs(state, sweep_name):
     return parents[0], children
 
 
+def rlvr_cli(state, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`rlvr ...` as a user of the stack runs it: the stack's environment (PREFECT_API_URL, RLVR_HOME, MLflow)."""
+    env = stack_env(Path(state["home"]), state["api_url"])
+    return subprocess.run([str(Path(os.sys.executable).parent / "rlvr"), *args], env=env, cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def test_sweep_2x2_through_the_cli(stack):
-    proc = prefect_cli(stack, "deployment", "run", "ablation-sweep/demo-2x2", "--watch", timeout=900)
-    assert proc.returncode == 0 and "Completed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The shipped demo sweep, one loss aggregation only (CI time: 2 cells x 3 seeds = 6 trials instead of 12;
+    # every trial of the full file is validated by tests/core/test_sweep_cli.py).
+    proc = rlvr_cli(stack, "sweep", "run", "demo-2x2", "--set", "grid.grpo.loss_agg=[token-mean]", "--watch")
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-5000:]
     parent, children = sweep_runs(stack, "demo-2x2")
     assert parent.info.status == "FINISHED"
-    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
-    assert sorted(c.data.tags["trial_id"] for c in children) == ["t00", "t01", "t02", "t03"]
-    assert {(c.data.params["grpo.loss_agg"], float(c.data.params["grpo.lr"])) for c in children} == \
-        {(a, b) for a in ("token-mean", "seq-mean-token-mean") for b in (1e-5, 5e-5)}
+    assert len(children) == 6 and all(c.info.status == "FINISHED" for c in children)
+    assert sorted(c.data.tags["trial_id"] for c in children) == [f"t{i:02d}" for i in range(6)]
+    assert {(c.data.params["grpo.loss_agg"], float(c.data.params["grpo.lr"]), int(c.data.params["seed"]))
+            for c in children} == {("token-mean", b, s) for b in (1e-5, 5e-5) for s in (0, 1, 2)}
+    # MLflow run names say what differs, in short keys (not a common "<sweep id>/..." prefix).
+    assert sorted(c.info.run_name for c in children) == sorted(
+        f"loss_agg=token-mean lr={b} seed={s}" for b in ("1e-05", "5e-05") for s in (0, 1, 2))
+    # Every training step ran at the lr its cell compares (no warm-up or decay below it: the demo sweep's schedule).
+    for c in children:
+        lrs = wh(stack, "select value from train_steps where run_id = ? and metric = 'lr'", [c.info.run_id])
+        assert len(lrs) == 4 and all(abs(r["value"] - float(c.data.params["grpo.lr"])) < 1e-12 for r in lrs), lrs
     sweep_id = parent.data.tags["sweep_id"]
     from flows.ablation_sweep import sweep_pivot
 
     pivot = sweep_pivot(sweep_id, ["grpo.loss_agg", "grpo.lr"], path=Path(stack["home"]) / "warehouse.duckdb")
-    assert len(pivot) == 4 and all(r["n_seeds"] == 1 and 0 <= r["ci_low"] <= r["mean"] <= r["ci_high"] <= 1
-                                   for r in pivot)
-    # Each cell's number is its child run's trained greedy accuracy.
+    assert len(pivot) == 2 and all(r["n_seeds"] == 3 and r["ci_kind"] == "t over 3 seeds"
+                                   and r["ci_low"] <= r["mean"] <= r["ci_high"] for r in pivot)
+    # Each cell's number is the mean of its three child runs' trained greedy accuracies.
     by_trial = {c.data.tags["trial_id"]: c.data.metrics["eval/synthetic/trained/accuracy_greedy"] for c in children}
-    assert sorted((r["trial_ids"][0], r["mean"]) for r in pivot) == sorted(by_trial.items())
+    for r in pivot:
+        assert r["per_seed"] == [by_trial[t] for t in r["trial_ids"]] and r["seeds"] == [0, 1, 2]
+        assert abs(r["mean"] - sum(r["per_seed"]) / 3) < 1e-12
+    _assert_printed_pivot(out, pivot, parent, stack)
+    # `rlvr sweep show` prints the same table from the warehouse alone (no Prefect), by sweep name.
+    show = rlvr_cli(stack, "sweep", "show", "demo-2x2")
+    assert show.returncode == 0 and show.stdout.splitlines()[1:] == out.splitlines()[1:1 + len(pivot) + 3], \
+        show.stdout + show.stderr
+    # The artifact store reads as the sweep (docs/artifacts.md): rlvr-sweeps/<sweep id>/ holds the sweep's page
+    # and pivot, and a folder per trial named by what differs, each with its own page.
+    from urllib.parse import quote
+
+    sweep_dir = Path(stack["home"]) / "artifacts" / "rlvr-sweeps" / sweep_id
+    page = (sweep_dir / "index.html").read_text()
+    trials = sorted(p.parent.name for p in sweep_dir.glob("*/run.json"))
+    assert [t.split("_", 1)[0] for t in trials] == sorted(c.data.tags["trial_id"] for c in children)
+    assert all("lr=" in t and "seed=" in t for t in trials), trials
+    for t in trials:
+        assert (sweep_dir / t / "index.html").is_file() and f'href="{quote(t)}/index.html"' in page
+    assert len(json.loads((sweep_dir / "pivot.json").read_text())) == len(pivot)
     # The shared stage ran once: every trial trained on the same pass-rate table, which is one cache entry.
     tables = wh(stack, "select distinct table_id from pass_rate_tables p join runs r using (run_id) where r.kind = 'trial'")
     assert len(tables) == 1
     assert len(list((Path(stack["home"]) / "cache" / "pass_rate_table").glob("[0-9a-f]*"))) == 1
-    assert wh(stack, "select count(*) as n from runs where kind = 'trial'") == [{"n": 4}]
+    assert wh(stack, "select count(*) as n from runs where kind = 'trial'") == [{"n": 6}]
+
+
+def _assert_printed_pivot(out: str, pivot: list[dict], parent, stack) -> None:
+    """`rlvr sweep run --watch` ends with the pivot (a row per cell: values, seeds, mean, 95% CI, per-seed values),
+    the MLflow parent run's page on the tracking server, and the sweep's folder in the artifact store."""
+    lines = out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("loss_agg"))
+    assert lines[head].split() == ["loss_agg", "lr", "seeds", "mean", "accuracy_greedy", "95%", "CI", "per", "seed"]
+    for r, line in zip(pivot, lines[head + 2:head + 2 + len(pivot)]):
+        cell = line.split()
+        assert cell[:3] == [r["grpo.loss_agg"], f"{float(r['grpo.lr']):g}", "3"], line
+        assert f"{r['mean']:.3f}" == cell[3] and f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" in line, line
+        assert ", ".join(f"{v:.3f}" for v in r["per_seed"]) + "  (seeds 0, 1, 2)" in line, line
+    assert "95% CI: t over 3 seeds" in lines[head + 2 + len(pivot)]
+    exp = parent.info.experiment_id
+    link = f"MLflow parent run: {stack['mlflow_url']}/#/experiments/{exp}/runs/{parent.info.run_id}"
+    assert any(ln == link or ln.startswith(link + "?") for ln in lines), out[-2000:]  # (+ the runs-view query)
+    sweep_dir = Path(stack["home"]) / "artifacts" / "rlvr-sweeps" / parent.data.tags["sweep_id"]
+    assert f"artifacts: {sweep_dir}/" in lines, out[-2000:]
+
+
+def test_sweep_cli_errors_in_one_line(stack, tmp_path):
+    # A bad sweep file: one line naming the file and the field, exit 2, nothing submitted.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"name": "bad-1", "base": str(ROOT / "configs" / "demo.yaml"),
+                                   "grid": {"grpo.learnig_rate": [1e-5]}}))
+    proc = rlvr_cli(stack, "sweep", "run", str(bad))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"invalid sweep: {bad}: grid.grpo.learnig_rate: not a field of the experiment config"], proc.stderr
+    assert rlvr_cli(stack, "sweep", "status", "bad-1").returncode == 2  # no such flow run on the server
+    # A trial that fails on the worker (its trainer's log-prob guard trips at step 1): the sweep fails, and
+    # the watch ends with the trial's final error in one line, no traceback; `status` says the same.
+    demo = yaml.safe_load((ROOT / "configs" / "sweeps" / "demo_2x2.yaml").read_text())
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump({"name": "broken-1", "base": str(ROOT / "configs" / "demo.yaml"),
+                                      "set": {**demo["set"], "grpo.logprob_temperature": 2.0},
+                                      "grid": {"grpo.lr": [2.0e-5]}}))
+    proc = rlvr_cli(stack, "sweep", "run", str(broken), "--watch")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert last.startswith("sweep Failed: trial t00 (lr=2e-05 seed=0) failed: ") and "G-logprob-temp" in last, last
+    status = rlvr_cli(stack, "sweep", "status", "broken-1")
+    assert status.returncode == 1 and status.stderr.strip().splitlines()[-1] == last, status.stdout + status.stderr
+    assert any(ln.split()[:1] == ["t00"] and "G-logprob-temp" in ln for ln in status.stdout.splitlines()), status.stdout
+    parent, _ = sweep_runs(stack, "broken-1")
+    assert parent.info.status == "FAILED" and "G-logprob-temp" in parent.data.tags["error"]
 
 
 def test_nightly_eval_evaluates_new_checkpoints_once(stack):
@@ -100,13 +223,13 @@ def test_nightly_eval_evaluates_new_checkpoints_once(stack):
     assert first.returncode == 0 and "Completed" in first.stdout, first.stdout[-3000:] + first.stderr[-3000:]
     evals = wh(stack, "select run_id from runs where kind = 'eval'")
     ckpts = wh(stack, "select count(*) as n from runs where kind = 'trial'")[0]["n"]
-    assert len(evals) == ckpts == 4
+    assert len(evals) == ckpts == 6
     # Each checkpoint's nightly greedy accuracy equals the pipeline's own evaluation of it (same suite settings).
     same = wh(stack, """select count(*) as n from eval_metrics a join eval_metrics b
                         on a.checkpoint = b.checkpoint and a.metric = b.metric
                         where a.eval_id = 'trained' and b.eval_id like 'nightly-%' and a.metric = 'accuracy_greedy'
                         and abs(a.value - b.value) < 1e-12""")
-    assert same == [{"n": 4}]
+    assert same == [{"n": 6}]
     second = prefect_cli(stack, "deployment", "run", "nightly-eval/nightly", *params, "--watch", timeout=600)
     assert second.returncode == 0, second.stdout[-3000:]
     assert [r["run_id"] for r in wh(stack, "select run_id from runs where kind = 'eval'")] == [r["run_id"] for r in evals]
@@ -158,7 +281,8 @@ def test_lost_worker_trial_resumes_from_its_checkpoint(stack, tmp_path):
     parent, children = sweep_runs(stack, "fault-1")
     assert len(children) == 1 and children[0].info.status == "FINISHED"
     run_id = children[0].info.run_id
-    summary = json.loads((home / "artifacts" / "rlvr-sweeps" / run_id / "summary.json").read_text())
+    (row,) = wh(stack, "select run_prefix from ingest_log where run_id = ?", [run_id])
+    summary = json.loads((home / "artifacts" / row["run_prefix"] / "summary.json").read_text())
     resumed = summary["train"]["resumed_from_step"]
     assert resumed >= int(killed_at.removeprefix("step")) >= 2 and summary["train"]["steps"] == steps
     # Every step exactly once in the warehouse, one run row, one trial.

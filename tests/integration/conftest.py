@@ -1,8 +1,8 @@
 """A real team stack on 127.0.0.1 for the integration tests, started the way users start it.
 
 `rlvr stack up` (run as `python -m rlvr_core.stack`, so the test does not depend on the CLI's
-registration) starts moto_server and `mlflow server` (sqlite backend, `--serve-artifacts` proxying to
-s3://rlvr/mlflow on moto); one tiny demo with two GRPO steps then runs through the real `rlvr` CLI
+registration) starts the S3 server and `mlflow server` (sqlite backend, `--serve-artifacts` proxying to
+s3://rlvr/mlflow on that S3); one tiny demo with two GRPO steps then runs through the real `rlvr` CLI
 against it, with distinctive S3 credentials, an MLflow token and a password in the tracking URI, so
 test_secrets.py can look for them everywhere the run left traces. Both test files share this one
 session (stack start-up plus one demo is most of their time).

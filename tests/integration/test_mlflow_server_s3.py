@@ -110,13 +110,14 @@ def test_artifacts_go_through_the_server_into_the_bucket(stack_demo, bucket):
     obj = bucket.get_object(Bucket="rlvr", Key=f"mlflow/{exp_id}/{run_id}/artifacts/manifest.json")["Body"].read()
     assert obj == r.content
     # … and to the run folder in the artifact store (RLVR_ARTIFACT_URI=s3://rlvr/artifacts).
-    assert s["artifact_uri"] == f"s3://rlvr/artifacts/team-stack/{run_id}"
-    assert bucket.get_object(Bucket="rlvr", Key=f"artifacts/team-stack/{run_id}/manifest.json")["Body"].read() == obj
+    # (The folder is named `<run name>-<run id[:8]>`, rlvr_core.layout; MLflow's copy keeps MLflow's own ids.)
+    assert s["artifact_uri"] == f"s3://rlvr/artifacts/team-stack/demo-{run_id[:8]}"
+    assert bucket.get_object(Bucket="rlvr", Key=f"artifacts/team-stack/demo-{run_id[:8]}/manifest.json")["Body"].read() == obj
 
 
 def test_run_folder_layout_and_index_in_the_bucket(stack_demo, bucket):
     s = stack_demo["summary"]
-    prefix = f"artifacts/team-stack/{s['mlflow_run_id']}/"
+    prefix = f"artifacts/team-stack/demo-{s['mlflow_run_id'][:8]}/"
     keys = {o["Key"][len(prefix):] for page in bucket.get_paginator("list_objects_v2").paginate(Bucket="rlvr", Prefix=prefix)
             for o in page.get("Contents", [])}
     assert {"config.yaml", "manifest.json", "run.json", "params.json", "summary.json", "index.html",
@@ -128,7 +129,7 @@ def test_run_folder_layout_and_index_in_the_bucket(stack_demo, bucket):
     # Every file of the folder is linked, relatively; the only absolute link is the MLflow run page.
     assert keys - {"index.html"} <= hrefs
     assert [h for h in hrefs if "://" in h] == [f"{stack_demo['mlflow']}#/experiments/{s['mlflow_experiment_id']}"
-                                                f"/runs/{s['mlflow_run_id']}"]
+                                                f"/runs/{s['mlflow_run_id']}?workflowType=machine_learning"]
 
 
 def test_artifacts_cli_browses_the_bucket(stack_demo, env_for):
@@ -136,7 +137,7 @@ def test_artifacts_cli_browses_the_bucket(stack_demo, env_for):
     checkpoints) into a local cache where the index's relative links resolve."""
     s = stack_demo["summary"]
     env = {**env_for(stack_demo["home"]), **stack_demo["state"]["env"]}
-    run = f"team-stack/{s['mlflow_run_id']}"
+    run = f"team-stack/demo-{s['mlflow_run_id'][:8]}"
     code = ("import sys, typer; from rlvr_core.cli import artifacts_ls; from rlvr_core.artifacts_index import "
             "artifacts_open; app = typer.Typer(); app.command('ls')(artifacts_ls); app.command('open')(artifacts_open); "
             "app(sys.argv[1:])")
@@ -155,4 +156,8 @@ def test_artifacts_cli_browses_the_bucket(stack_demo, env_for):
     assert not (page.parent / "checkpoints").exists()
     missing = subprocess.run([sys.executable, "-c", code, "open", "team-stack/no-such-run", "--print"], env=env,
                              capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 1 and "no artifact or folder 'team-stack/no-such-run' in s3://rlvr/artifacts" in missing.stderr
+    assert missing.returncode == 1 and "no artifact, folder or run 'team-stack/no-such-run' in s3://rlvr/artifacts" in missing.stderr
+    # The MLflow run id alone finds the same folder (what `rlvr demo` and the MLflow UI show).
+    by_id = subprocess.run([sys.executable, "-c", code, "open", s["mlflow_run_id"], "--print"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert by_id.returncode == 0 and Path(by_id.stdout.strip().splitlines()[-1]) == page, by_id.stderr

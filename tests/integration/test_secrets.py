@@ -59,7 +59,7 @@ def test_no_secret_in_the_bucket(stack_demo, bucket, canaries):
     # The files most likely to capture an environment or a URI were among them.
     for key in ("manifest.json", "run.json", "summary.json", "config.yaml", "index.html",
                 "checkpoints/final/export_manifest.json"):
-        assert f"artifacts/team-stack/{run}/{key}" in searched, key
+        assert f"artifacts/team-stack/demo-{run[:8]}/{key}" in searched, key
     assert any(k.startswith("mlflow/") and k.endswith("/artifacts/manifest.json") for k in searched)
 
 
@@ -68,7 +68,7 @@ def test_recorded_uris_are_redacted_not_dropped(stack_demo, bucket):
     above searched files that would have held it."""
     s = stack_demo["summary"]
     assert s["mlflow_tracking_uri"] == stack_demo["mlflow"].replace("http://", "http://rlvr:***@")
-    body = bucket.get_object(Bucket="rlvr", Key=f"artifacts/team-stack/{s['mlflow_run_id']}/summary.json")["Body"].read()
+    body = bucket.get_object(Bucket="rlvr", Key=f"artifacts/team-stack/demo-{s['mlflow_run_id'][:8]}/summary.json")["Body"].read()
     assert b"rlvr:***@127.0.0.1" in body
 
 
@@ -77,7 +77,7 @@ def test_no_secret_in_local_state_or_output(stack_demo, canaries):
     home: Path = stack_demo["home"]
     files = [p for p in home.rglob("*") if p.is_file()]
     names = {p.name for p in files}
-    assert {"state.json", "mlflow.log", "moto.log", "warehouse.duckdb"} <= names  # the stack's and the run's traces
+    assert {"state.json", "mlflow.log", "s3.log", "warehouse.duckdb"} <= names  # the stack's and the run's traces
     assert any(p.suffix == ".db" and "prefect" in str(p) for p in files)  # Prefect's flow-run records
     for p in files:
         assert find(canaries, p.read_bytes()) == [], str(p)

@@ -1,0 +1,106 @@
+"""Small inline-SVG charts for the artifact store's index pages.
+
+An index page must show its figures when it is opened on its own (downloaded out of S3, mailed, opened
+from a cache): an `<svg>` element inside the HTML needs no other file, no script and no matplotlib. Two
+shapes cover the pages: lines (training curves, pass@k) and means with intervals (a sweep's pivot).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+W, H = 520, 260
+PAD_L, PAD_R, PAD_T, PAD_B = 52, 14, 26, 38
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    if hi <= lo:
+        return [lo]
+    step = 10 ** math.floor(math.log10((hi - lo) / n))
+    for m in (1, 2, 5, 10):
+        if (hi - lo) / (step * m) <= n:
+            step *= m
+            break
+    first = math.ceil(lo / step) * step
+    return [round(first + i * step, 10) for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def _frame(title: str, xlabel: str, ylabel: str, y_lo: float, y_hi: float, yv) -> list[str]:
+    """The SVG head, title, axis labels, y grid lines."""
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
+           f'role="img" aria-label="{html.escape(title)}" style="font:11px sans-serif">',
+           f"<title>{html.escape(title)}</title>",
+           f'<text x="{W / 2}" y="16" text-anchor="middle" style="font-weight:bold">{html.escape(title)}</text>',
+           f'<text x="{W / 2}" y="{H - 6}" text-anchor="middle">{html.escape(xlabel)}</text>',
+           f'<text x="12" y="{H / 2}" text-anchor="middle" transform="rotate(-90 12 {H / 2})">{html.escape(ylabel)}</text>']
+    for t in _ticks(y_lo, y_hi):
+        y = yv(t)
+        out.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
+                   f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
+    return out
+
+
+def _range(values: list[float], lo: float | None, hi: float | None) -> tuple[float, float]:
+    a = min(values) if lo is None else lo
+    b = max(values) if hi is None else hi
+    if b <= a:
+        a, b = a - 0.5, b + 0.5
+    return a, b
+
+
+def line_chart(series: dict[str, list[tuple[float, float]]], *, title: str, xlabel: str, ylabel: str,
+               log2_x: bool = False, y_range: tuple[float | None, float | None] = (None, None)) -> str:
+    """One polyline per series (points sorted by x), with a legend; '' when there is nothing to draw."""
+    series = {k: sorted((x, y) for x, y in pts if y is not None and not math.isnan(y)) for k, pts in series.items()}
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return ""
+    tx = (lambda x: math.log2(x)) if log2_x else (lambda x: x)
+    xs = [tx(x) for pts in series.values() for x, _ in pts]
+    x_lo, x_hi = _range(xs, None, None)
+    y_lo, y_hi = _range([y for pts in series.values() for _, y in pts], *y_range)
+    xv = lambda x: PAD_L + (tx(x) - x_lo) / (x_hi - x_lo) * (W - PAD_L - PAD_R)  # noqa: E731
+    yv = lambda y: H - PAD_B - (y - y_lo) / (y_hi - y_lo) * (H - PAD_T - PAD_B)  # noqa: E731
+    out = _frame(title, xlabel, ylabel, y_lo, y_hi, yv)
+    ticks = range(math.ceil(x_lo), math.floor(x_hi) + 1) if log2_x else _ticks(x_lo, x_hi, 6)
+    if all(float(x).is_integer() for x in xs):  # steps, k: no tick between two whole numbers
+        ticks = [t for t in ticks if float(t).is_integer()]
+    for t in ticks:  # in the drawn (log2 or plain) space
+        x = PAD_L + (t - x_lo) / (x_hi - x_lo) * (W - PAD_L - PAD_R)
+        out.append(f'<text x="{x:.1f}" y="{H - PAD_B + 14}" text-anchor="middle">{_fmt(2 ** t if log2_x else t)}</text>')
+    for i, (name, pts) in enumerate(series.items()):
+        c = COLOURS[i % len(COLOURS)]
+        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.6" points="'
+                   + " ".join(f"{xv(x):.1f},{yv(y):.1f}" for x, y in pts) + '"/>')
+        if len(pts) <= 20:
+            out += [f'<circle cx="{xv(x):.1f}" cy="{yv(y):.1f}" r="2.5" fill="{c}"/>' for x, y in pts]
+        out.append(f'<text x="{W - PAD_R - 4}" y="{PAD_T + 12 + 13 * i}" text-anchor="end" fill="{c}">'
+                   f"{html.escape(name)}</text>")
+    return "\n".join(out + ["</svg>"])
+
+
+def interval_chart(rows: list[tuple[str, float, float | None, float | None]], *, title: str, ylabel: str) -> str:
+    """One point per row (label, mean, low, high) with its interval as a vertical bar; '' when empty."""
+    rows = [r for r in rows if r[1] is not None]
+    if not rows:
+        return ""
+    vals = [v for _, m, lo, hi in rows for v in (m, lo, hi) if v is not None]
+    y_lo, y_hi = _range(vals, min(0.0, min(vals)), max(vals) if max(vals) > 1 else 1.0)
+    step = (W - PAD_L - PAD_R) / len(rows)
+    yv = lambda y: H - PAD_B - (y - y_lo) / (y_hi - y_lo) * (H - PAD_T - PAD_B)  # noqa: E731
+    out = _frame(title, "cell", ylabel, y_lo, y_hi, yv)
+    for i, (label, mean, lo, hi) in enumerate(rows):
+        x = PAD_L + step * (i + 0.5)
+        if lo is not None and hi is not None:
+            out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{yv(lo):.1f}" y2="{yv(hi):.1f}" stroke="#555" '
+                       f'stroke-width="2"/>')
+        out.append(f'<circle cx="{x:.1f}" cy="{yv(mean):.1f}" r="4" fill="{COLOURS[0]}"><title>'
+                   f"{html.escape(label)}: {_fmt(mean)}</title></circle>"
+                   f'<text x="{x:.1f}" y="{H - PAD_B + 14}" text-anchor="middle">{html.escape(label[:24])}</text>')
+    return "\n".join(out + ["</svg>"])
