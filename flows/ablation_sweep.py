@@ -196,6 +196,9 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
                                       f"swept: {', '.join(sw.swept_keys)}")
     create_link_artifact(ui_link(tracker, parent) or tracker.run_url(parent), link_text=f"MLflow parent run {parent}",
                          key=key + "-mlflow", description=f"MLflow parent run of {sweep_id} (experiment {tracker.experiment_id})")
+    if children:
+        create_link_artifact(tracker.compare_url([c.info.run_id for c in children]), key=key + "-compare",
+                             link_text="MLflow compare view of the trials", description=f"the trials of {sweep_id}")
     create_link_artifact(sweep_location(sw, sweep_id), link_text="the sweep's folder in the artifact store",
                          key=key + "-artifacts", description=f"index.html, pivot and one folder per trial of {sweep_id}")
     links = "\n".join(f"- {c.data.tags.get('trial_id')} `{c.data.tags.get('trial_label')}`: "
@@ -218,7 +221,9 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
 
     print("sweep index: " + publish_sweep_index(
         sw.base_config, sweep_id, pivot, sw.swept_keys, metric,
-        {"MLflow parent run": tracker.run_url(parent)} if tracker.tracking_uri.startswith("http") else None))
+        {"MLflow parent run": tracker.run_url(parent),
+         "MLflow compare view of the trials": tracker.compare_url([c.info.run_id for c in children])}
+        if tracker.tracking_uri.startswith("http") else None))
     return {"sweep_id": sweep_id, "mlflow_parent_run_id": parent, "n_trials": len(sw.trials),
             "n_child_runs": len(children), "pivot": pivot, "swept_keys": sw.swept_keys,
             "best": {k: best[k] for k in sw.swept_keys} if best else None}

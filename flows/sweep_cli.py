@@ -184,7 +184,8 @@ def results(flow_run_id: UUID | str) -> dict[str, Any]:
     with _client() as client:
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(str(flow_run_id))])))
-    out: dict[str, Any] = {"rows": None, "swept_keys": [], "metric": "accuracy_greedy", "mlflow": None, "artifacts": None}
+    out: dict[str, Any] = {"rows": None, "swept_keys": [], "metric": "accuracy_greedy", "mlflow": None, "artifacts": None,
+                           "compare": None}
     for a in arts:
         key = a.key or ""
         if a.type == "table" and key.startswith("sweep-"):
@@ -195,6 +196,6 @@ def results(flow_run_id: UUID | str) -> dict[str, Any]:
             out["metric"] = m.group(1) if m else out["metric"]
             if not rows and (s := re.search(r"swept: (.*)$", a.description or "")):
                 out["swept_keys"] = [k.strip() for k in s.group(1).split(",") if k.strip()]
-        elif key.endswith(("-mlflow", "-artifacts")) and (m := _LINK.match(str(a.data).strip())):
-            out["mlflow" if key.endswith("-mlflow") else "artifacts"] = m.group("url")
+        elif key.endswith(("-mlflow", "-artifacts", "-compare")) and (m := _LINK.match(str(a.data).strip())):
+            out[key.rsplit("-", 1)[1]] = m.group("url")
     return out

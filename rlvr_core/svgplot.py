@@ -94,13 +94,22 @@ def interval_chart(rows: list[tuple[str, float, float | None, float | None]], *,
     y_lo, y_hi = _range(vals, min(0.0, min(vals)), max(vals) if max(vals) > 1 else 1.0)
     step = (W - PAD_L - PAD_R) / len(rows)
     yv = lambda y: H - PAD_B - (y - y_lo) / (y_hi - y_lo) * (H - PAD_T - PAD_B)  # noqa: E731
-    out = _frame(title, "cell", ylabel, y_lo, y_hi, yv)
+    out = _frame(title, "", ylabel, y_lo, y_hi, yv)  # the cells' labels take the x-axis label's room
     for i, (label, mean, lo, hi) in enumerate(rows):
         x = PAD_L + step * (i + 0.5)
         if lo is not None and hi is not None:
             out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{yv(lo):.1f}" y2="{yv(hi):.1f}" stroke="#555" '
                        f'stroke-width="2"/>')
         out.append(f'<circle cx="{x:.1f}" cy="{yv(mean):.1f}" r="4" fill="{COLOURS[0]}"><title>'
-                   f"{html.escape(label)}: {_fmt(mean)}</title></circle>"
-                   f'<text x="{x:.1f}" y="{H - PAD_B + 14}" text-anchor="middle">{html.escape(label[:24])}</text>')
+                   f"{html.escape(label)}: {_fmt(mean)}</title></circle>" + _cell_label(label, x, step))
     return "\n".join(out + ["</svg>"])
+
+
+def _cell_label(label: str, x: float, width: float) -> str:
+    """A cell's label under its point: one line per `key=value` (at most 3), cut to the cell's width, so
+    neighbouring labels never overlap."""
+    chars = max(4, int(width / 6.2))  # ~6 px per character at 11 px sans-serif
+    parts = [p if len(p) <= chars else p[: chars - 1] + "…" for p in label.split()][:3]
+    lines = "".join(f'<tspan x="{x:.1f}" dy="{0 if i == 0 else 11}">{html.escape(p)}</tspan>'
+                    for i, p in enumerate(parts))
+    return f'<text x="{x:.1f}" y="{H - PAD_B + 13}" text-anchor="middle">{lines}</text>'

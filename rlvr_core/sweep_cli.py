@@ -109,6 +109,8 @@ def _report(pc: Any, snap: Any) -> None:
     run_id = link.split("/runs/", 1)[-1].split("?", 1)[0]
     typer.echo(f"MLflow parent run: {link}" if link.startswith("http") else
                f"MLflow parent run: {run_id} in {link.split('#', 1)[0]} (a file store: `mlflow ui` opens it)")
+    if (res.get("compare") or "").startswith("http"):
+        typer.echo(f"MLflow compare view: {res['compare']}")
     typer.echo(f"artifacts: {res['artifacts']}")
 
 

@@ -487,6 +487,14 @@ class Tracker:
         MLflow 3 open the runs, not its GenAI traces page."""
         return self._ui_path("")
 
+    def compare_url(self, run_ids: list[str]) -> str:
+        """MLflow's compare view of these runs (params side by side, parallel coordinates); no credentials."""
+        from urllib.parse import quote
+
+        runs, exps = quote(json.dumps(sorted(run_ids))), quote(json.dumps([self.experiment_id]))
+        return self._ui_path("").split("#", 1)[0] + f"#/compare-runs?runs={runs}&experiments={exps}" + \
+            UI_QUERY.replace("?", "&")
+
     def run_url(self, run_id: str) -> str:
         """The run's page in the MLflow UI (a server), or its place in the store; no credentials in it."""
         return self._ui_path(f"/runs/{run_id}")

@@ -202,6 +202,11 @@ def test_experiments_are_tagged_machine_learning_and_links_open_the_runs(home):
                                      "?workflowType=machine_learning")
     assert served.experiment_url() == (f"http://127.0.0.1:5000#/experiments/{created.experiment_id}"
                                        "?workflowType=machine_learning")
+    # The compare view of a sweep's trials: MLflow's own route (JSON lists, URL-encoded), sorted run ids.
+    e = created.experiment_id
+    assert served.compare_url(["b2", "a1"]) == (
+        f'http://127.0.0.1:5000#/compare-runs?runs=%5B%22a1%22%2C%20%22b2%22%5D&experiments=%5B%22{e}%22%5D'
+        "&workflowType=machine_learning")
 
 
 # ------------------------------------------------------------------ per-step metrics while training runs

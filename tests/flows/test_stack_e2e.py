@@ -171,6 +171,39 @@ def test_sweep_2x2_through_the_cli(stack):
     assert wh(stack, "select count(*) as n from runs where kind = 'trial'") == [{"n": 6}]
 
 
+def test_the_sweep_in_a_browser(stack):
+    """What a person sees (Debian's chromium): the experiment link opens MLflow's runs table (not the GenAI
+    page) with the sweep's parent run; the compare view of the sweep's trials shows their names and the
+    swept params; the sweep's index page and a trial's index page, opened as files, draw their figures."""
+    from rlvr_core.tracking import UI_QUERY, Tracker
+    from tests.dashboards.browser import page, screenshot
+
+    parent, children = sweep_runs(stack, "demo-2x2")
+    exp, names = parent.info.experiment_id, sorted(c.info.run_name for c in children)
+    tracker = Tracker("rlvr-sweeps", tracking_uri=stack["mlflow_url"])
+    with page(width=1600, height=1000) as (pg, errors):
+        pg.goto(f"{stack['mlflow_url']}/#/experiments/{exp}{UI_QUERY}")
+        pg.get_by_text(parent.info.run_name).first.wait_for(timeout=90_000)  # the runs table (trials nest under it)
+        screenshot(pg, "mlflow_sweep_runs.png")
+        pg.goto(tracker.compare_url([c.info.run_id for c in children]))  # the link `rlvr sweep run` prints
+        pg.get_by_text("grpo.lr").first.wait_for(timeout=90_000)
+        for n in names:
+            assert pg.get_by_text(n).count() >= 1, n
+        screenshot(pg, "mlflow_sweep_compare.png")
+        sweep_dir = Path(stack["home"]) / "artifacts" / "rlvr-sweeps" / parent.data.tags["sweep_id"]
+        errors.clear()
+        pg.goto((sweep_dir / "index.html").as_uri())
+        assert pg.locator("svg").count() >= 1 and pg.locator("svg").first.bounding_box()["height"] > 50
+        assert pg.locator("a[href$='index.html']").count() >= len(children)
+        screenshot(pg, "sweep_index.png")
+        pg.locator("a[href$='index.html']").first.click()
+        pg.wait_for_load_state()
+        assert pg.url.endswith("/index.html") and pg.url != (sweep_dir / "index.html").as_uri()
+        assert pg.locator("svg").count() >= 1 and pg.locator("svg").first.bounding_box()["height"] > 50
+        screenshot(pg, "trial_index.png")
+        assert errors == [], errors  # our pages, opened on their own, load nothing that fails
+
+
 def _assert_printed_pivot(out: str, pivot: list[dict], parent, stack) -> None:
     """`rlvr sweep run --watch` ends with the pivot (a row per cell: values, seeds, mean, 95% CI, per-seed values),
     the MLflow parent run's page on the tracking server, and the sweep's folder in the artifact store."""
@@ -186,6 +219,9 @@ def _assert_printed_pivot(out: str, pivot: list[dict], parent, stack) -> None:
     exp = parent.info.experiment_id
     link = f"MLflow parent run: {stack['mlflow_url']}/#/experiments/{exp}/runs/{parent.info.run_id}"
     assert any(ln == link or ln.startswith(link + "?") for ln in lines), out[-2000:]  # (+ the runs-view query)
+    compare = next(ln for ln in lines if ln.startswith("MLflow compare view: "))
+    assert compare.startswith(f"MLflow compare view: {stack['mlflow_url']}/#/compare-runs?runs=") and \
+        f"experiments=%5B%22{exp}%22%5D" in compare, compare
     sweep_dir = Path(stack["home"]) / "artifacts" / "rlvr-sweeps" / parent.data.tags["sweep_id"]
     assert f"artifacts: {sweep_dir}/" in lines, out[-2000:]
 

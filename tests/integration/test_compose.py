@@ -38,7 +38,8 @@ def test_services_and_loopback_ports():
     services = _compose()["services"]
     assert set(services) == {"postgres", "minio", "createbuckets", "mlflow", "prefect"}
     expected = {"mlflow": (5000, "MLFLOW_PORT", stack.DEFAULT_MLFLOW_PORT), "minio": (9000, "S3_PORT", stack.DEFAULT_S3_PORT),
-                "postgres": (5432, "POSTGRES_PORT", 5432), "prefect": (4200, "PREFECT_PORT", 4200)}
+                "postgres": (5432, "POSTGRES_PORT", stack.DEFAULT_PG_PORT),
+                "prefect": (4200, "PREFECT_PORT", stack.DEFAULT_PREFECT_PORT)}
     docs = DOCS.read_text()
     for name, (container, var, port) in expected.items():
         host = _published(services[name])[container]
