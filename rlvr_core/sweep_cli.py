@@ -31,15 +31,9 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _overrides(sets: list[str]) -> dict[str, Any]:
-    import yaml
+    from rlvr_core.cli import _parse_sets  # at call time: rlvr_core.cli imports this module
 
-    out: dict[str, Any] = {}
-    for s in sets:
-        if "=" not in s:
-            _fail(f"--set {s!r}: expected KEY=VALUE, e.g. --set seeds=[0,1,2] or --set grpo.steps=8")
-        k, v = s.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
-    return out
+    return _parse_sets(sets)
 
 
 @sweep_app.command("run")

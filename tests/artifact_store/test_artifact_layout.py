@@ -12,20 +12,12 @@ from typer.testing import CliRunner
 from rlvr_core import warehouse
 from rlvr_core.layout import find_run_folders, pipeline_prefix, resolve_run, run_prefix, slug, trial_prefix
 from rlvr_core.runrecord import upload_run_folder, write_run_folder
-from rlvr_core.storage import LocalStore, open_store
 
 LEGACY = "0f" * 16           # an old run folder: rlvr-demo/<full run id>
 SINGLE = "a1b2c3d4" + "e" * 24
 TRIAL = "c0ffee00" + "1" * 24
 SWEEP = "demo-2x2-5eed5eed"
 
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return LocalStore(tmp_path / "store")
-    endpoint, bucket = request.getfixturevalue("s3_env")
-    return open_store(f"s3://{bucket}/artifacts", endpoint_url=endpoint)
 
 
 def _run(store, prefix: str, run_id: str, tmp_path, experiment: str = "rlvr-demo") -> None:

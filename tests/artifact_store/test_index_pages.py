@@ -18,7 +18,7 @@ import pytest
 
 from rlvr_core.artifacts_index import write_run_index, write_sweep_index
 from rlvr_core.layout import trial_prefix
-from rlvr_core.storage import LocalStore, open_store
+from rlvr_core.storage import LocalStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboards"))  # the shared browser helper
 from browser import page, screenshot  # noqa: E402
@@ -26,13 +26,6 @@ from browser import page, screenshot  # noqa: E402
 SVG = "{http://www.w3.org/2000/svg}"
 STEPS = [{"step": s, "reward_mean": r} for s, r in ((1, 0.1), (2, 0.3), (3, 0.2), (4, 0.6))]
 
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return LocalStore(tmp_path / "store")
-    endpoint, bucket = request.getfixturevalue("s3_env")
-    return open_store(f"s3://{bucket}/artifacts", endpoint_url=endpoint)
 
 
 def _put_parquet(store, key: str, rows: list[dict]) -> None:
