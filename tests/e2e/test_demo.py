@@ -193,7 +193,7 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
 
     assert s["export"]["step"] == 3 and s["export"]["dtype"] == "float32"
     store = open_store(str(home / "artifacts"))
-    manifest = verify_export(store, f"e2e/{run}/checkpoints/final",
+    manifest = verify_export(store, f"e2e/demo-{run[:8]}/checkpoints/final",
                              expected_manifest_sha256=s["export"]["manifest_sha256"])
     assert {"model.safetensors", "config.json"} <= {f["path"] for f in manifest["files"]}
     assert client.get_run(run).data.tags["export_uri"] == s["export"]["uri"]
