@@ -172,8 +172,17 @@ def _sync_bucket(store: DiskStore, bucket: str) -> None:
 
 
 def _target(environ: dict[str, Any]) -> tuple[str, str]:
-    """(bucket, key) of a path-style request (what boto3 sends to an IP endpoint such as 127.0.0.1)."""
+    """(bucket, key): path-style (`/bucket/key`, what boto3 sends to an IP endpoint such as 127.0.0.1) or
+    virtual-hosted (`bucket.localhost:9000` + `/key`)."""
+    import ipaddress
+
     path = unquote(environ.get("PATH_INFO", "")).lstrip("/")
+    host = environ.get("HTTP_HOST", "").rsplit(":", 1)[0]
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        if "." in host and not path.startswith("moto-api"):
+            return host.split(".", 1)[0], path
     bucket, _, key = path.partition("/")
     return bucket, key
 
