@@ -492,8 +492,9 @@ class Tracker:
         from urllib.parse import quote
 
         runs, exps = quote(json.dumps(sorted(run_ids))), quote(json.dumps([self.experiment_id]))
-        return self._ui_path("").split("#", 1)[0] + f"#/compare-runs?runs={runs}&experiments={exps}" + \
-            UI_QUERY.replace("?", "&")
+        base = self._ui_path("").split("#", 1)[0]
+        base += "/" if base.startswith(("http://", "https://")) and not base.endswith("/") else ""
+        return base + f"#/compare-runs?runs={runs}&experiments={exps}" + UI_QUERY.replace("?", "&")
 
     def run_url(self, run_id: str) -> str:
         """The run's page in the MLflow UI (a server), or its place in the store; no credentials in it."""

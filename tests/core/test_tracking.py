@@ -205,7 +205,7 @@ def test_experiments_are_tagged_machine_learning_and_links_open_the_runs(home):
     # The compare view of a sweep's trials: MLflow's own route (JSON lists, URL-encoded), sorted run ids.
     e = created.experiment_id
     assert served.compare_url(["b2", "a1"]) == (
-        f'http://127.0.0.1:5000#/compare-runs?runs=%5B%22a1%22%2C%20%22b2%22%5D&experiments=%5B%22{e}%22%5D'
+        f'http://127.0.0.1:5000/#/compare-runs?runs=%5B%22a1%22%2C%20%22b2%22%5D&experiments=%5B%22{e}%22%5D'
         "&workflowType=machine_learning")
 
 
