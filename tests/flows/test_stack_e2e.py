@@ -192,7 +192,7 @@ def test_the_sweep_in_a_browser(stack):
         screenshot(pg, "mlflow_sweep_compare.png")
         # Our pages in a page of their own: MLflow's UI logs its own 404s (a telemetry worker), not ours to judge.
         own: list[str] = []
-        pg = pg.context.new_page()
+        pg = pg.context.browser.new_page(viewport={"width": 1600, "height": 1000})
         pg.on("console", lambda m: own.append(m.text) if m.type == "error" else None)
         pg.on("pageerror", lambda e: own.append(str(e)))
         pg.on("requestfailed", lambda r: own.append(r.url))
