@@ -13,6 +13,9 @@ from typing import Any, Optional
 import typer
 
 from rlvr_core import settings
+from rlvr_core.cli_common import fail as _fail
+from rlvr_core.cli_common import parse_sets as _parse_sets
+from rlvr_core.cli_common import print_table as _print_table
 from rlvr_core.config import (ConfigError, apply_overrides, check_files, demo_config, dump_yaml, load_config,
                               parse_config)
 
@@ -26,24 +29,6 @@ app.add_typer(artifacts_app, name="artifacts")
 from rlvr_core.sweep_cli import sweep_app  # noqa: E402  (Prefect only inside its commands)
 
 app.add_typer(sweep_app, name="sweep")
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(message, err=True)
-    raise typer.Exit(code)
-
-
-def _parse_sets(sets: list[str]) -> dict[str, Any]:
-    """`--set grpo.lr=1e-5` → {"grpo.lr": 1e-5}; values are parsed as YAML scalars."""
-    import yaml
-
-    out: dict[str, Any] = {}
-    for s in sets:
-        if "=" not in s:
-            _fail(f"--set {s!r}: expected KEY=VALUE, e.g. --set eval.max_problems=50")
-        k, v = s.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
-    return out
 
 
 def _load(config: Optional[Path], sets: list[str]):
@@ -179,16 +164,6 @@ def config_show(file: Optional[Path] = typer.Argument(None, help="experiment YAM
     except ConfigError as e:
         _fail(str(e))
     typer.echo(dump_yaml(cfg) + f"# config hash: {cfg.config_hash()}")
-
-
-def _print_table(cols: list[str], rows: list[tuple]) -> None:
-    cells = [[("" if v is None else str(v))[:60] for v in r] for r in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
-    typer.echo("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    typer.echo("  ".join("-" * w for w in widths))
-    for r in cells:
-        typer.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)))
-    typer.echo(f"({len(rows)} rows)", err=True)
 
 
 @warehouse_app.command("rebuild")

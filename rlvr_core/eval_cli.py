@@ -15,12 +15,9 @@ from typing import Any, Optional
 
 import typer
 
+from rlvr_core.cli_common import fail as _fail
+
 __all__ = ["eval_command", "compare_command", "app"]
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(message, err=True)
-    raise typer.Exit(code)
 
 
 def eval_command(

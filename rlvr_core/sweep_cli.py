@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import typer
 
+from rlvr_core.cli_common import fail as _fail
 from rlvr_core.config import ConfigError
 from rlvr_core.sweeps import (find_sweep, format_pivot, load_sweep, one_line_error, pivot_rows, submitted_mapping,
                               sweep_pivot, swept_keys_from_params)
@@ -25,15 +26,10 @@ from rlvr_core.sweeps import (find_sweep, format_pivot, load_sweep, one_line_err
 sweep_app = typer.Typer(no_args_is_help=True, help="Run ablation sweeps on the Prefect server and show their pivot.")
 
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(message, err=True)
-    raise typer.Exit(code)
-
-
 def _overrides(sets: list[str]) -> dict[str, Any]:
-    from rlvr_core.cli import _parse_sets  # at call time: rlvr_core.cli imports this module
+    from rlvr_core.cli_common import parse_sets
 
-    return _parse_sets(sets)
+    return parse_sets(sets)
 
 
 @sweep_app.command("run")

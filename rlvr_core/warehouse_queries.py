@@ -228,7 +228,7 @@ def query_command(
     import duckdb
 
     from rlvr_core import warehouse
-    from rlvr_core.cli import _print_table
+    from rlvr_core.cli_common import print_table as _print_table
 
     if list_canned:
         typer.echo("\n\n".join(describe(q) for q in list_queries()))
