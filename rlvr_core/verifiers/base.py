@@ -69,12 +69,29 @@ def safe_verify(verifier: "Verifier", response: str, gold: Any) -> Outcome:
 
 
 class Verifier(Protocol):
-    """`verify(response, gold)` → Outcome. `gold` is whatever the task's problem row carries."""
+    """`verify(response, gold)` → Outcome. `gold` is whatever the task's problem row carries.
+
+    Two declarations every registered verifier makes (`register_verifier` refuses a class without them,
+    so a new verifier cannot forget them):
+
+    - `can_hang`: False only where no input can make `verify` run long (bounded regexes, no CAS, no
+      code execution). Such a verifier may run in the calling process (`VerifierPool(workers=0)`); one
+      that can hang (math, minerva, ifeval, code) always runs in killable worker processes.
+    - `warm_up()`: do once whatever the first `verify` would do lazily (import sympy, load langdetect's
+      profiles, probe the sandbox). The pool calls it in its forkserver and in every worker before the
+      worker counts as ready, so no item's time limit pays for a first-use cost.
+
+    Optional: `set_time_limit(seconds)`, the verifier's own limit on one item (math-verify's and
+    sympy's interruptible work); the pool sets it to its timeout.
+    """
 
     name: str
     version: str
+    can_hang: bool
 
     def verify(self, response: str, gold: Any) -> Outcome: ...
+
+    def warm_up(self) -> None: ...
 
 
 _REGISTRY: dict[str, Callable[..., Verifier]] = {}
@@ -86,6 +103,12 @@ def register_verifier(name: str) -> Callable[[Callable[..., Verifier]], Callable
     def deco(factory: Callable[..., Verifier]) -> Callable[..., Verifier]:
         if name in _REGISTRY:
             raise ValueError(f"verifier {name!r} registered twice")
+        if not isinstance(getattr(factory, "can_hang", None), bool):
+            raise TypeError(f"verifier {name!r}: declare `can_hang = True` or `False` on the class "
+                            "(False only if no input can make verify() run long; see Verifier)")
+        if not callable(getattr(factory, "warm_up", None)):
+            raise TypeError(f"verifier {name!r}: define `warm_up(self)` (load whatever verify() loads lazily, "
+                            "or `pass`; see Verifier)")
         _REGISTRY[name] = factory
         return factory
 
@@ -94,13 +117,41 @@ def register_verifier(name: str) -> Callable[[Callable[..., Verifier]], Callable
 
 def get_verifier(name: str, **options: Any) -> Verifier:
     """Build the verifier registered as `name` with its options (e.g. mode="strict")."""
+    return verifier_class(name)(**options)
+
+
+def verifier_class(name: str) -> Callable[..., Verifier]:
+    """The registered factory of `name` (its `can_hang` and other declarations), without building it.
+
+    `name` is a built-in's name, or `package.module:name` for a verifier that module registers: the module
+    is imported first, here and in every pool worker (a name registered only in a script's other modules
+    would be unknown to the workers).
+    """
     from rlvr_core import verifiers as _pkg  # noqa: F401  (importing the package registers built-ins)
 
+    key = name
+    if name not in _REGISTRY and ":" in name:
+        module, _, key = name.partition(":")
+        import importlib
+
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise KeyError(f"verifier {name!r}: cannot import {module!r} ({exc})") from None
     try:
-        factory = _REGISTRY[name]
+        return _REGISTRY[key]
     except KeyError:
         raise KeyError(f"unknown verifier {name!r}; known: {sorted(_REGISTRY)}") from None
-    return factory(**options)
+
+
+def can_hang(name: str) -> bool:
+    return verifier_class(name).can_hang
+
+
+def default_workers(name: str) -> int:
+    """Worker processes a verifier gets unless told otherwise: none (in-process, the fastest) for verifiers
+    that cannot hang, 2 for the others (a hang then holds up no other verification)."""
+    return 2 if can_hang(name) else 0
 
 
 def known_verifiers() -> list[str]:

@@ -94,6 +94,12 @@ def gold_number(gold: Any) -> Decimal:
 class GSM8KVerifier:
     name = "gsm8k"
     version = "1"
+    # Linear-time regexes over the response and a Decimal compare: no input makes it run long
+    # (tests/verifiers/test_verifier_limits.py feeds it adversarial megabyte responses).
+    can_hang = False
+
+    def warm_up(self) -> None:  # its regexes are compiled at import
+        pass
 
     def __init__(self, mode: str = "flexible", format_reward: float = 0.0) -> None:
         if mode not in ("flexible", "strict"):

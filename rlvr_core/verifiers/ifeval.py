@@ -303,6 +303,16 @@ def check(instruction_id: str, response: str, kwargs: dict[str, Any] | None, loo
 class IFEvalVerifier:
     name = "ifeval"
     version = "1"
+    # Arbitrary model text through langdetect and two dozen regex checks: treated as able to hang.
+    can_hang = True
+
+    def warm_up(self) -> None:
+        """langdetect loads its 55 language profiles on its first call (~0.35 s of CPU); without this every
+        fresh worker pays it on its first `language:response_language` item."""
+        _detect_language("This short text is written in English, so the detector says en.")
+        split_sentences("One sentence. Another one! A third?")
+        count_words("warm up")
+        _tokens("WARM up, DON'T")
 
     def __init__(self, mode: str = "strict") -> None:
         if mode not in ("strict", "loose"):

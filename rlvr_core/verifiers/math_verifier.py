@@ -10,10 +10,12 @@ them (units, ``\\text{}``, ``\\left(``, malformed ``\\frac12``) and compares the
    an empty parse): a broken input is silently "incorrect" (BUGZOO G-verifier-error). We call it
    with ``raise_on_error=True``, try each (gold, prediction) candidate pair on its own the way its
    ``verify`` does, and report ``error`` only when no pair matched and at least one raised.
-2. **Timeouts are timeouts.** math-verify's own timeout (``signal.alarm``) also returns ``False``.
-   We map it to ``timeout``. It only works on a process's main thread; off the main thread (Prefect
-   task threads) we switch it off and rely on `VerifierPool`'s hard kill, which also stops C-level
-   work (a huge integer power) that a signal cannot interrupt.
+2. **Timeouts are timeouts, and measure the item.** math-verify's own timeout is a wall-clock
+   ``signal.alarm`` of whole seconds (5 by default) that returns ``False``. We switch it off and limit
+   the whole verification to ``time_limit_s`` of *CPU time* instead (`limits.cpu_time_limit`; the pool
+   sets it to its own timeout), reported as ``timeout``: a loaded machine slows an item down but does
+   not fail it. Signals only work on a process's main thread; C-level work (a huge integer power) and
+   other threads are covered by `VerifierPool`'s kill.
 3. **No answer is not a wrong answer.** An empty extraction is ``no_answer``.
 4. **Two modes.** ``lenient`` (default) is math-verify's own extraction with all its fallbacks.
    ``boxed`` is strict: only the content of the *last* ``\\boxed{…}`` / ``\\fbox{…}`` counts; no
@@ -32,6 +34,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier, shaped_reward
+from rlvr_core.verifiers.limits import VerifierTimeout, cpu_time_limit
 
 
 # Parsed golds kept per verifier (one verifier per pool worker).
@@ -66,15 +69,11 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _timeouts_available() -> bool:
-    # signal.alarm can only be armed from the main thread of the main interpreter.
-    return threading.current_thread() is threading.main_thread()
-
-
 @register_verifier("math")
 class MathVerifier:
     name = "math"
     version = "1"
+    can_hang = True  # sympy can spin for ever on a crafted expression
 
     def __init__(
         self,
@@ -82,19 +81,24 @@ class MathVerifier:
         format_reward: float = 0.0,
         float_rounding: int = 6,
         numeric_precision: int = 15,
-        internal_timeout_s: int = 5,
+        time_limit_s: float = 5.0,
     ) -> None:
         if mode not in ("lenient", "boxed"):
             raise ValueError(f"math mode must be 'lenient' or 'boxed', got {mode!r}")
         # Imported here so that importing rlvr_core.verifiers stays cheap (sympy takes ~1 s).
         import math_verify
+        import math_verify.grader
+        import math_verify.parser
 
+        # Its own (wall-clock) timeouts are off on purpose, limited by `cpu_time_limit` instead: mark its
+        # one-time "timeout is disabled" warning as shown.
+        math_verify.grader.TIMEOUT_WARNING_SHOWN = math_verify.parser.TIMEOUT_WARNING_SHOWN = True
         self._mv = math_verify
         self.mode = mode
         self.format_reward = format_reward
         self.float_rounding = float_rounding
         self.numeric_precision = numeric_precision
-        self.internal_timeout_s = internal_timeout_s
+        self.time_limit_s = time_limit_s
         # Parsed golds, most recently used last. A GRPO batch checks G responses against each gold,
         # and parsing one costs milliseconds. Golds parsed since the last `take_parsed_golds` are
         # kept aside so a verification pool can pass them on to its other workers.
@@ -102,12 +106,24 @@ class MathVerifier:
         self._fresh: deque[tuple[str, tuple[Any, ...]]] = deque(maxlen=_GOLD_CACHE)
         self._gold_lock = threading.Lock()  # one verifier may be shared by threads
 
-    # ------------------------------------------------------------------ parsing
-    def _timeout(self) -> int | None:
-        return self.internal_timeout_s if _timeouts_available() else None
+    def set_time_limit(self, seconds: float) -> None:
+        self.time_limit_s = seconds
 
+    def warm_up(self) -> None:
+        """Build the LaTeX grammar, sympy's caches and its lazily imported submodules (a fresh process
+        verifies about twice as slowly otherwise; `warm.EXAMPLES`)."""
+        from rlvr_core.verifiers.warm import MATH_EXAMPLES
+
+        for gold, answer in MATH_EXAMPLES:
+            for response in (f"The answer is $\\boxed{{{answer}}}$.", f"So we get ${answer}$."):
+                try:
+                    self.verify(response, gold)
+                except Exception:  # noqa: BLE001 — only the side effects matter here
+                    pass
+
+    # ------------------------------------------------------------------ parsing
     def _parse(self, text: str) -> list[Any]:
-        return self._mv.parse(text, parsing_timeout=self._timeout(), raise_on_error=True)
+        return self._mv.parse(text, parsing_timeout=None, raise_on_error=True)
 
     def _parse_gold(self, gold: str) -> tuple[Any, ...]:
         with self._gold_lock:
@@ -156,13 +172,16 @@ class MathVerifier:
             raise TypeError(f"response must be str, got {type(response).__name__}")
         if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
             raise TypeError(f"math gold must be text or a number, got {type(gold).__name__}")
-        TimeoutException = self._mv.errors.TimeoutException
-        formatted = last_boxed(response) is not None
         try:
-            gold_parsed = self._parse_gold(str(gold))
-            pred = self.extract(response)
-        except TimeoutException:
-            return Outcome(Status.TIMEOUT, 0.0, None, self.name, self.version, "math-verify parse timeout")
+            with cpu_time_limit(self.time_limit_s):
+                return self._verify(response, str(gold))
+        except VerifierTimeout as exc:
+            return Outcome(Status.TIMEOUT, 0.0, None, self.name, self.version, f"time limit: {exc}")
+
+    def _verify(self, response: str, gold: str) -> Outcome:
+        formatted = last_boxed(response) is not None
+        gold_parsed = self._parse_gold(gold)
+        pred = self.extract(response)
         if not pred:
             return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, f"mode={self.mode}")
         extracted = str(pred[-1]) if isinstance(pred[-1], str) else str(pred[0])
@@ -170,7 +189,6 @@ class MathVerifier:
         # Each (gold, pred) candidate pair on its own, as math-verify's verify does with any(), but
         # keeping the first error instead of swallowing it.
         first_error: BaseException | None = None
-        timed_out = False
         for g in gold_parsed:
             for t in pred:
                 try:
@@ -178,20 +196,15 @@ class MathVerifier:
                         g, t,
                         float_rounding=self.float_rounding,
                         numeric_precision=self.numeric_precision,
-                        timeout_seconds=self._timeout(),
+                        timeout_seconds=None,
                         raise_on_error=True,
                     )
-                except TimeoutException:
-                    timed_out = True
-                    continue
                 except Exception as exc:  # noqa: BLE001 — kept and reported below
                     first_error = first_error or exc
                     continue
                 if ok:
                     reward = shaped_reward(True, formatted, self.format_reward)
                     return Outcome(Status.CORRECT, reward, extracted, self.name, self.version, f"mode={self.mode}")
-        if timed_out:
-            return Outcome(Status.TIMEOUT, 0.0, extracted, self.name, self.version, "math-verify comparison timeout")
         if first_error is not None:
             return Outcome(
                 Status.ERROR, 0.0, extracted, self.name, self.version,

@@ -44,6 +44,12 @@ def gold_letter(gold: Any, letters: str) -> str:
 class MCQVerifier:
     name = "mcq"
     version = "1"
+    # Regexes without nested quantifiers over the response: no input makes it run long
+    # (tests/verifiers/test_verifier_limits.py feeds it adversarial megabyte responses).
+    can_hang = False
+
+    def warm_up(self) -> None:  # its regexes are compiled in __init__
+        pass
 
     def __init__(self, letters: str = "ABCDE", format_reward: float = 0.0) -> None:
         if not letters.isalpha() or not letters.isupper():

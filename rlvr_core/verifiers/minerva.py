@@ -20,17 +20,18 @@ Where we differ, and why:
   Both return sympy expressions; on exotic LaTeX they can disagree (see docs/verifiers.md).
 - Statuses: ``[invalidanswer]`` is ``no_answer``; an answer that does not parse is ``incorrect``
   (lm-eval scores it 0, and that is the semantics we promise) with ``detail`` saying so; an
-  *unexpected* exception is ``error``; lm-eval's 5-s alarm becomes ``timeout`` (main thread only;
-  the pool's kill covers the rest).
+  *unexpected* exception is ``error``; lm-eval's 5-s wall-clock alarm becomes a CPU-time limit
+  (``time_limit_s``, set by the pool to its timeout; main thread only, the pool's kill covers the
+  rest) reported as ``timeout``.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from typing import Any
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier, shaped_reward
+from rlvr_core.verifiers.limits import VerifierTimeout, cpu_time_limit
 from rlvr_core.verifiers.math_verifier import last_boxed
 
 INVALID_ANSWER = "[invalidanswer]"
@@ -83,15 +84,26 @@ class _ParseFailed(Exception):
 class MinervaVerifier:
     name = "minerva"
     version = "1"
+    can_hang = True  # sympy.simplify
 
-    def __init__(self, format_reward: float = 0.0, internal_timeout_s: int = 5) -> None:
+    def __init__(self, format_reward: float = 0.0, time_limit_s: float = 5.0) -> None:
         import sympy
         from latex2sympy2_extended import latex2sympy
 
         self._sympy = sympy
         self._latex2sympy = latex2sympy
         self.format_reward = format_reward
-        self.internal_timeout_s = internal_timeout_s
+        self.time_limit_s = time_limit_s
+
+    def set_time_limit(self, seconds: float) -> None:
+        self.time_limit_s = seconds
+
+    def warm_up(self) -> None:
+        """latex2sympy's grammar and sympy's simplify machinery are built on first use."""
+        for response, gold in (("Final Answer: The final answer is $\\frac{1}{2}$. I hope it is correct.", "0.5"),
+                               ("Final Answer: The final answer is $2\\sqrt{3}$. I hope it is correct.", "\\sqrt{12}"),
+                               ("Final Answer: The final answer is $x^2+1$. I hope it is correct.", "1+x^2")):
+            self.verify(response, gold)
 
     def gold_answer(self, gold: Any) -> str:
         if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
@@ -124,9 +136,10 @@ class MinervaVerifier:
             return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, "no 'Final Answer: …' line")
         answer = normalize_final_answer(raw)
         try:
-            ok = self._with_alarm(lambda: self.is_equiv(answer, target))
-        except TimeoutError:
-            return Outcome(Status.TIMEOUT, 0.0, answer, self.name, self.version, "sympy simplify timeout")
+            with cpu_time_limit(self.time_limit_s):
+                ok = self.is_equiv(answer, target)
+        except VerifierTimeout as exc:
+            return Outcome(Status.TIMEOUT, 0.0, answer, self.name, self.version, f"sympy simplify: {exc}")
         except _ParseFailed as exc:
             return Outcome(Status.INCORRECT, 0.0, answer, self.name, self.version,
                            f"unparseable, scored 0 as lm-eval does: {exc}", {"parse_failed": True})
@@ -134,19 +147,3 @@ class MinervaVerifier:
         reward = shaped_reward(ok, True, self.format_reward)
         return Outcome(status, reward, answer, self.name, self.version, f"gold={target}")
 
-    def _with_alarm(self, fn):
-        # Same 5-s alarm as the reference, when a signal can be armed (main thread only).
-        if threading.current_thread() is not threading.main_thread() or not self.internal_timeout_s:
-            return fn()
-        import signal
-
-        def handler(signum, frame):
-            raise TimeoutError("minerva is_equiv timeout")
-
-        old = signal.signal(signal.SIGALRM, handler)
-        signal.alarm(self.internal_timeout_s)
-        try:
-            return fn()
-        finally:
-            signal.alarm(0)
-            signal.signal(signal.SIGALRM, old)

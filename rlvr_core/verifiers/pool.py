@@ -2,14 +2,27 @@
 
 Why not `concurrent.futures.ProcessPoolExecutor`: `future.result(timeout)` stops *waiting* but does
 not stop the worker, so a sympy expression that never finishes keeps its worker busy forever and
-the pool silently shrinks (BUGZOO G-verifier-hang). Why not math-verify's own timeouts: they use
-`signal.alarm`, which only works on a process's main thread (Prefect runs tasks in threads), and a
-signal cannot interrupt a long C-level operation such as a huge integer power anyway.
+the pool silently shrinks (BUGZOO G-verifier-hang). Why not only the verifiers' own limits
+(`limits.cpu_time_limit`, which the pool sets to its timeout in every worker): signals work only on a
+process's main thread (Prefect runs tasks in threads), and a signal cannot interrupt a long C-level
+operation such as a huge integer power.
 
-So each worker is a process we own, with its own pipe. The parent keeps a deadline for the item
-each worker is running; when it passes, the worker is SIGKILLed and replaced, and the caller gets
-`Status.TIMEOUT`. The clock of an item starts when a *ready* worker starts on it, so a slow
-start-up is never mistaken for a slow verification. Other workers keep verifying meanwhile.
+So each worker is a process we own, with its own pipe. The parent keeps a budget for the item each
+worker is running; when it is spent, the worker is SIGKILLed and replaced, and the caller gets
+`Status.TIMEOUT`. The clock of an item starts when a *ready* worker starts on it, and a worker is
+ready only after its verifier's `warm_up()`, so neither a slow start-up nor a first-use cost
+(langdetect's profiles, sympy's caches) is mistaken for a slow verification. Other workers keep
+verifying meanwhile.
+
+A timeout measures the item, not the machine: an item is charged its wall time *minus the time it
+spent waiting for a CPU* (Linux `/proc/PID/schedstat`, field 2). A hang is always runnable, so it is
+charged the CPU time it gets and is killed `_KILL_MARGIN_S` after `timeout_s` of it (on an idle core:
+within timeout + 0.5 s of wall time); an item that sleeps (the code verifier waiting for its program)
+is charged its wall time; on a loaded machine a legitimate item is slowed down, never failed for
+lack of CPU. The run-queue wait is only added when a waiting process gets the CPU again, so a process
+waiting right now is charged that one wait (milliseconds under ordinary load). A wall-clock cap of
+`wall_cap_s` (default 10 x timeout) is the backstop for a process starved outright. Where schedstat
+cannot be read the item is charged its wall time.
 
 Throughput and hangs (docs/benchmarks/verifiers.md):
 
@@ -19,15 +32,8 @@ Throughput and hangs (docs/benchmarks/verifiers.md):
   what was queued behind the slow item goes to the others, so a possible hang holds up no worker
   while it waits out its timeout. If the item finishes after all, the worker rejoins as a spare; if
   not, it is killed at the deadline.
-- A sidelined worker whose item has run for `_YIELD_AFTER_S` (at most a quarter of the timeout)
-  also *yields the CPU* (Linux `SCHED_IDLE`): it runs only on cores the rest of the batch leaves idle, so on a machine with no core to spare a hung sympy call no longer takes CPU
-  from the working items for the rest of its timeout. From then on its item is charged the CPU time it gets
-  (`/proc/PID/schedstat`), with a wall-clock cap of `timeout_s + grace_s`: a hang is killed once
-  its wall time before sidelining plus its CPU time since reach `timeout_s`, or at the cap if it was
-  starved (or blocked, e.g. on a child process). The price: a legitimately slow item that is starved
-  past the cap comes back as `timeout` (detail "starved"), never as `incorrect`; on a machine with
-  a spare core, or when the batch ends first, it simply finishes. `yield_cpu=False` keeps the plain
-  wall-clock deadline.
+- A sidelined worker keeps its normal CPU priority. (Lowering it, `SCHED_IDLE` or nice 19, was tried:
+  on a busy machine it starved legitimate slow items into false timeouts, the worse failure.)
 - A gold answer is parsed once per pool, not once per worker: a worker reports the golds it parsed
   (pickled) with its result, and the parent attaches that parse to the next item with the same gold
   sent to any other worker. A worker that replaces a killed one therefore does not parse the batch's
@@ -47,8 +53,8 @@ The usual spawn rule applies: a script that creates a pool at import time must g
 `if __name__ == "__main__":`.
 
 `workers=0` runs the verifier in the calling process: no process start-up and no pickling, right for
-cheap verifiers (gsm8k, mcq), but there is **no timeout enforcement** then; exceptions are still
-turned into `error` outcomes.
+cheap verifiers, and allowed only for verifiers that declare `can_hang = False` (gsm8k, mcq): there is
+no kill in-process. Exceptions are still turned into `error` outcomes.
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from rlvr_core.verifiers.base import Outcome, Status, get_verifier, safe_verify
+from rlvr_core.verifiers.base import Outcome, Status, can_hang, get_verifier, safe_verify
 
 # How long a fresh worker may take to build its verifier. Past this the pool gives up loudly
 # rather than waiting forever.
@@ -81,55 +87,32 @@ _PREFETCH_MAX_BYTES = 32 * 1024
 # A worker that has run one item this long is sidelined (capped at a quarter of the timeout for tiny
 # timeouts). Clean MATH-500 verifications take at most ~0.25 s here, most a few milliseconds.
 _SIDELINE_AFTER_S = 0.25
-# A sidelined worker that yields the CPU is killed at `timeout_s + grace` wall seconds even if it
-# has not used `timeout_s` of CPU (it was starved): a verdict still comes within the timeout plus
-# a second.
-_GRACE_S = 0.75
-# A sidelined item starts yielding the CPU after this much wall time (capped at a quarter of the timeout).
-_YIELD_AFTER_S = 1.0
+# An item is killed this long after its charged time reached `timeout_s`: the verifier's own CPU-time
+# limit (`set_time_limit`) answers `timeout` first where it can, which keeps the warm worker alive.
+_KILL_MARGIN_S = 0.5
+# The default wall-clock cap on one item, as a multiple of `timeout_s` (see the module docstring).
+_WALL_CAP_FACTOR = 10.0
 # Verifiers cache parsed gold answers per process, so an item goes preferably to the worker that
 # already had its gold: a worker with room takes the first of the next few to-do items whose gold
 # is new or its own, else the next one (never waits for a busy worker).
 _AFFINITY_WINDOW = 8
-# Imported once in the forkserver, so that forked workers start with them loaded. math-verify
-# (sympy) is the expensive one; `warm` then verifies a few generic answers there so that even a
-# worker started from the forkserver has sympy's caches built; "__main__" is multiprocessing's own
-# default.
-_PRELOAD = ["__main__", "rlvr_core.verifiers", "math_verify", "rlvr_core.verifiers.warm"]
+# Imported once in the forkserver, so that forked workers start with them loaded: `warm` runs every
+# registered verifier's `warm_up()` there (math-verify's sympy state, langdetect's profiles, ...), so
+# even a worker started from the forkserver starts warm; "__main__" is multiprocessing's own default.
+_PRELOAD = ["__main__", "rlvr_core.verifiers", "rlvr_core.verifiers.warm"]
 # The spare is re-forked from a working worker after this many results, so that a replacement has
 # the batch's golds and sympy state of a moment ago rather than of the pool's start.
 _REFRESH_SPARE_AFTER = 200
 
 
-def _cpu_s(pid: int) -> float | None:
-    """Seconds the process has run on a CPU (Linux `/proc/PID/schedstat`, first field, in ns; kept up
-    to date while it runs, unlike the run-queue wait beside it, which is only added when a waiting
-    task gets the CPU); None where it cannot be read."""
+def _wait_s(pid: int) -> float | None:
+    """Seconds the process has spent runnable but waiting for a CPU (Linux `/proc/PID/schedstat`, second
+    field, in ns; added each time a waiting task gets the CPU); None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9
+            return int(f.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _set_idle(pid: int, idle: bool) -> bool:
-    """Move a process to `SCHED_IDLE` (runs only on otherwise idle CPU) or back to `SCHED_OTHER`.
-    False where the platform or the process's limits do not allow it (an unprivileged process may
-    not always leave SCHED_IDLE again; such a worker is retired rather than reused)."""
-    if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_IDLE"):
-        return False
-    try:
-        os.sched_setscheduler(pid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
-        return True
-    except OSError:
-        return False
-
-
-def _is_idle(pid: int) -> bool:
-    try:
-        return os.sched_getscheduler(pid) == os.SCHED_IDLE
-    except (AttributeError, OSError):
-        return False
 
 
 def _context() -> Any:
@@ -141,14 +124,17 @@ def _context() -> Any:
     return ctx
 
 
-def _worker_main(conn: Connection, name: str, options: dict[str, Any]) -> None:
-    """Worker loop: build the verifier once, then serve the parent (see `_serve`).
+def _worker_main(conn: Connection, name: str, options: dict[str, Any], timeout_s: float) -> None:
+    """Worker loop: build the verifier, warm it up, then serve the parent (see `_serve`).
 
-    Runs on the worker's main thread, so verifiers that rely on `signal.alarm` (math-verify) keep
-    their own timeouts in here as a first line; the parent's kill is the hard limit.
+    Runs on the worker's main thread, so a verifier's own CPU-time limit (`set_time_limit`, signals)
+    works in here as a first line; the parent's kill is the hard limit.
     """
     try:
         verifier = get_verifier(name, **options)
+        if hasattr(verifier, "set_time_limit"):
+            verifier.set_time_limit(timeout_s)
+        verifier.warm_up()
     except BaseException as exc:  # noqa: BLE001 — reported to the parent, which raises
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
@@ -258,12 +244,9 @@ class _Worker:
     clock: float = 0.0  # when queue[0] started, as seen by the parent
     fork_pending: bool = False  # asked to fork a spare, which has not arrived yet
     golds: set[str] = field(default_factory=set)  # golds it has parsed or been sent parsed
-    # Set while sidelined: whether it yields the CPU, the item's wall time when it started yielding
-    # (charged in full) and the process's CPU time then; the item is charged that wall time plus the
-    # CPU time since. cpu_mark None: CPU time cannot be read here; the wall clock counts.
-    idle: bool = False
-    wall_before: float = 0.0
-    cpu_mark: float | None = None
+    # Set while sidelined: the process's run-queue wait (`_wait_s`) when its running item started or was
+    # sidelined; the item is charged its wall time less the wait since. None: the wall clock counts.
+    wait_mark: float | None = None
 
 
 @dataclass
@@ -295,29 +278,30 @@ class VerifierPool:
         workers: int = 2,
         timeout_s: float = 5.0,
         spares: int = 1,
-        yield_cpu: bool = True,
-        grace_s: float = _GRACE_S,
         sideline_after_s: float = _SIDELINE_AFTER_S,
-        yield_after_s: float = _YIELD_AFTER_S,
+        wall_cap_s: float | None = None,
     ) -> None:
         if workers < 0 or spares < 0:
             raise ValueError(f"workers and spares must be >= 0, got {workers}, {spares}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if workers == 0 and can_hang(name):
+            raise ValueError(f"verifier {name!r} can hang (it declares can_hang = True), so it cannot run "
+                             "in-process (workers=0), where nothing could stop it: use workers >= 1")
         self.name = name
         self.options = dict(options or {})
         self.n_workers = workers
         self.n_spares = spares if workers else 0
         self.timeout_s = timeout_s
         self._sideline_after = min(sideline_after_s, timeout_s / 4)
-        self.yield_cpu = yield_cpu
-        self.grace_s = grace_s if yield_cpu else 0.0
-        # A sidelined item yields the CPU only once it has run this long: the common slow-but-legitimate
-        # item (tenths of a second) finishes at full priority and is never starved into a timeout.
-        self._yield_after = max(self._sideline_after, min(yield_after_s, timeout_s / 4))
+        self.wall_cap_s = max(timeout_s + _KILL_MARGIN_S, wall_cap_s or _WALL_CAP_FACTOR * timeout_s)
         # Built here too: validates name and options before any process starts, gives the version for
         # timeout outcomes, and is the verifier itself when workers=0.
         self._local = get_verifier(name, **self.options)
+        if hasattr(self._local, "set_time_limit"):
+            self._local.set_time_limit(timeout_s)
+        if workers == 0:
+            self._local.warm_up()
         self._ctx = _context() if workers else None
         # Spares are forked from warm workers where the platform can (see `_fork_spare`).
         self._can_fork = self._ctx is not None and self._ctx.get_start_method() == "forkserver"
@@ -336,7 +320,7 @@ class VerifierPool:
         self._parsed_golds: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._status_counts: Counter[str] = Counter()
-        self._timeouts = 0
+        self._kills = 0
         self._restarts = 0
         self._forked = 0
         self._crashes = 0
@@ -353,7 +337,7 @@ class VerifierPool:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child_conn, self.name, self.options),
+            args=(child_conn, self.name, self.options, self.timeout_s),
             name=f"verifier-{self.name}",
             daemon=True,  # never outlive the parent, even if close() is skipped
         )
@@ -394,10 +378,6 @@ class VerifierPool:
             raise
         now = time.monotonic()
         spare = _Worker(process=_Forked(pid), conn=Connection(fd), started_at=now)
-        if _is_idle(pid) and not _set_idle(pid, False):  # forked while its donor was sidelined and yielding
-            spare.process.kill()
-            spare.conn.close()
-            return
         self._forked += 1
         self._since_spare = 0
         self._spares.append(spare)
@@ -414,8 +394,6 @@ class VerifierPool:
         self._kill(w)
 
     def _kill(self, w: _Worker, wait: bool = True) -> None:
-        if w.idle:  # a process starved of CPU would also be slow to exit and free its memory
-            _set_idle(w.process.pid, False)
         if w.process.is_alive():
             w.process.kill()  # SIGKILL: a hung sympy call ignores anything gentler
         w.conn.close()
@@ -496,11 +474,12 @@ class VerifierPool:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counts per status plus timeouts, worker restarts and worker crashes since the pool started."""
+        """Counts per status (`timeout` includes the verifiers' own CPU-time limits) plus `kills` (items whose
+        worker was killed at the pool's limit), worker restarts and crashes since the pool started."""
         out = {s.value: self._status_counts.get(s.value, 0) for s in Status}
         out.update(
             total=sum(self._status_counts.values()),
-            timeouts=self._timeouts,
+            kills=self._kills,
             restarts=self._restarts,
             forked_spares=self._forked,
             crashes=self._crashes,
@@ -634,9 +613,9 @@ class VerifierPool:
         times += [w.clock + self._sideline_after for w in self._workers if w.queue]
         # A sidelined item's charged time grows at most as fast as the wall clock: check again when
         # its budget could be spent at the earliest, or at its wall-clock cap.
-        times += [min(w.clock + self.timeout_s + self.grace_s, now + max(0.01, self.timeout_s - self._item_time(w, now)))
+        limit = self.timeout_s + _KILL_MARGIN_S
+        times += [min(w.clock + self.wall_cap_s, now + max(0.01, limit - self._item_time(w, now)))
                   for w in self._sidelined if w.queue]
-        times += [w.clock + self._yield_after for w in self._sidelined if w.queue and self.yield_cpu and not w.idle]
         times += [w.started_at + _START_TIMEOUT_S for w in self._workers + self._spares if not w.ready]
         return max(0.0, min(times) - now) if times else None
 
@@ -671,8 +650,8 @@ class VerifierPool:
                         if w in self._sidelined:
                             if not w.queue:
                                 self._reinstate(w)
-                            else:  # it goes on, still yielding, with what was queued behind
-                                w.wall_before, w.cpu_mark = 0.0, _cpu_s(w.process.pid) if w.idle else None
+                            else:  # it goes on with what was queued behind, charged from now
+                                w.wait_mark = _wait_s(w.process.pid)
                     elif kind == "failed":
                         self._kill(w)
                         raise RuntimeError(f"verifier worker for {self.name!r} failed to start: {payload}")
@@ -717,27 +696,16 @@ class VerifierPool:
         for i in reversed(list(w.queue)[1:]):
             if b.results[i] is None:
                 b.todo.appendleft(i)
+        w.wait_mark = _wait_s(w.process.pid)
         self._workers[self._workers.index(w)] = self._take_spare()
         self._sidelined.append(w)
         self._fill_spares()
 
-    def _maybe_yield(self, w: _Worker, now: float) -> None:
-        """Sidelined `w` has run its item for `_yield_after` of wall time: from now on it only gets
-        CPU that busier processes leave idle (see the module docstring)."""
-        if not self.yield_cpu or w.idle or not w.queue or now - w.clock < self._yield_after:
-            return
-        w.cpu_mark = _cpu_s(w.process.pid)
-        if w.cpu_mark is not None and _set_idle(w.process.pid, True):
-            w.idle, w.wall_before = True, now - w.clock
-
     def _item_time(self, w: _Worker, now: float) -> float:
-        """The time charged to the running item of sidelined `w`: its wall time until it started
-        yielding plus the CPU time it got since (plain wall time where `w` does not yield)."""
-        if not w.idle or w.cpu_mark is None:
-            return now - w.clock
-        cpu = _cpu_s(w.process.pid)
-        # Never more than the wall time: the CPU reading is taken a moment after `now`.
-        return now - w.clock if cpu is None else min(now - w.clock, w.wall_before + cpu - w.cpu_mark)
+        """The time charged to the running item of sidelined `w`: its wall time less the time its
+        process waited for a CPU since it was sidelined (see the module docstring)."""
+        wait = _wait_s(w.process.pid) if w.wait_mark is not None else None
+        return now - w.clock if wait is None else max(0.0, now - w.clock - (wait - w.wait_mark))
 
     def _take_spare(self) -> _Worker:
         """The newest ready spare (a fresh worker if there is none)."""
@@ -750,11 +718,7 @@ class VerifierPool:
     def _reinstate(self, w: _Worker) -> None:
         """A sidelined worker finished after all: it is warm, so it becomes the newest spare."""
         self._sidelined.remove(w)
-        if w.idle and not _set_idle(w.process.pid, False):
-            self._retire(w)  # it would keep yielding as a worker; a fresh spare replaces it
-            self._fill_spares()
-            return
-        w.idle, w.cpu_mark = False, None
+        w.wait_mark = None
         self._spares.append(w)
         while len(self._spares) > self.n_spares:
             self._retire(self._spares.pop(0))
@@ -774,16 +738,15 @@ class VerifierPool:
         for w in list(self._sidelined):
             if not w.queue:
                 continue
-            self._maybe_yield(w, now)
             charged, wall = self._item_time(w, now), now - w.clock
-            if charged >= self.timeout_s or wall >= self.timeout_s + self.grace_s:
+            if charged >= self.timeout_s + _KILL_MARGIN_S or wall >= self.wall_cap_s:
                 i = w.queue.popleft()
-                detail = f"worker killed after {self.timeout_s:g} s"
+                detail = f"worker killed after {charged:.2f} s of its own time ({wall:.2f} s wall; limit {self.timeout_s:g} s)"
                 if charged < self.timeout_s:
-                    detail += (f" (starved: {charged:.2f} s charged in {wall:.2f} s wall; the CPU went to busier"
-                               " processes)")
+                    detail = (f"worker killed at the wall-clock cap of {self.wall_cap_s:g} s, starved of CPU "
+                              f"({charged:.2f} s of its own time)")
                 if self._record(b, i, self._outcome(Status.TIMEOUT, detail)):
-                    self._timeouts += 1
+                    self._kills += 1
                     self.latencies.append(now - w.clock)
                 self._give_back(b, w)
                 self._sidelined.remove(w)

@@ -1,19 +1,21 @@
-"""Warm math-verify and sympy up in the pool's forkserver, so every worker forked from it starts warm.
+"""Warm every registered verifier up in the pool's forkserver, so every worker forked from it starts warm.
 
-Imported (via `multiprocessing`'s forkserver preload) only in the pool's forkserver process. A
-fresh process verifies MATH-style answers about twice as slowly as one that has verified a few
-hundred: the LaTeX grammar, sympy's caches and its lazily imported submodules are built on first
-use. A worker killed on a hang takes its warm state with it; without this its replacement starts
-cold and the rest of the batch slows down (docs/benchmarks/verifiers.md). Forked children inherit
-the server's memory, so the warm-up is paid once per parent process, not per worker.
+Imported (via `multiprocessing`'s forkserver preload) only in the pool's forkserver process; each
+verifier declares what to load in its own `warm_up()` (`Verifier` in base.py). Measured costs of a cold
+process (docs/benchmarks/verifiers.md): math-verify verifies MATH-style answers about twice as slowly
+until its LaTeX grammar, sympy's caches and lazily imported submodules are built; the first langdetect
+call (ifeval's `language:response_language`) loads its profiles, ~0.35 s of CPU. Forked children
+inherit the server's memory, so the warm-up is paid once per parent process, not per worker; workers
+still call `warm_up()` themselves before they report ready (cheap once warm), which covers verifiers
+registered after the forkserver started.
 
-The examples are generic answer shapes (integers, fractions, radicals, π, intervals, tuples,
-matrices, sets, degrees, percentages, text), not benchmark data.
+`MATH_EXAMPLES` are generic answer shapes (integers, fractions, radicals, π, intervals, tuples, matrices,
+sets, degrees, percentages, text), not benchmark data.
 """
 
 from __future__ import annotations
 
-_EXAMPLES = [
+MATH_EXAMPLES = [
     ("\\frac{1}{2}", "0.5"), ("\\dfrac{3}{4}", "\\frac{6}{8}"), ("2\\sqrt{3}", "\\sqrt{12}"),
     ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"), ("3\\pi", "3\\pi"), ("\\frac{\\pi}{6}", "30^\\circ"),
     ("(-\\infty, 2]", "(-\\infty,2]"), ("[0,1)", "[0, 1)"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)"),
@@ -25,14 +27,16 @@ _EXAMPLES = [
 ]
 
 
-def warm_up() -> None:
-    """Verify each example both ways, as the pool's workers will (errors are irrelevant here)."""
-    from rlvr_core.verifiers.base import get_verifier, safe_verify
+def warm_up_all() -> None:
+    """`warm_up()` of every registered verifier built with its default options; one that fails to build
+    or warm here (a missing optional dependency) is simply left cold: its workers report the problem."""
+    from rlvr_core.verifiers.base import get_verifier, known_verifiers
 
-    verifier = get_verifier("math")
-    for gold, answer in _EXAMPLES:
-        safe_verify(verifier, f"The answer is $\\boxed{{{answer}}}$.", gold)
-        safe_verify(verifier, f"So we get ${answer}$.", gold)
+    for name in known_verifiers():
+        try:
+            get_verifier(name).warm_up()
+        except Exception:  # noqa: BLE001 — see the docstring
+            pass
 
 
-warm_up()
+warm_up_all()

@@ -1,8 +1,9 @@
 """VerifierPool: order, errors as `error`, hard timeouts with worker replacement, use from a thread.
 
-The planted hang is real: `\\boxed{10^{10^{10}}}` against gold 1 makes sympy try to build a ten-billion
-digit integer inside math-verify's comparison. The pool's timeout (1 s) is shorter than math-verify's
-own signal timeout (5 s), so what stops it here is the pool's kill.
+Two planted hangs. `HANG` is real: `\\boxed{10^{10^{10}}}` against gold 1 makes sympy try to build a
+ten-billion digit integer inside math-verify's comparison; the math verifier's own CPU-time limit (set to
+the pool's timeout) interrupts it and the warm worker lives on. `C_HANG` (planted_verifiers.py) spins
+inside the C regex engine, where no signal handler runs: only the pool's kill stops it.
 """
 
 import os
@@ -16,16 +17,20 @@ import pytest
 from verifier_data import read_jsonl
 
 from rlvr_core.verifiers import Status, get_verifier
-from rlvr_core.verifiers.pool import VerifierPool
+from planted_verifiers import C_HANG as _C_HANG, spin
+
+from rlvr_core.verifiers.pool import _KILL_MARGIN_S, VerifierPool
 
 HANG = ("The answer is $\\boxed{10^{10^{10}}}$.", "1")
+C_HANG = (_C_HANG, "1")
+PLANTED = "planted_verifiers:planted_math"
 TIMEOUT_S = 1.0
 
 
 @pytest.fixture(scope="module")
 def math_pool():
     # One pool for the module: spawning workers that import sympy costs seconds on a loaded machine.
-    with VerifierPool("math", workers=2, timeout_s=TIMEOUT_S) as pool:
+    with VerifierPool(PLANTED, workers=2, timeout_s=TIMEOUT_S) as pool:
         yield pool
 
 
@@ -49,7 +54,7 @@ def test_results_come_back_in_input_order_and_match_in_process():
         assert got == expected
         stats = pool.stats
     assert stats["correct"] == 40 and stats["incorrect"] == 20 and stats["total"] == 60
-    assert stats["timeouts"] == 0 and stats["restarts"] == 0
+    assert stats["kills"] == 0 and stats["restarts"] == 0
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -70,19 +75,23 @@ def test_error_inside_math_verify_is_error(math_pool):
     assert out.status is Status.ERROR and "could not parse" in out.detail
 
 
-def test_hang_is_killed_within_timeout_plus_one_second_and_the_pool_keeps_working(math_pool):
+@pytest.mark.parametrize("hang, killed", [(HANG, False), (C_HANG, True)], ids=["sympy", "C-level"])
+def test_hang_is_stopped_within_timeout_plus_one_second_and_the_pool_keeps_working(math_pool, hang, killed):
     before = dict(math_pool.stats)
     good = [("$\\boxed{\\frac{1}{2}}$", "0.5"), ("$\\boxed{3}$", "4"), ("so $x = 27.0$", "27")]
     t0 = time.monotonic()
-    outs = math_pool.verify_many([good[0], HANG, good[1], good[2]])
+    outs = math_pool.verify_many([good[0], hang, good[1], good[2]])
     elapsed = time.monotonic() - t0
     assert [o.status for o in outs] == [Status.CORRECT, Status.TIMEOUT, Status.INCORRECT, Status.CORRECT]
     assert elapsed < TIMEOUT_S + 1.0, elapsed
     after = math_pool.stats
-    assert after["timeouts"] == before["timeouts"] + 1
-    assert after["restarts"] == before["restarts"] + 1
-    # The replacement worker serves the next batch; a second hang is also caught.
-    outs = math_pool.verify_many([HANG, good[0]])
+    # A sympy hang is interrupted inside the worker by its own CPU-time limit; a C-level one is killed.
+    assert after["kills"] == before["kills"] + killed
+    assert after["restarts"] == before["restarts"] + killed
+    assert after["timeout"] == before["timeout"] + 1
+    assert ("worker killed" in outs[1].detail) is killed, outs[1].detail
+    # The (replacement) worker serves the next batch; a second hang is also caught.
+    outs = math_pool.verify_many([hang, good[0]])
     assert [o.status for o in outs] == [Status.TIMEOUT, Status.CORRECT]
 
 
@@ -92,12 +101,12 @@ def test_pool_works_from_a_non_main_thread(math_pool):
     box = {}
 
     def run():
-        box["outs"] = math_pool.verify_many([HANG, ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "(3, \\pi/2)")])
+        box["outs"] = math_pool.verify_many([HANG, C_HANG, ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "(3, \\pi/2)")])
 
     t = threading.Thread(target=run)
     t.start()
     t.join(timeout=30)
-    assert [o.status for o in box["outs"]] == [Status.TIMEOUT, Status.CORRECT]
+    assert [o.status for o in box["outs"]] == [Status.TIMEOUT, Status.TIMEOUT, Status.CORRECT]
 
 
 def test_new_pool_created_from_a_thread():
@@ -122,34 +131,35 @@ def test_a_hang_holds_up_nothing_else_and_its_replacement_is_already_warm():
     # must be moved to the other worker instead of waiting for the kill.
     T = 1.5
     items = [GOOD[k % 3] for k in range(30)]
-    items.insert(1, (*HANG, Status.TIMEOUT))
-    with VerifierPool("math", workers=2, timeout_s=T) as pool:
+    items.insert(1, (*C_HANG, Status.TIMEOUT))
+    with VerifierPool(PLANTED, workers=2, timeout_s=T) as pool:
         pool.verify_many([(r, g) for r, g, _ in GOOD])  # workers and spare started and warm
         t0 = time.monotonic()
         outs = pool.verify_many([(r, g) for r, g, _ in items])
         elapsed = time.monotonic() - t0
         done = pool.last_done_s
         assert [o.status for o in outs] == [s for _, _, s in items]
-        # Killed at the timeout, or at the cap (timeout + grace) if other load starved it.
-        assert T <= done[1] < T + pool.grace_s + 0.25, done[1]
+        # Killed once it has had the timeout plus the kill margin of CPU time: on a core of its own,
+        # that much wall time (+ slack for the rest of this machine's load).
+        assert T + _KILL_MARGIN_S <= done[1] < T + 1.0, done[1]
         assert max(d for i, d in enumerate(done) if i != 1) < T / 2, done
         # A restart that re-imported sympy would show here as seconds, not the kill alone.
-        assert elapsed < T + pool.grace_s + 0.5, elapsed
-        assert pool.stats["timeouts"] == 1 and pool.stats["restarts"] == 1
+        assert elapsed < T + 1.0, elapsed
+        assert pool.stats["kills"] == 1 and pool.stats["restarts"] == 1
 
 
 def test_back_to_back_hangs_on_one_worker_cost_only_their_timeouts():
     # One worker, so every hang kills the only worker: the spare takes over at once, and a new spare
     # is ready before the next hang needs it.
     T = 1.0
-    with VerifierPool("math", workers=1, timeout_s=T, spares=1) as pool:
+    with VerifierPool(PLANTED, workers=1, timeout_s=T, spares=1) as pool:
         pool.verify_many([(r, g) for r, g, _ in GOOD])
         t0 = time.monotonic()
-        outs = pool.verify_many([HANG, GOOD[0][:2], HANG, GOOD[1][:2], HANG, GOOD[2][:2]])
+        outs = pool.verify_many([C_HANG, GOOD[0][:2], C_HANG, GOOD[1][:2], C_HANG, GOOD[2][:2]])
         elapsed = time.monotonic() - t0
         assert [o.status for o in outs] == [Status.TIMEOUT, Status.CORRECT, Status.TIMEOUT,
                                            Status.INCORRECT, Status.TIMEOUT, Status.CORRECT]
-        assert elapsed < 3 * T + 0.6, elapsed
+        assert elapsed < 3 * (T + _KILL_MARGIN_S) + 0.6, elapsed
         assert pool.stats["restarts"] == 3
 
 
@@ -179,9 +189,9 @@ def test_close_leaves_no_processes_behind_after_kills_and_replacements():
         pool.verify("#### 1", "1")
     before = _descendants(os.getpid())
     seen = set()
-    with VerifierPool("math", workers=2, timeout_s=0.5, spares=1) as pool:
+    with VerifierPool(PLANTED, workers=2, timeout_s=0.5, spares=1) as pool:
         seen |= set(pool.pids)
-        pool.verify_many([HANG, GOOD[0][:2], HANG])
+        pool.verify_many([C_HANG, GOOD[0][:2], C_HANG])
         seen |= set(pool.pids)
         assert pool.stats["restarts"] == 2
     assert len(seen) >= 5  # 2 workers + 1 spare + 2 replacements started
@@ -199,9 +209,9 @@ def _ppid(pid: int) -> int:
 def test_replacements_are_forked_from_a_warm_worker_and_refreshed():
     # After a kill the new spare is a fork of a surviving worker (its child), so that the next
     # replacement starts with the batch's parsed golds and sympy caches, not from scratch.
-    with VerifierPool("math", workers=2, timeout_s=0.5, spares=1) as pool:
+    with VerifierPool(PLANTED, workers=2, timeout_s=0.5, spares=1) as pool:
         pool.verify_many([(r, g) for r, g, _ in GOOD])
-        outs = pool.verify_many([HANG] + [GOOD[k % 3][:2] for k in range(20)])
+        outs = pool.verify_many([C_HANG] + [GOOD[k % 3][:2] for k in range(20)])
         assert outs[0].status is Status.TIMEOUT
         assert [o.status for o in outs[1:]] == [GOOD[k % 3][2] for k in range(20)]
         # The spare was asked for at the kill; it is taken in while the pool next listens.
@@ -211,7 +221,7 @@ def test_replacements_are_forked_from_a_warm_worker_and_refreshed():
         (spare,) = pool._spares
         assert _ppid(spare.process.pid) in worker_pids
         # The forked spare works when promoted: plant a second hang.
-        outs = pool.verify_many([HANG, GOOD[0][:2], GOOD[1][:2]])
+        outs = pool.verify_many([C_HANG, GOOD[0][:2], GOOD[1][:2]])
         assert [o.status for o in outs] == [Status.TIMEOUT, Status.CORRECT, Status.INCORRECT]
         assert pool.stats["restarts"] == 2
         # A long batch re-forks the spare from a working worker (keeps one spare, the newest).
@@ -241,36 +251,59 @@ def test_a_slow_item_is_sidelined_not_killed_and_its_worker_rejoins_as_a_spare()
         done = pool.last_done_s
         assert [o.status for o in outs] == [Status.CORRECT] * 3
         assert done[0] >= 0.8 and max(done[1:]) < done[0], done
-        assert pool.stats["timeouts"] == 0 and pool.stats["restarts"] == 0
+        assert pool.stats["kills"] == 0 and pool.stats["restarts"] == 0
         assert slow_pid in pool.pids and slow_pid != pool._workers[0].process.pid  # now a spare
-        # It yielded the CPU while sidelined and got its normal scheduling back when it rejoined.
-        assert os.sched_getscheduler(slow_pid) == os.SCHED_OTHER
 
 
-@pytest.mark.parametrize("yield_cpu", [True, False])
-def test_a_sidelined_hang_yields_the_cpu_to_busier_processes(yield_cpu):
-    # One busy loop per core at normal priority. A sidelined worker that yields (SCHED_IDLE) then
-    # gets almost no CPU, so the hang is killed at the wall-clock cap as "starved"; one that does not
-    # yield competes for its share and is killed at the plain deadline.
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
-    try:
-        with VerifierPool("math", workers=1, timeout_s=1.0, grace_s=0.5, yield_cpu=yield_cpu) as pool:
-            assert pool.verify("$\\boxed{2}$", "2").status is Status.CORRECT
+def test_a_blocked_item_is_charged_its_wall_time():
+    # The code verifier waits (sleeps) for its program: not waiting for a CPU, so the pool charges the
+    # wall time and kills it at the pool's timeout, whatever the program's own (longer) limit says.
+    sleeper = "```python\nimport time\ntime.sleep(30)\n```"
+    with VerifierPool("code", options={"time_limit_s": 20.0}, workers=1, timeout_s=1.0) as pool:
+        t = time.monotonic()
+        out = pool.verify(sleeper, ["assert True"])
+        elapsed = time.monotonic() - t
+    assert out.status is Status.TIMEOUT and "worker killed" in out.detail, out
+    assert 1.0 + _KILL_MARGIN_S <= elapsed < 1.0 + 1.0, elapsed
+
+
+def _busy_loops(per_core: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(per_core * len(os.sched_getaffinity(0)))]
+
+
+def test_a_loaded_machine_slows_items_down_but_does_not_time_them_out():
+    # Two busy loops per core: a worker gets about a third of a core. An item that needs 0.6 s of CPU
+    # then takes well over the 1 s timeout in wall time, and still comes back correct; a C-level hang
+    # is still killed, once it has had the timeout plus the margin of CPU time.
+    with VerifierPool(PLANTED, workers=1, timeout_s=1.0) as pool:
+        assert pool.verify("$\\boxed{2}$", "2").status is Status.CORRECT  # started and warm
+        hogs = _busy_loops(2)
+        try:
             t = time.monotonic()
-            out = pool.verify(*HANG)
-            elapsed = time.monotonic() - t
-            assert pool.verify("$\\boxed{3}$", "3").status is Status.CORRECT  # the pool works on
-    finally:
-        for h in hogs:
-            h.kill()
-            h.wait()
-    assert out.status is Status.TIMEOUT, out
-    if yield_cpu:
-        assert "starved" in out.detail, out.detail
-        assert 1.5 <= elapsed <= 1.5 + 0.5, elapsed  # the cap: timeout + grace (+ scheduling slack)
-    else:
-        assert "starved" not in out.detail, out.detail
-        assert 1.0 <= elapsed <= 1.0 + 0.5, elapsed
+            slow = pool.verify(spin(0.6), "1")
+            slow_wall = time.monotonic() - t
+            t = time.monotonic()
+            hang = pool.verify(*C_HANG)
+            hang_wall = time.monotonic() - t
+            after = pool.verify("$\\boxed{3}$", "3")
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+    assert slow.status is Status.CORRECT, slow
+    assert slow_wall > 1.0 + _KILL_MARGIN_S, f"the machine was not loaded enough to test anything: {slow_wall:.2f} s"
+    assert hang.status is Status.TIMEOUT and "worker killed" in hang.detail, hang
+    assert hang_wall >= 1.0 + _KILL_MARGIN_S and hang_wall < pool.wall_cap_s, hang_wall
+    assert after.status is Status.CORRECT
+
+
+def test_hang_capable_verifiers_refuse_to_run_in_process():
+    for name in ("math", "minerva", "ifeval", "code"):
+        with pytest.raises(ValueError, match="can hang"):
+            VerifierPool(name, workers=0)
+    with VerifierPool("gsm8k", workers=0) as pool:  # declares can_hang = False
+        assert pool.verify("#### 3", "3").status is Status.CORRECT
 
 
 def test_many_sidelined_items_rejoining_at_once_lose_nothing():
@@ -283,4 +316,4 @@ def test_many_sidelined_items_rejoining_at_once_lose_nothing():
     with VerifierPool("math", workers=2, timeout_s=2.0, spares=1, sideline_after_s=0.01) as pool:
         outs = pool.verify_many(pairs)
         assert [o.status for o in outs] == want
-        assert pool.stats["crashes"] == 0 and pool.stats["timeouts"] == 0
+        assert pool.stats["crashes"] == 0 and pool.stats["kills"] == 0

@@ -1,0 +1,53 @@
+"""A verifier's own time limit on one item, counted in CPU time, from inside the process.
+
+Why CPU time: a wall-clock alarm (math-verify's `signal.alarm`, fixed at whole seconds) measures the
+machine as much as the item: on a loaded machine an answer that needs 0.4 s of CPU can take seconds of
+wall time and come back as `timeout`, a lost reward. `ITIMER_PROF` counts the CPU time the process
+actually gets, so load slows an item down without failing it.
+
+Why it is only a first line: a signal handler runs between Python bytecodes, so it cannot stop a long
+C-level operation (a huge integer power inside sympy). `VerifierPool` kills such a worker from outside
+shortly after the same limit. Signals can only be armed on the main thread; elsewhere (Prefect task
+threads) the limit is off and the pool is the only limit.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class VerifierTimeout(BaseException):
+    """The item used up its CPU-time limit inside the verifier. A BaseException, like KeyboardInterrupt,
+    so that the `except Exception` blocks inside math-verify, sympy and latex2sympy do not swallow it."""
+
+
+def _available() -> bool:
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def cpu_time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise `VerifierTimeout` in the block once the process has used `seconds` of CPU time in it.
+
+    No-op for None/0 or off the main thread. Restores the previous SIGPROF handler and timer, so it nests
+    under a caller's own profiler timer only by replacing it for the block's duration.
+    """
+    if not seconds or seconds <= 0 or not _available():
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise VerifierTimeout(f"used {seconds:g} s of CPU time")
+
+    old_handler = signal.signal(signal.SIGPROF, handler)
+    old_timer = signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old_handler)
+        if old_timer[0] > 0:
+            signal.setitimer(signal.ITIMER_PROF, *old_timer)
