@@ -121,6 +121,10 @@ def register_verifier() -> None:
 
     class _BenchParity:
         name, version = VERIFIER, "1"
+        can_hang = False  # a length check
+
+        def warm_up(self) -> None:
+            pass
 
         def verify(self, response: str, gold) -> Outcome:
             ok = len(response) % 2 == 0
@@ -353,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     import pyarrow.parquet as pq
     import transformers
 
-    from rlvr_core.config import GRPOConfig
+    from rlvr_core.config import GRPOConfig, RewardConfig
     from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
     from rlvr_core.grpo.trainer import train_grpo
     from rlvr_core.templates import get_template
@@ -394,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         t1 = time.perf_counter()
-        res = train_grpo(model_dir, rows, ids, work / "run", cfg, template_id=TEMPLATE, verifier=VERIFIER,
-                         verifier_mode=None, max_new_tokens=a.max_new_tokens, seed=SEED,
+        res = train_grpo(model_dir, rows, ids, work / "run", cfg, template_id=TEMPLATE,
+                         reward=RewardConfig(verifier=VERIFIER),
+                         max_new_tokens=a.max_new_tokens, seed=SEED,
                          progress=lambda msg: print(f"  [trainer] {msg}", flush=True), **kwargs)
         t_train = time.perf_counter() - t1
         if rank != 0:

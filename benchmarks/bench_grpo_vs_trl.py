@@ -91,7 +91,7 @@ def run_ours(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from rlvr_core.config import GRPOConfig
+    from rlvr_core.config import GRPOConfig, RewardConfig
     from rlvr_core.grpo.trainer import train_grpo
     from rlvr_core.templates import get_template
 
@@ -104,7 +104,7 @@ def run_ours(a: argparse.Namespace, work: Path) -> dict[str, Any]:
                      max_staleness=a.our_max_staleness, checkpoint_every=10**6, eval_every=0)
     out = work / "ours"
     t0 = time.perf_counter()
-    res = train_grpo(a.base, rows, ids, out, cfg, template_id="qa", verifier="gsm8k", verifier_mode=None,
+    res = train_grpo(a.base, rows, ids, out, cfg, template_id="qa", reward=RewardConfig(verifier="gsm8k"),
                      max_new_tokens=a.max_new_tokens, seed=a.seed, engine=a.engine)
     wall = time.perf_counter() - t0
     step_rows = pq.read_table(res.steps_path).to_pylist()

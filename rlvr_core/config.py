@@ -275,6 +275,76 @@ class GRPOConfig(_Strict):
         return self
 
 
+def _known_verifier(name: str) -> str:
+    from rlvr_core.verifiers.base import verifier_class
+
+    try:
+        verifier_class(name)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    return name
+
+
+def _resolve_workers(data: Any, verifier_key: str, workers_key: str) -> Any:
+    """Fill an unset worker count with the verifier's default (0 = in-process for verifiers that cannot
+    hang, else 2), so the resolved config stores the number that ran."""
+    from rlvr_core.verifiers.base import default_workers
+
+    if isinstance(data, dict) and data.get(workers_key) is None:
+        name = data.get(verifier_key, "gsm8k")
+        try:
+            data = {**data, workers_key: default_workers(name)}
+        except (KeyError, TypeError):
+            pass  # the verifier field's own check names the problem
+    return data
+
+
+def _refuse_in_process_hang(name: str, workers: int, field: str) -> None:
+    from rlvr_core.verifiers.base import can_hang
+
+    if workers == 0 and can_hang(name):
+        raise ValueError(f"{field}=0 runs verifier {name!r} in-process, where nothing can stop a hang; "
+                         f"{name!r} can hang (math, minerva, ifeval, code can), so use {field} >= 1")
+
+
+class RewardConfig(_Strict):
+    """How training (GRPO rewards) and the pass-rate stage score completions; `eval:` has its own settings.
+
+    Unset `verifier` (and then `mode`) come from `eval.verifier` / `eval.verifier_mode`, so a config that
+    names one verifier uses it everywhere."""
+
+    verifier: str = Field("gsm8k", description="verifier name (see `rlvr verify`); unset = eval.verifier")
+    mode: str | None = Field(None, description="verifier mode (gsm8k: flexible|strict, math: lenient|boxed, "
+                                               "ifeval: strict|loose); unset with verifier unset = eval.verifier_mode")
+    workers: int | None = Field(None, ge=0, description="verifier worker processes per trainer rank; unset = the "
+                                "verifier's default: 0 (in-process) for verifiers that cannot hang (gsm8k, mcq), else 2; "
+                                "0 is refused for verifiers that can hang (math, minerva, ifeval, code)")
+    timeout_s: float = Field(5.0, gt=0, description="per-completion limit in the completion's own time (CPU time "
+                             "plus time blocked, not time spent waiting for a busy CPU); past it: status timeout")
+    timeout_reward: float = Field(0.0, description="reward of a completion whose verification timed out")
+    max_timeout_share: float = Field(0.1, ge=0, le=1, description="G-verifier-hang: a training step where more than "
+                                     "this share of completions timed out is flagged (health/G-verifier-hang)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_workers(cls, data: Any) -> Any:
+        return _resolve_workers(data, "verifier", "workers")
+
+    @field_validator("verifier")
+    @classmethod
+    def _verifier_known(cls, v: str) -> str:
+        return _known_verifier(v)
+
+    @model_validator(mode="after")
+    def _hang_proof(self) -> "RewardConfig":
+        _refuse_in_process_hang(self.verifier, self.workers, "workers")
+        return self
+
+    def pool_options(self) -> dict[str, Any]:
+        """The verifier's options for `VerifierPool`."""
+        return {"mode": self.mode} if self.mode else {}
+
+
 class EvalConfig(_Strict):
     max_problems: int | None = Field(None, ge=1, description="evaluate at most this many held-out problems (None = all)")
     n_samples: int = Field(32, ge=1, description="sampled completions per problem for pass@k, k up to n (plus one greedy)")
@@ -282,8 +352,25 @@ class EvalConfig(_Strict):
     max_new_tokens: int = Field(48, ge=1)
     verifier: str = Field("gsm8k", description="verifier name (see `rlvr verify`)")
     verifier_mode: str | None = Field(None, description="verifier mode, e.g. strict or flexible")
-    verifier_workers: int = Field(2, ge=0, description="verifier worker processes (0 = in-process, no timeout)")
-    verifier_timeout_s: float = Field(5.0, gt=0, description="per-verification limit; overruns are killed and counted (G-verifier-hang)")
+    verifier_workers: int | None = Field(None, ge=0, description="verifier worker processes; unset = the verifier's "
+                                         "default (see reward.workers); 0 = in-process, refused for verifiers that can hang")
+    verifier_timeout_s: float = Field(5.0, gt=0, description="per-verification limit in the item's own time; overruns "
+                                      "are killed and counted (G-verifier-hang)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_workers(cls, data: Any) -> Any:
+        return _resolve_workers(data, "verifier", "verifier_workers")
+
+    @field_validator("verifier")
+    @classmethod
+    def _verifier_known(cls, v: str) -> str:
+        return _known_verifier(v)
+
+    @model_validator(mode="after")
+    def _hang_proof(self) -> "EvalConfig":
+        _refuse_in_process_hang(self.verifier, self.verifier_workers, "verifier_workers")
+        return self
 
 
 class TrackingConfig(_Strict):
@@ -307,8 +394,26 @@ class ExperimentConfig(_Strict):
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="training and pass-rate scoring")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reward_follows_eval(cls, data: Any) -> Any:
+        """An unset reward verifier is the eval verifier (and its mode, when the verifier is the same)."""
+        if not isinstance(data, dict):
+            return data
+        ev = data.get("eval") if isinstance(data.get("eval"), dict) else {}
+        reward = data.get("reward") if isinstance(data.get("reward"), dict) else ({} if data.get("reward") is None else None)
+        if reward is None:  # not a mapping: the field's own check names it
+            return data
+        reward = dict(reward)
+        same = reward.get("verifier") in (None, ev.get("verifier", "gsm8k"))
+        reward.setdefault("verifier", ev.get("verifier", "gsm8k"))
+        if same and reward.get("mode") is None:
+            reward["mode"] = ev.get("verifier_mode")
+        return {**data, "reward": reward}
 
     def resolved(self) -> dict[str, Any]:
         """Every field with defaults filled in, JSON-safe: what a run stores and hashes."""

@@ -40,8 +40,11 @@ def eval_command(
     device: str = typer.Option("cpu", "--device", help="torch device for the hf engine"),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel", min=1, help="vLLM tensor-parallel size"),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="requests decoded together"),
-    verifier_workers: int = typer.Option(2, "--verifier-workers", min=0, help="verifier processes (0 = in-process)"),
-    verifier_timeout_s: float = typer.Option(5.0, "--verifier-timeout-s", help="per-verification time limit"),
+    verifier_workers: Optional[int] = typer.Option(None, "--verifier-workers", min=0, help="verifier processes per "
+                                                   "pool; default per verifier: in-process (0) for gsm8k and mcq, 2 "
+                                                   "for the others; 0 is refused for verifiers that can hang"),
+    verifier_timeout_s: float = typer.Option(5.0, "--verifier-timeout-s", help="per-verification time limit, in the "
+                                             "item's own time (a loaded machine slows items down, it does not fail them)"),
     record: bool = typer.Option(False, "--record", help="also store the result as a run in the artifact store "
                                 "and the warehouse (kind 'eval')"),
     experiment: str = typer.Option("rlvr-eval", "--experiment", help="with --record: the run's experiment"),

@@ -85,8 +85,9 @@ class RunSettings:
     engine: "hf" (transformers, our decode loop) or "vllm" (an in-process vLLM engine, GPU or its CPU build). dtype: weights dtype. device: torch
     device for hf. tensor_parallel: vLLM tensor-parallel size (hf is always single-process).
     batch_size: requests decoded together (hf) and problems per engine call = batch_size // n.
-    verifier_workers: verifier processes per pool (0 = in-process, no timeout); verifier_timeout_s: the
-    per-verification limit (overruns are killed and counted as `timeout`).
+    verifier_workers: verifier processes per pool; None = each verifier's default (in-process for verifiers
+    that cannot hang, 2 for the others); 0 is refused for a verifier that can hang. verifier_timeout_s: the
+    per-verification limit in the item's own time (overruns are killed and counted as `timeout`).
     """
 
     engine: str = "hf"
@@ -94,8 +95,13 @@ class RunSettings:
     device: str = "cpu"
     tensor_parallel: int = 1
     batch_size: int = 64
-    verifier_workers: int = 2
+    verifier_workers: int | None = None
     verifier_timeout_s: float = 5.0
+
+    def pool_workers(self, verifier: str) -> int:
+        from rlvr_core.verifiers.base import default_workers
+
+        return default_workers(verifier) if self.verifier_workers is None else self.verifier_workers
 
     @property
     def parallelism(self) -> str:
@@ -441,7 +447,8 @@ def _verify(spec_v: VerifierSpec, pairs: list[tuple[str, Any]], run: RunSettings
     from rlvr_core.verifiers.pool import VerifierPool
 
     options = dict(spec_v.options) | ({"mode": spec_v.mode} if spec_v.mode is not None else {})
-    with VerifierPool(spec_v.name, options, workers=run.verifier_workers, timeout_s=run.verifier_timeout_s) as pool:
+    with VerifierPool(spec_v.name, options, workers=run.pool_workers(spec_v.name),
+                      timeout_s=run.verifier_timeout_s) as pool:
         return pool.verify_many(pairs), pool.version
 
 
@@ -594,6 +601,19 @@ def opened_engine(checkpoint_dir: str | Path, run: RunSettings, *, chat: bool = 
             close()
 
 
+def _check_verifier_workers(specs: Sequence[BenchmarkSpec], run: RunSettings) -> None:
+    """In-process verification (`verifier_workers=0`) of a verifier that can hang is refused before any
+    sampling, not after it."""
+    from rlvr_core.verifiers.base import can_hang
+
+    if run.verifier_workers != 0:
+        return
+    hangers = sorted({v.name for spec in specs for v in scorings(spec) if can_hang(v.name)})
+    if hangers:
+        raise ValueError(f"verifier_workers=0 runs verifiers in-process, where nothing can stop a hang, and "
+                         f"{', '.join(hangers)} can hang: use verifier workers >= 1 (or leave it unset)")
+
+
 def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out: str | Path | None = None,
              run: RunSettings = RunSettings(), eval_id: str | None = None, checkpoint: str | None = None,
              model_kind: str | None = None, max_problems: int | None = None, n: int | None = None,
@@ -626,6 +646,7 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
             continue
         todo.append(override_spec(spec, max_problems=max_problems, n=n, temperature=temperature,
                                   max_new_tokens=max_new_tokens, seed=seed))
+    _check_verifier_workers(todo, run)
     results: list[BenchmarkResult | None] = [None] * len(todo)
     # One engine per prompt kind (chat prompts skip the tokenizer's special tokens), one engine at a time.
     for chat in (False, True):

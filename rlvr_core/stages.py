@@ -226,10 +226,11 @@ def sample_and_verify(model, tokenizer, rows: list[dict], *, template_id: str, n
 
 
 def _sampling_kwargs(cfg: ExperimentConfig, *, n: int, temperature: float, max_new_tokens: int) -> dict[str, Any]:
+    """Sampling settings for the pass-rate stage, scored as training scores (`reward:`)."""
     return dict(template_id=cfg.prompt.template, n=n, temperature=temperature, top_p=cfg.sampling.top_p,
                 max_new_tokens=max_new_tokens, seed=cfg.sampling.seed, batch_size=cfg.sampling.batch_size,
-                verifier=cfg.eval.verifier, verifier_mode=cfg.eval.verifier_mode,
-                verifier_workers=cfg.eval.verifier_workers, verifier_timeout_s=cfg.eval.verifier_timeout_s)
+                verifier=cfg.reward.verifier, verifier_mode=cfg.reward.mode,
+                verifier_workers=cfg.reward.workers, verifier_timeout_s=cfg.reward.timeout_s)
 
 
 # -------------------------------------------------------------------------------------- pass rates
@@ -396,15 +397,14 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
 
     key = {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
            "grpo": cfg.grpo.model_dump(mode="json"), "template": get_template(cfg.prompt.template).key,
-           "verifier": cfg.eval.verifier, "verifier_mode": cfg.eval.verifier_mode,
+           "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
            "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine}
     folder, done = resumable_dir("grpo", key)
     if not done:
         ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
         with _live_metrics(cfg, mlflow_run_id) as on_step:
             result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
-                                verifier=cfg.eval.verifier, verifier_mode=cfg.eval.verifier_mode,
-                                max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
+                                reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
                                 progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
                                 engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step)
         (folder / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str))
@@ -507,7 +507,7 @@ def record_tables(cfg: ExperimentConfig, model: ModelArtifact, passrates: PassRa
     pr_table = pq.read_table(passrates.table_path)
     context = {"table_id": passrates.table_id, "model_hash": model.model_hash,
                "prompt_template": get_template(cfg.prompt.template).key, "temperature": cfg.sampling.temperature,
-               "max_new_tokens": cfg.sampling.max_new_tokens, "verifier": cfg.eval.verifier}
+               "max_new_tokens": cfg.sampling.max_new_tokens, "verifier": cfg.reward.verifier}
     for name, value in context.items():
         pr_table = pr_table.append_column(name, pa.array([value] * pr_table.num_rows))
     cur_table = pq.read_table(curriculum.path)

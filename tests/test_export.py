@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from rlvr_core.config import GRPOConfig  # noqa: E402
+from rlvr_core.config import GRPOConfig, RewardConfig  # noqa: E402
 from rlvr_core.export import (MANIFEST_FILE, ExportError, ExportVerificationError, export_checkpoint,  # noqa: E402
                               link_export_to_mlflow, upload_export, verify_export)
 from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier  # noqa: E402
@@ -41,6 +41,10 @@ TIMES: dict[str, float] = {}   # printed by the last test (pytest -s) for the re
 
 class _Parity:
     name, version = VERIFIER, "1"
+    can_hang = False  # a length check
+
+    def warm_up(self) -> None:
+        pass
 
     def verify(self, response: str, gold) -> Outcome:
         ok = len(response) % 2 == 0
@@ -67,8 +71,8 @@ def _cfg(**kw) -> GRPOConfig:
 def _train(model_dir, rows, out: Path, cfg: GRPOConfig):
     from rlvr_core.grpo.trainer import train_grpo
 
-    return train_grpo(model_dir, rows, [r["id"] for r in rows[:12]], out, cfg, template_id="qa", verifier=VERIFIER,
-                      verifier_mode=None, max_new_tokens=12, seed=0)
+    return train_grpo(model_dir, rows, [r["id"] for r in rows[:12]], out, cfg, template_id="qa", reward=RewardConfig(verifier=VERIFIER),
+                       max_new_tokens=12, seed=0)
 
 
 @pytest.fixture(scope="module")

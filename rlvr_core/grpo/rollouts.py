@@ -156,8 +156,10 @@ class RolloutCollector:
     """
 
     def __init__(self, cfg: GRPOConfig, *, rows: list[dict], template: Any, engine: RolloutEngine, pool: Any,
-                 dp: DataParallel, max_new_tokens: int, seed: int, weights: Callable[[], torch.nn.Module]):
+                 dp: DataParallel, max_new_tokens: int, seed: int, weights: Callable[[], torch.nn.Module],
+                 timeout_reward: float = 0.0):
         self.cfg, self.rows, self.template, self.engine, self.pool, self.dp = cfg, rows, template, engine, pool, dp
+        self.timeout_reward = timeout_reward  # what a completion whose verification timed out scores
         self.P, self.G, self.L = cfg.prompts_per_step, cfg.group_size, len(rows)
         self.M = cfg.adaptive_max_samples if cfg.adaptive_sampling else self.G
         self.max_new_tokens, self.weights = max_new_tokens, weights
@@ -206,7 +208,8 @@ class RolloutCollector:
                                    cfg.overlong_buffer_len, cfg.overlong_penalty_factor).tolist()
         else:
             pen = [0.0] * len(samples)
-        return GroupStats(rewards=tuple(float(o.reward) for o in outcomes), penalties=tuple(pen),
+        rewards = tuple(self.timeout_reward if o.status.value == "timeout" else float(o.reward) for o in outcomes)
+        return GroupStats(rewards=rewards, penalties=tuple(pen),
                           unique_frac=unique_fraction(samples), gen_tokens=sum(len(x.token_ids) for x in samples),
                           truncations=sum(x.finish_reason == "length" for x in samples),
                           statuses=tuple(sum(o.status.value == st for o in outcomes) for st in STATUSES))

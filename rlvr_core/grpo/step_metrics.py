@@ -17,6 +17,8 @@ Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
   * G-kl-explosion: KL-to-reference max above a threshold (beta > 0 only); a non-finite loss stops the run.
   * G-fixed-seed: more than half the groups collapse to one distinct text at temperature > 0.
   * G-verifier-format: steps where every group has zero reward variance (no learning signal).
+  * G-verifier-hang: steps where more than `reward.max_timeout_share` of the completions timed out in the
+    verifier (each such completion lost its reward: it scored `reward.timeout_reward`).
   * run level (guards.py `HealthMonitor` over the step history: collapse, entropy floor, reward hacking,
     KL explosion): a firing sets `health/<id>` in that step's row; a serious one stops the run.
 """
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["StepTimes", "check_logprob_temp", "step_flags", "step_row", "rollout_sample_rows", "StepGuards",
            "progress_line", "_summary"]
 
-STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format")
+STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang")
 
 
 def check_logprob_temp(cfg: GRPOConfig, *, step: int, n_tokens: int, diff: float, guard_tol: float) -> None:
@@ -68,10 +70,11 @@ def staleness(step: int, rollouts: "RolloutBatch") -> int:
 
 
 def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "UpdateResult",
-               guard_tol: float) -> dict[str, int]:
+               guard_tol: float, max_timeout_share: float = 0.1) -> dict[str, int]:
     """The per-step guard flags (1 = fired at this step)."""
     first = upd.metrics
     uniq = [s.unique_frac for s in rollouts.stats]
+    counts = rollouts.status_counts()
     return {
         # Only rollouts of the very weights being trained must give ratio 1 and the trainer's log-probs:
         # stale ones differ by design.
@@ -83,6 +86,7 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
         "G-fixed-seed": int(cfg.temperature > 0 and sum(round(u * n) == 1 for u, n in
                                                         zip(uniq, rollouts.sizes.tolist())) > rollouts.n_groups // 2),
         "G-verifier-format": int(rollouts.zero_var_share() == 1.0),
+        "G-verifier-hang": int(counts["timeout"] > max_timeout_share * sum(counts.values())),
     }
 
 

@@ -64,7 +64,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlvr_core.config import GRPOConfig
+from rlvr_core.config import GRPOConfig, RewardConfig
 from rlvr_core.grpo.advantages import get_advantage, weight_negative_advantages
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE, RunState,
                                           _write_rows, resume, save_checkpoint, save_final_model, write_lora_config,
@@ -138,8 +138,8 @@ def rows_for_curriculum(train_rows: list[dict], curriculum_ids: list[str]) -> li
 
 # ------------------------------------------------------------------------------------------- the stage
 def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_ids: list[str], out_dir: Path,
-               cfg: GRPOConfig, *, template_id: str, verifier: str, verifier_mode: str | None,
-               max_new_tokens: int, seed: int, progress: Callable[[str], None] | None = None,
+               cfg: GRPOConfig, *, template_id: str, reward: RewardConfig, max_new_tokens: int, seed: int,
+               progress: Callable[[str], None] | None = None,
                stop_after_steps: int | None = None,
                evaluate: Callable[[Any, Any], dict[str, float]] | None = None, engine: str = "hf",
                engine_options: dict | None = None, on_step: Callable[[dict], None] | None = None) -> GRPOResult:
@@ -153,14 +153,15 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     its settings (vllm: `vllm.LLM` overrides, see `rlvr_core.sampling.vllm.llm_options`). `on_step(row)` gets
     each finished step's row of steps.parquet on rank 0 (guard flags set), e.g. a
     `rlvr_core.tracking.StepMetricsSink` that sends it to MLflow while training runs. Returns a GRPOResult;
-    `final_model_dir` exists only when all `cfg.steps` steps are done.
+    `final_model_dir` exists only when all `cfg.steps` steps are done. `reward` says how completions are scored
+    (verifier, mode, worker processes, time limit, what a timeout scores, the G-verifier-hang threshold).
 
     Under a launcher every rank calls this with the same arguments; P must be divisible by the world
     size. Rank 0 alone calls `progress` and `evaluate` and writes steps/summary/final model; every rank
     returns once they exist (the summary is rank 0's; other ranks' rows lack the eval values).
     """
     run = _setup(base_model_dir, train_rows, curriculum_ids, Path(out_dir), cfg, template_id=template_id,
-                 verifier=verifier, verifier_mode=verifier_mode, max_new_tokens=max_new_tokens, seed=seed,
+                 reward=reward, max_new_tokens=max_new_tokens, seed=seed,
                  progress=progress, stop_after_steps=stop_after_steps, evaluate=evaluate, engine=engine,
                  engine_options=engine_options)
     policy, state, dp, say = run.policy, run.state, run.policy.dp, run.say
@@ -192,7 +193,12 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 t_sync = time.perf_counter() - ts
             t3 = time.perf_counter()
             # 5. metrics: the step row (same on every rank), the rollout sample, the evaluate hook
-            flags = step_flags(cfg, step, rollouts, upd, run.guard_tol)
+            flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share)
+            if flags["G-verifier-hang"]:
+                n_out = rollouts.status_counts()
+                say(f"flag G-verifier-hang: {n_out['timeout']} of {sum(n_out.values())} completions timed out at "
+                    f"step {step + 1} (limit {run.reward.max_timeout_share:.0%}; each scored "
+                    f"{run.reward.timeout_reward:g}, reward.timeout_s {run.reward.timeout_s:g})")
             run.guards.count(flags)
             state.rollout_rows += rollout_sample_rows(cfg, dp, step=step, data_pos=state.data_pos,
                                                       rollouts=rollouts, adv_all=adv_all)
@@ -230,6 +236,7 @@ class _Run:
     policy: Policy
     rollout_engine: RolloutEngine
     pool: Any                        # VerifierPool
+    reward: RewardConfig
     collector: RolloutCollector
     state: RunState
     guards: StepGuards
@@ -247,12 +254,9 @@ class _Run:
 
 
 def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOConfig, *, template_id: str,
-           verifier: str, verifier_mode: str | None, max_new_tokens: int, seed: int, progress, stop_after_steps,
+           reward: RewardConfig, max_new_tokens: int, seed: int, progress, stop_after_steps,
            evaluate, engine: str, engine_options: dict | None) -> _Run:
-    """Check the request (before any work), load the policy under DeepSpeed, resume, build the rollout side."""
-    from transformers import AutoTokenizer
-
-    from rlvr_core.templates import get_template
+    """Check the request and start the verifier pool (before any work), then `_load` the rest."""
     from rlvr_core.verifiers.pool import VerifierPool
 
     t_start = time.perf_counter()
@@ -265,6 +269,27 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
         raise ValueError(f"overlong_buffer_len={cfg.overlong_buffer_len} exceeds max_new_tokens={max_new_tokens}: "
                          "the penalty window must lie inside the generation cap")
     check_rollout_engine(engine)
+    # Before the model loads: a bad verifier name or mode fails here. Workers start now and warm up while
+    # the policy loads.
+    pool = VerifierPool(reward.verifier, reward.pool_options(), workers=reward.workers, timeout_s=reward.timeout_s)
+    try:
+        return _load(base_model_dir, rows, out_dir, cfg, template_id=template_id, reward=reward, pool=pool,
+                     max_new_tokens=max_new_tokens, seed=seed, progress=progress, stop_after_steps=stop_after_steps,
+                     evaluate=evaluate, engine=engine, engine_options=engine_options, t_start=t_start)
+    except BaseException:
+        pool.close()
+        raise
+
+
+def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, template_id: str,
+          reward: RewardConfig, pool: Any, max_new_tokens: int, seed: int, progress, stop_after_steps, evaluate,
+          engine: str, engine_options: dict | None, t_start: float) -> _Run:
+    """The expensive half of `_setup`: the policy under DeepSpeed, its resume state, the rollout side."""
+    from transformers import AutoTokenizer
+
+    from rlvr_core.templates import get_template
+
+    P = cfg.prompts_per_step
     added_env = _ensure_launch_env()
     world = launch_world_size()
     check_divisible(P, world)
@@ -285,10 +310,11 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
                                          replica=policy.replica,
                                          own_copy=lambda: load_policy_model(base_model_dir, cfg, seed),
                                          engine_options=engine_options)
-    pool = VerifierPool(verifier, {"mode": verifier_mode} if verifier_mode else {}, workers=0)
     collector = RolloutCollector(cfg, rows=rows, template=template, engine=rollout_engine, pool=pool, dp=dp,
-                                 max_new_tokens=max_new_tokens, seed=seed, weights=policy.current_weights)
-    return _Run(cfg, out_dir, rows, tok, policy, rollout_engine, pool, collector, state, StepGuards(state.step_rows),
+                                 max_new_tokens=max_new_tokens, seed=seed, weights=policy.current_weights,
+                                 timeout_reward=reward.timeout_reward)
+    return _Run(cfg, out_dir, rows, tok, policy, rollout_engine, pool, reward, collector, state,
+                StepGuards(state.step_rows),
                 cfg.steps if stop_after_steps is None else min(cfg.steps, state.start_step + stop_after_steps),
                 max_new_tokens if cfg.loss_agg == "seq-mean-token-sum-norm" else None,
                 cfg.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)
@@ -429,7 +455,7 @@ def _main() -> None:
     if main and not a.skip_base_eval:
         report["base_acc"] = greedy_acc(a.base)
     t1 = time.perf_counter()
-    res = train_grpo(a.base, ds["train"], ids, a.out, cfg, template_id="qa", verifier="gsm8k", verifier_mode=None,
+    res = train_grpo(a.base, ds["train"], ids, a.out, cfg, template_id="qa", reward=RewardConfig(verifier="gsm8k"),
                      max_new_tokens=48, seed=a.seed, progress=lambda s: print(s, flush=True), evaluate=evaluate,
                      engine=a.engine)
     report["train_wall_s"] = round(time.perf_counter() - t1, 1)

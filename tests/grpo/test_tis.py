@@ -21,7 +21,7 @@ import torch
 
 from test_trainer import VERIFIER, _cfg, tiny  # noqa: F401  (tiny: the fixture, used by name)
 
-from rlvr_core.config import GRPOConfig
+from rlvr_core.config import GRPOConfig, RewardConfig
 from rlvr_core.grpo import trainer as trainer_mod
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths, truncated_is_weights
 from rlvr_core.sampling import HFEngine
@@ -140,8 +140,8 @@ def _run(tiny, out: Path, cfg: GRPOConfig):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine's 2 cores are shared; more threads only slow it down
     try:
-        res = trainer_mod.train_grpo(model_dir, rows, ids, out, cfg, template_id="qa", verifier=VERIFIER,
-                                     verifier_mode=None, max_new_tokens=12, seed=0)
+        res = trainer_mod.train_grpo(model_dir, rows, ids, out, cfg, template_id="qa", reward=RewardConfig(verifier=VERIFIER),
+                                      max_new_tokens=12, seed=0)
     finally:
         torch.set_num_threads(threads)
     return pq.read_table(res.steps_path).to_pylist()
@@ -208,6 +208,6 @@ def test_mismatch_after_step_one_is_measured_and_flagged(tiny, tmp_path):
 def test_an_unknown_rollout_engine_fails_before_any_work(tiny, tmp_path):
     model_dir, rows, ids = tiny
     with pytest.raises(ValueError, match=r"unknown rollout engine 'nope': known engines are \['hf'"):
-        trainer_mod.train_grpo(model_dir, rows, ids, tmp_path / "x", _cfg(), template_id="qa", verifier=VERIFIER,
-                               verifier_mode=None, max_new_tokens=12, seed=0, engine="nope")
+        trainer_mod.train_grpo(model_dir, rows, ids, tmp_path / "x", _cfg(), template_id="qa", reward=RewardConfig(verifier=VERIFIER),
+                                max_new_tokens=12, seed=0, engine="nope")
     assert not (tmp_path / "x").exists()

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from rlvr_core.config import GRPOConfig  # noqa: E402
+from rlvr_core.config import GRPOConfig, RewardConfig  # noqa: E402
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths  # noqa: E402
 from rlvr_core.grpo.trainer import (GuardError, build_batch, rows_for_curriculum, sequence_logprobs,  # noqa: E402
                                     train_grpo)
@@ -35,6 +35,10 @@ VERIFIER = "_test_parity"
 
 class _Parity:
     name, version = VERIFIER, "1"
+    can_hang = False  # a length check
+
+    def warm_up(self) -> None:
+        pass
 
     def verify(self, response: str, gold) -> Outcome:
         ok = len(response) % 2 == 0
@@ -70,7 +74,7 @@ def _cfg(**kw) -> GRPOConfig:
 
 def _train(tiny, out: Path, cfg: GRPOConfig, **kw):
     model_dir, rows, ids = tiny
-    return train_grpo(model_dir, rows, ids, out, cfg, template_id="qa", verifier=VERIFIER, verifier_mode=None,
+    return train_grpo(model_dir, rows, ids, out, cfg, template_id="qa", reward=RewardConfig(verifier=VERIFIER),
                       max_new_tokens=12, seed=0, **kw)
 
 

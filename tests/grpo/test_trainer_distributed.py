@@ -26,6 +26,7 @@ import torch
 from test_trainer import VERIFIER, _cfg, _params, _train, tiny  # noqa: F401  (tiny: the fixture, used by name)
 import test_trainer_options  # noqa: F401,E402  (registers the _test_status and _test_sparse verifiers)
 
+from rlvr_core.config import RewardConfig
 from rlvr_core.grpo import trainer as trainer_mod
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths
 
@@ -160,7 +161,7 @@ def test_two_processes_train_like_one(tiny, tmp_path):
         cfg = _cfg(lr=LR, **run["cfg"])
         with _one_thread():  # like each rank; more threads than free cores only slows the busy test machine
             ref = trainer_mod.train_grpo(model_dir, rows, ids, tmp_path / "one" / name, cfg, template_id="qa",
-                                         verifier=run.get("verifier", VERIFIER), verifier_mode=None,
+                                         reward=RewardConfig(verifier=run.get("verifier", VERIFIER)),
                                          max_new_tokens=12, seed=0, evaluate=_probe if run.get("evaluate") else None)
         out = tmp_path / "ddp" / name
         a = pq.read_table(ref.steps_path).to_pylist()
@@ -242,7 +243,7 @@ def _worker(spec_path: str) -> None:
 
     def train(name: str, cfg, verifier: str = "_test_parity", **kw):
         return train_grpo(spec["model_dir"], spec["rows"], spec["ids"], out / name, cfg, template_id="qa",
-                          verifier=verifier, verifier_mode=None, max_new_tokens=12, seed=0, **kw)
+                          reward=RewardConfig(verifier=verifier),  max_new_tokens=12, seed=0, **kw)
 
     try:
         train("odd", _cfg(prompts_per_step=3))

@@ -27,7 +27,7 @@ import torch
 
 from test_trainer import _cfg, _params, tiny  # noqa: F401  (tiny: the fixture, used by name)
 
-from rlvr_core.config import GRPOConfig
+from rlvr_core.config import GRPOConfig, RewardConfig
 from rlvr_core.grpo import trainer as trainer_mod
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.sampling import HFEngine, SamplingParams
@@ -43,6 +43,10 @@ P, G, MAX_NEW = 4, 4, 12
 
 class _StatusCycle:
     name, version = "_test_status", "1"
+    can_hang = False  # no input makes it slow
+
+    def warm_up(self) -> None:
+        pass
 
     def verify(self, response: str, gold) -> Outcome:
         st = STATUS_CYCLE[len(response) % 5]
@@ -51,6 +55,10 @@ class _StatusCycle:
 
 class _Zero:
     name, version = "_test_zero", "1"
+    can_hang = False  # no input makes it slow
+
+    def warm_up(self) -> None:
+        pass
 
     def verify(self, response: str, gold) -> Outcome:
         return Outcome(Status.INCORRECT, 0.0, None, self.name, self.version)
@@ -58,6 +66,10 @@ class _Zero:
 
 class _Sparse:
     name, version = "_test_sparse", "1"
+    can_hang = False  # no input makes it slow
+
+    def warm_up(self) -> None:
+        pass
 
     def verify(self, response: str, gold) -> Outcome:
         ok = int(gold) % 3 == 0 and len(response) % 2 == 0
@@ -116,8 +128,8 @@ def recording():
 def _run(tiny, out: Path, cfg: GRPOConfig, verifier: str = "_test_status", **kw):
     model_dir, rows, ids = tiny
     with recording() as rec:
-        res = trainer_mod.train_grpo(model_dir, rows, ids, out, cfg, template_id="qa", verifier=verifier,
-                                     verifier_mode=None, max_new_tokens=MAX_NEW, seed=0, **kw)
+        res = trainer_mod.train_grpo(model_dir, rows, ids, out, cfg, template_id="qa", reward=RewardConfig(verifier=verifier),
+                                      max_new_tokens=MAX_NEW, seed=0, **kw)
     return res, rec
 
 

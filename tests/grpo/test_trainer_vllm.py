@@ -169,6 +169,7 @@ def _worker(spec_path: str) -> None:
     """Train every run of the spec with engine="vllm" (each rank, under a launcher)."""
     import test_trainer_options  # noqa: F401  (registers the _test_status verifier)
 
+    from rlvr_core.config import RewardConfig
     from rlvr_core.grpo.distributed import shutdown
     from rlvr_core.grpo.trainer import GuardError, train_grpo
     from rlvr_core.grpo.vllm_rollout import VLLMRolloutEngine
@@ -187,7 +188,7 @@ def _worker(spec_path: str) -> None:
         try:
             for stop in run.get("calls", [None]):
                 train_grpo(spec["model_dir"], spec["rows"], spec["ids"], out / name, _cfg(**run["cfg"]),
-                           template_id="qa", verifier=run.get("verifier", VERIFIER), verifier_mode=None,
+                           template_id="qa", reward=RewardConfig(verifier=run.get("verifier", VERIFIER)),
                            max_new_tokens=12, seed=0, stop_after_steps=stop, engine="vllm")
         except GuardError as e:
             (out / name / "error.json").write_text(json.dumps({"type": type(e).__name__, "msg": str(e)}))
