@@ -22,7 +22,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from rlvr_core.data.jsonl import DataFormatError, iter_jsonl
-from rlvr_core.verifiers.base import Status, get_verifier
+from rlvr_core.verifiers.base import Status, default_workers, get_verifier
 from rlvr_core.verifiers.pool import VerifierPool
 
 
@@ -57,11 +57,13 @@ def read_rows(path: Path, verifier: str) -> list[tuple[dict[str, Any], str, Any]
 
 
 def run_verify(
-    verifier: str, input: Path, output: Path, mode: str | None = None, workers: int = 2, timeout_s: float = 5.0
+    verifier: str, input: Path, output: Path, mode: str | None = None, workers: int | None = None,
+    timeout_s: float = 5.0,
 ) -> Counter[str]:
-    """Library form of the command: returns the counts per status."""
+    """Library form of the command: returns the counts per status. workers None: the verifier's default."""
     options = {"mode": mode} if mode is not None else {}
     get_verifier(verifier, **options)  # fail fast on an unknown verifier or mode, before reading input
+    workers = default_workers(verifier) if workers is None else workers
     rows = read_rows(input, verifier)
     with VerifierPool(verifier, options, workers=workers, timeout_s=timeout_s) as pool:
         outcomes = pool.verify_many([(r, g) for _, r, g in rows])
@@ -80,8 +82,12 @@ def verify_command(
     input: Annotated[Path, typer.Option("--input", exists=True, dir_okay=False, help="input JSONL")],
     output: Annotated[Path, typer.Option("--output", dir_okay=False, help="output JSONL: input + status, reward, extracted")],
     mode: Annotated[Optional[str], typer.Option("--mode", help="gsm8k: flexible|strict; math: lenient|boxed")] = None,
-    workers: Annotated[int, typer.Option("--workers", help="worker processes; 0 = in-process, no timeout")] = 2,
-    timeout_s: Annotated[float, typer.Option("--timeout-s", help="hard per-item time limit (seconds)")] = 5.0,
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", help="worker processes; default per verifier: 0 (in-process, fastest) for gsm8k and mcq, which "
+        "cannot hang, 2 for math, minerva, ifeval and code; 0 is refused for those")] = None,
+    timeout_s: Annotated[float, typer.Option(
+        "--timeout-s", help="per-item limit in the item's own time: CPU time plus time blocked, not time spent "
+        "waiting for a busy CPU; a hang is killed shortly after it")] = 5.0,
 ) -> None:
     """Verify responses in a JSONL file; print the counts per status."""
     try:

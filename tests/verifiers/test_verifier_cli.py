@@ -35,13 +35,22 @@ def test_verify_gsm8k_file(tmp_path):
 def test_verify_ifeval_and_code_fields(tmp_path):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write(inp, [{"response": "no commas", "prompt": "p", "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}])
-    res = CliRunner().invoke(app, ["verify", "--verifier", "ifeval", "--input", str(inp), "--output", str(out), "--workers", "0"])
+    res = CliRunner().invoke(app, ["verify", "--verifier", "ifeval", "--input", str(inp), "--output", str(out)])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["status"] == "correct"
     write(inp, [{"response": "```python\ndef f():\n    return 1\n```", "tests": ["assert f() == 1"]}])
-    res = CliRunner().invoke(app, ["verify", "--verifier", "code", "--input", str(inp), "--output", str(out), "--workers", "0"])
+    res = CliRunner().invoke(app, ["verify", "--verifier", "code", "--input", str(inp), "--output", str(out)])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["status"] == "correct"
+
+
+def test_in_process_is_refused_for_verifiers_that_can_hang(tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(inp, [{"response": "$\\boxed{2}$", "answer": "2"}])
+    res = CliRunner().invoke(app, ["verify", "--verifier", "math", "--input", str(inp), "--output", str(out),
+                                   "--workers", "0"])
+    assert res.exit_code == 2 and "can hang" in res.output, res.output
+    assert not out.exists()
 
 
 def test_malformed_line_names_file_and_line(tmp_path):

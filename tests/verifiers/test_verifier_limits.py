@@ -1,0 +1,119 @@
+"""What every verifier declares (`can_hang`, `warm_up`) holds, and the registry enforces the declarations.
+
+- `warm_up()` loads whatever `verify` would load lazily: in a fresh interpreter, after `warm_up()`, verifying
+  typical inputs imports no new module and costs little CPU (langdetect's first call alone is ~0.35 s).
+- `can_hang = False` is earned: adversarial megabyte responses finish quickly (a regex with nested or
+  overlapping quantifiers would take minutes on them).
+- A verifier's own CPU-time limit stops a sympy hang in-process, counting CPU time, not wall time.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlvr_core.verifiers import Status, get_verifier, known_verifiers, register_verifier
+from rlvr_core.verifiers.base import can_hang
+
+# Typical (response, gold) pairs per built-in verifier. A new verifier must add its own: the test below
+# fails for a registered name without samples.
+SAMPLES = {
+    "gsm8k": [("3 + 4 = 7 so #### 1,200", "1200"), ("The answer is 7.", "7")],
+    "mcq": [("The answer is (B).", "B"), ("I pick C", "2")],
+    "math": [("$\\boxed{\\frac{1}{2}}$", "0.5"), ("so $x = \\sqrt{12}$", "2\\sqrt{3}"),
+             ("The answer is $\\boxed{(1, 2]}$", "(1,2]")],
+    "minerva": [("Final Answer: The final answer is $\\frac{1}{3}$. I hope it is correct.", "\\frac{2}{6}")],
+    "ifeval": [("Das ist eine kurze Antwort auf Deutsch. Sie ist klar.",
+                {"instruction_id_list": ["language:response_language", "punctuation:no_comma",
+                                         "length_constraints:number_sentences", "change_case:capital_word_frequency"],
+                 "kwargs": [{"language": "de"}, {}, {"num_sentences": 3, "relation": "less than"},
+                            {"capital_frequency": 1, "capital_relation": "at least"}]})],
+    "code": [("```python\ndef f():\n    return 1\n```", ["assert f() == 1"])],
+}
+
+_PROBE = r"""
+import json, sys, time
+from rlvr_core.verifiers import get_verifier
+name, samples = sys.argv[1], json.loads(sys.argv[2])
+v = get_verifier(name)
+v.warm_up()
+before = set(sys.modules)
+t = time.process_time()
+statuses = [v.verify(r, g).status.value for r, g in samples]
+cpu = time.process_time() - t
+print(json.dumps({"new_modules": sorted(set(sys.modules) - before), "cpu_s": cpu, "statuses": statuses}))
+"""
+
+
+def test_every_registered_verifier_has_samples_here():
+    assert set(known_verifiers()) == set(SAMPLES)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_after_warm_up_the_first_verifications_are_warm(name):
+    out = subprocess.run([sys.executable, "-c", _PROBE, name, json.dumps(SAMPLES[name])], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["new_modules"] == [], f"{name}.verify imported {got['new_modules']} after warm_up()"
+    assert "error" not in got["statuses"], got
+    # CPU time of the first few verifications in a fresh process (not wall time: the machine may be busy).
+    assert got["cpu_s"] < 0.15 * len(SAMPLES[name]), got
+
+
+def test_a_cold_process_is_measurably_slower_so_the_check_above_can_fail():
+    # Without warm_up the first language check loads langdetect's profiles: the bar above would catch it.
+    probe = _PROBE.replace("v.warm_up()\n", "")
+    out = subprocess.run([sys.executable, "-c", probe, "ifeval", json.dumps(SAMPLES["ifeval"])],
+                         capture_output=True, text=True, timeout=300)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["new_modules"] or got["cpu_s"] >= 0.15, got
+
+
+ADVERSARIAL = [
+    "1," * 500_000, "9" * 1_000_000, "The answer is " * 70_000, "(A" * 500_000, "$1,000." * 140_000,
+    "answer: " * 120_000, "-" * 1_000_000 + "5", "#### " * 200_000, "\\boxed{" * 130_000, "a " * 500_000 + "B",
+    "1.1.1." * 160_000, "option is " * 100_000,
+]
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(SAMPLES) if not can_hang(n)])
+def test_verifiers_that_declare_they_cannot_hang_stay_fast_on_adversarial_input(name):
+    v = get_verifier(name)
+    gold = SAMPLES[name][0][1]
+    for text in ADVERSARIAL:
+        t = time.process_time()
+        out = v.verify(text, gold)
+        assert out.status is not Status.ERROR, (text[:30], out)
+        assert time.process_time() - t < 2.0, (name, text[:30], time.process_time() - t)
+
+
+def test_registration_requires_the_declarations():
+    class NoHangDeclaration:
+        name, version = "_no_decl", "1"
+
+        def warm_up(self):
+            pass
+
+    class NoWarmUp:
+        name, version = "_no_warm", "1"
+        can_hang = False
+
+    with pytest.raises(TypeError, match="can_hang"):
+        register_verifier("_no_decl")(NoHangDeclaration)
+    with pytest.raises(TypeError, match="warm_up"):
+        register_verifier("_no_warm")(NoWarmUp)
+    assert "_no_decl" not in known_verifiers() and "_no_warm" not in known_verifiers()
+
+
+def test_the_math_verifiers_own_limit_counts_cpu_time_and_stops_a_sympy_hang_in_process():
+    v = get_verifier("math", time_limit_s=0.5)
+    t, c = time.monotonic(), time.process_time()
+    out = v.verify("The answer is $\\boxed{10^{10^{10}}}$.", "1")
+    wall, cpu = time.monotonic() - t, time.process_time() - c
+    assert out.status is Status.TIMEOUT and "CPU time" in out.detail, out
+    assert 0.5 <= cpu < 0.8 and wall < 5, (cpu, wall)
+    # The verifier is usable afterwards, and a sleeping caller is not charged: the limit is CPU time.
+    assert v.verify("$\\boxed{\\frac{1}{2}}$", "0.5").status is Status.CORRECT
