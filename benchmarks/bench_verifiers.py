@@ -5,7 +5,8 @@ answer per problem (the boxed answer replaced by a different one, which must be 
 
 - `plain math-verify`: `verify(parse(gold), parse(response))` in a loop, one process, math-verify's
   own signal timeouts — the baseline a user would write;
-- `pool w=0` (in-process), `pool w=1`, `pool w=2`: our `VerifierPool("math")`;
+- `our verifier in-process`: `get_verifier("math").verify` in a loop (what `VerifierPool(workers=0)` did
+  before verifiers that can hang were refused in-process); `pool w=1`, `pool w=2`: our `VerifierPool("math")`;
 - the same with a few planted pathological inputs (sympy hangs) mixed in.
 
 Prints throughput (verifications/s), ratio to the plain loop, latency percentiles, agreement with the
@@ -74,6 +75,18 @@ def plain_loop(pairs):
     return time.perf_counter() - t0, lat, verdicts
 
 
+def in_process_loop(pairs, timeout_s):
+    from rlvr_core.verifiers import get_verifier
+
+    verifier, lat = get_verifier("math", time_limit_s=timeout_s), []
+    t0 = time.perf_counter()
+    for response, gold in pairs:
+        t = time.perf_counter()
+        verifier.verify(response, gold)
+        lat.append(time.perf_counter() - t)
+    return time.perf_counter() - t0, lat
+
+
 def pool_run(pairs, workers, timeout_s, **pool_options):
     with VerifierPool("math", workers=workers, timeout_s=timeout_s, **pool_options) as pool:
         pool.verify_many(pairs[:4])  # warm-up: workers import sympy before the clock starts
@@ -91,15 +104,11 @@ def main() -> None:
     ap.add_argument("--hangs", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3, help="clean/planted run pairs per pool size")
     ap.add_argument("--sideline-after-s", type=float, default=None, help="VerifierPool sideline_after_s")
-    ap.add_argument("--yield-after-s", type=float, default=None, help="VerifierPool yield_after_s")
-    ap.add_argument("--no-yield", action="store_true", help="VerifierPool(yield_cpu=False): sidelined workers keep their CPU share")
     ap.add_argument("--hangs-only", action="store_true", help="skip the throughput table (bar 1)")
     args = ap.parse_args()
-    opts = {"yield_cpu": not args.no_yield}
+    opts = {}
     if args.sideline_after_s is not None:
         opts["sideline_after_s"] = args.sideline_after_s
-    if args.yield_after_s is not None:
-        opts["yield_after_s"] = args.yield_after_s
     logging.disable(logging.WARNING)  # math-verify logs every timeout
 
     pairs = build_inputs(args.limit)
@@ -107,8 +116,10 @@ def main() -> None:
     print(f"pool options: {opts}\n")
     base_wall, base_lat, base_verdicts = plain_loop(pairs)
     rows = [("plain math-verify loop", base_wall, base_lat, None)]
+    if not args.hangs_only:
+        rows.append(("our verifier in-process", *in_process_loop(pairs, args.timeout_s), None))
     runs, clean_wall = {}, {}
-    for w in ((2,) if args.hangs_only else (0, 1, 2)):
+    for w in ((2,) if args.hangs_only else (1, 2)):
         wall, lat, outs, stats, _ = pool_run(pairs, w, args.timeout_s, **opts)
         runs[w], clean_wall[w] = outs, wall
         rows.append((f"pool workers={w}", wall, lat, stats))

@@ -14,15 +14,22 @@ ready only after its verifier's `warm_up()`, so neither a slow start-up nor a fi
 (langdetect's profiles, sympy's caches) is mistaken for a slow verification. Other workers keep
 verifying meanwhile.
 
-A timeout measures the item, not the machine: an item is charged its wall time *minus the time it
-spent waiting for a CPU* (Linux `/proc/PID/schedstat`, field 2). A hang is always runnable, so it is
-charged the CPU time it gets and is killed `_KILL_MARGIN_S` after `timeout_s` of it (on an idle core:
-within timeout + 0.5 s of wall time); an item that sleeps (the code verifier waiting for its program)
-is charged its wall time; on a loaded machine a legitimate item is slowed down, never failed for
-lack of CPU. The run-queue wait is only added when a waiting process gets the CPU again, so a process
-waiting right now is charged that one wait (milliseconds under ordinary load). A wall-clock cap of
-`wall_cap_s` (default 10 x timeout) is the backstop for a process starved outright. Where schedstat
-cannot be read the item is charged its wall time.
+A timeout measures the item, not the machine: an item is charged its *own time*, its wall time minus
+the time it spent waiting for a CPU (Linux `/proc/PID/schedstat`, field 2). A hang is always runnable,
+so its own time is the CPU time it gets; an item that sleeps (the code verifier waiting for its program)
+is charged its wall time. An item is killed as a hang when
+
+- its own time reaches `timeout_s` + `_KILL_MARGIN_S`, or
+- its wall time reaches `timeout_s` + `_KILL_MARGIN_S` *and* it has used `_HANG_SHARE` of `timeout_s` as
+  own time: it behaves like a hang (real MATH-500 items use at most ~5 % of a 5 s budget), so it is not
+  kept running on a busy machine until its full budget is spent; or
+- its wall time reaches `wall_cap_s` (default 10 x timeout): the backstop for a process starved outright.
+
+So on a loaded machine a legitimate item is slowed down, never failed for lack of CPU, while a hang is
+killed within timeout + 0.5 s of wall time when it gets at least half a core, and after half its budget
+of CPU time when it gets less. The run-queue wait is only added when a waiting process gets the CPU
+again, so a process waiting right now is charged that one wait (milliseconds under ordinary load).
+Where schedstat cannot be read the item is charged its wall time.
 
 Throughput and hangs (docs/benchmarks/verifiers.md):
 
@@ -92,6 +99,9 @@ _SIDELINE_AFTER_S = 0.25
 _KILL_MARGIN_S = 0.5
 # The default wall-clock cap on one item, as a multiple of `timeout_s` (see the module docstring).
 _WALL_CAP_FACTOR = 10.0
+# Past `timeout_s + _KILL_MARGIN_S` of wall time, an item that has used this share of `timeout_s` as its
+# own time is a hang (see the module docstring).
+_HANG_SHARE = 0.5
 # Verifiers cache parsed gold answers per process, so an item goes preferably to the worker that
 # already had its gold: a worker with room takes the first of the next few to-do items whose gold
 # is new or its own, else the next one (never waits for a busy worker).
@@ -244,8 +254,8 @@ class _Worker:
     clock: float = 0.0  # when queue[0] started, as seen by the parent
     fork_pending: bool = False  # asked to fork a spare, which has not arrived yet
     golds: set[str] = field(default_factory=set)  # golds it has parsed or been sent parsed
-    # Set while sidelined: the process's run-queue wait (`_wait_s`) when its running item started or was
-    # sidelined; the item is charged its wall time less the wait since. None: the wall clock counts.
+    # The process's run-queue wait (`_wait_s`) when its running item started; the item is charged its wall
+    # time less the wait since. None: the wall clock counts.
     wait_mark: float | None = None
 
 
@@ -384,7 +394,7 @@ class VerifierPool:
         while len(self._spares) > self.n_spares:  # a refresh: retire the oldest
             self._retire(self._spares.pop(0))
         if w.queue:  # the fork ran between two items: the next one starts now
-            w.clock = now
+            w.clock, w.wait_mark = now, _wait_s(w.process.pid)
 
     def _retire(self, w: _Worker) -> None:
         try:
@@ -598,7 +608,7 @@ class VerifierPool:
                     break
                 del b.todo[k]
                 if not w.queue:
-                    w.clock = now
+                    w.clock, w.wait_mark = now, _wait_s(w.process.pid)
                 w.queue.append(i)
                 gold = b.pairs[i][1]
                 if isinstance(gold, str):
@@ -611,11 +621,14 @@ class VerifierPool:
         now = time.monotonic()
         times = [w.clock + self.timeout_s for w in self._workers if w.queue]
         times += [w.clock + self._sideline_after for w in self._workers if w.queue]
-        # A sidelined item's charged time grows at most as fast as the wall clock: check again when
-        # its budget could be spent at the earliest, or at its wall-clock cap.
+        # A sidelined item's charged time grows at most as fast as the wall clock: check again when it
+        # could meet a kill rule of `_enforce_deadlines` at the earliest.
         limit = self.timeout_s + _KILL_MARGIN_S
-        times += [min(w.clock + self.wall_cap_s, now + max(0.01, limit - self._item_time(w, now)))
-                  for w in self._sidelined if w.queue]
+        for w in self._sidelined:
+            if w.queue:
+                need = limit if now < w.clock + limit else _HANG_SHARE * self.timeout_s
+                times += [w.clock + self.wall_cap_s, now + max(0.01, need - self._item_time(w, now))]
+                times += [w.clock + limit] if now < w.clock + limit else []
         times += [w.started_at + _START_TIMEOUT_S for w in self._workers + self._spares if not w.ready]
         return max(0.0, min(times) - now) if times else None
 
@@ -646,12 +659,12 @@ class VerifierPool:
                         self._since_spare += 1
                         if self._record(b, i, outcome):
                             self.latencies.append(now - w.clock)
-                        w.clock = now  # the next queued item started when this one ended
+                        # The next queued item started when this one ended.
+                        w.clock, w.wait_mark = now, _wait_s(w.process.pid) if w.queue else None
                         if w in self._sidelined:
                             if not w.queue:
                                 self._reinstate(w)
-                            else:  # it goes on with what was queued behind, charged from now
-                                w.wait_mark = _wait_s(w.process.pid)
+                            # else it goes on with what was queued behind, charged from now
                     elif kind == "failed":
                         self._kill(w)
                         raise RuntimeError(f"verifier worker for {self.name!r} failed to start: {payload}")
@@ -696,14 +709,13 @@ class VerifierPool:
         for i in reversed(list(w.queue)[1:]):
             if b.results[i] is None:
                 b.todo.appendleft(i)
-        w.wait_mark = _wait_s(w.process.pid)
         self._workers[self._workers.index(w)] = self._take_spare()
         self._sidelined.append(w)
         self._fill_spares()
 
     def _item_time(self, w: _Worker, now: float) -> float:
-        """The time charged to the running item of sidelined `w`: its wall time less the time its
-        process waited for a CPU since it was sidelined (see the module docstring)."""
+        """The time charged to the running item of `w`: its wall time less the time its process waited
+        for a CPU since the item started (see the module docstring)."""
         wait = _wait_s(w.process.pid) if w.wait_mark is not None else None
         return now - w.clock if wait is None else max(0.0, now - w.clock - (wait - w.wait_mark))
 
@@ -739,10 +751,12 @@ class VerifierPool:
             if not w.queue:
                 continue
             charged, wall = self._item_time(w, now), now - w.clock
-            if charged >= self.timeout_s + _KILL_MARGIN_S or wall >= self.wall_cap_s:
+            limit = self.timeout_s + _KILL_MARGIN_S
+            hang_like = wall >= limit and charged >= _HANG_SHARE * self.timeout_s
+            if charged >= limit or hang_like or wall >= self.wall_cap_s:
                 i = w.queue.popleft()
                 detail = f"worker killed after {charged:.2f} s of its own time ({wall:.2f} s wall; limit {self.timeout_s:g} s)"
-                if charged < self.timeout_s:
+                if charged < _HANG_SHARE * self.timeout_s:
                     detail = (f"worker killed at the wall-clock cap of {self.wall_cap_s:g} s, starved of CPU "
                               f"({charged:.2f} s of its own time)")
                 if self._record(b, i, self._outcome(Status.TIMEOUT, detail)):

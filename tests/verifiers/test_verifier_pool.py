@@ -273,15 +273,16 @@ def _busy_loops(per_core: int) -> list[subprocess.Popen]:
 
 
 def test_a_loaded_machine_slows_items_down_but_does_not_time_them_out():
-    # Two busy loops per core: a worker gets about a third of a core. An item that needs 0.6 s of CPU
-    # then takes well over the 1 s timeout in wall time, and still comes back correct; a C-level hang
-    # is still killed, once it has had the timeout plus the margin of CPU time.
+    # Two busy loops per core: a worker gets about a third of a core. An item that needs 0.45 s of CPU
+    # then takes over the 1 s timeout in wall time (a wall-clock timeout would kill it), and still comes
+    # back correct; a C-level hang is still killed, at timeout + margin of wall time once it has used half
+    # its budget, or once it has used the timeout plus the margin.
     with VerifierPool(PLANTED, workers=1, timeout_s=1.0) as pool:
         assert pool.verify("$\\boxed{2}$", "2").status is Status.CORRECT  # started and warm
         hogs = _busy_loops(2)
         try:
             t = time.monotonic()
-            slow = pool.verify(spin(0.6), "1")
+            slow = pool.verify(spin(0.45), "1")
             slow_wall = time.monotonic() - t
             t = time.monotonic()
             hang = pool.verify(*C_HANG)
@@ -292,7 +293,7 @@ def test_a_loaded_machine_slows_items_down_but_does_not_time_them_out():
                 h.kill()
                 h.wait()
     assert slow.status is Status.CORRECT, slow
-    assert slow_wall > 1.0 + _KILL_MARGIN_S, f"the machine was not loaded enough to test anything: {slow_wall:.2f} s"
+    assert slow_wall > 1.0, f"the machine was not loaded enough to test anything: {slow_wall:.2f} s"
     assert hang.status is Status.TIMEOUT and "worker killed" in hang.detail, hang
     assert hang_wall >= 1.0 + _KILL_MARGIN_S and hang_wall < pool.wall_cap_s, hang_wall
     assert after.status is Status.CORRECT
