@@ -1,5 +1,6 @@
-"""math verifier: real MATH-500 gold solutions, equivalent forms, wrong answers, both modes, and
-agreement with a plain math-verify loop (the library we build on) on the same inputs."""
+"""math verifier: real MATH-500 gold solutions, equivalent forms, wrong answers, both modes. Agreement with a
+plain math-verify loop (the library we build on) on MATH-500 answers rewritten into other forms and wrong
+values: test_verifier_peers.py."""
 
 import pytest
 from math_verify import parse, verify
@@ -35,14 +36,6 @@ def test_math500_answers_against_a_different_answer_are_rejected(math500):
         assert LENIENT.verify(r["solution"], other["answer"]).status is Status.INCORRECT, (r["unique_id"], other["answer"])
         checked += 1
     assert checked > 450
-
-
-def test_agrees_with_plain_math_verify_on_real_solutions(math500):
-    # Gold = full solution text, as a plain math-verify user would pass it.
-    for r in math500[:150]:
-        ours = LENIENT.verify(r["solution"], r["solution"]).correct
-        theirs = verify(parse(r["solution"]), parse(r["solution"]))
-        assert ours == theirs, r["unique_id"]
 
 
 @pytest.mark.parametrize(
