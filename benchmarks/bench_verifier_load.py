@@ -70,14 +70,37 @@ def math_pairs(limit: int) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------------------------- runners
+_IN_PROCESS = r"""
+import json, sys, time
+from rlvr_core.verifiers import get_verifier, safe_verify
+name, timeout_s, pairs = sys.argv[1], float(sys.argv[2]), json.load(open(sys.argv[3]))
+verifier = get_verifier(name)
+if hasattr(verifier, "set_time_limit"):
+    verifier.set_time_limit(timeout_s)
+verifier.warm_up()
+t0 = time.perf_counter()
+outs = [safe_verify(verifier, r, g) for r, g in pairs]
+wall = time.perf_counter() - t0
+print(json.dumps({"wall": wall, "outs": [o.to_dict() for o in outs]}))
+"""
+
+
+def _fresh_process(script: str, pairs, *args: str) -> str:
+    """Run `script` in a fresh interpreter (none of this process's caches of these items) on `pairs`."""
+    path = Path(f"/tmp/bench-verifier-load-{os.getpid()}.json")
+    path.write_text(json.dumps(pairs))
+    try:
+        return subprocess.run([sys.executable, "-c", script, *args, str(path)], capture_output=True, text=True,
+                              check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.strip().splitlines()[-1]
+    finally:
+        path.unlink()
+
+
 def in_process(name: str, pairs, timeout_s: float) -> tuple[float, list[Outcome]]:
-    verifier = get_verifier(name)
-    if hasattr(verifier, "set_time_limit"):
-        verifier.set_time_limit(timeout_s)
-    verifier.warm_up()
-    t0 = time.perf_counter()
-    outs = [safe_verify(verifier, r, g) for r, g in pairs]
-    return time.perf_counter() - t0, outs
+    """The verifier in one process, warmed up, as `VerifierPool(workers=0)` would run it (the reference)."""
+    got = json.loads(_fresh_process(_IN_PROCESS, pairs, name, str(timeout_s)))
+    outs = [Outcome(**{**d, "status": Status(d["status"])}) for d in got["outs"]]
+    return got["wall"], outs
 
 
 _PLAIN = r"""
@@ -86,7 +109,7 @@ from math_verify import parse, verify
 from rlvr_core.verifiers.warm import MATH_EXAMPLES
 for g, a in MATH_EXAMPLES:  # warm, but not on the benchmark's own items
     verify(parse("\\boxed{" + g + "}"), parse(f"$\\boxed{{{a}}}$"))
-pairs = json.load(open(sys.argv[1]))
+pairs = json.load(open(sys.argv[-1]))
 t0 = time.perf_counter()
 verdicts = [bool(verify(parse("\\boxed{" + g + "}"), parse(r))) for r, g in pairs]
 print(time.perf_counter() - t0)
@@ -96,14 +119,7 @@ print(time.perf_counter() - t0)
 def plain_math_verify(pairs) -> float:
     """Seconds for the loop a user would write, `verify(parse(gold), parse(response))`, in a fresh process
     warmed on generic answers (so neither cold start-up nor this process's caches of these items count)."""
-    path = Path(f"/tmp/bench-verifier-load-{os.getpid()}.json")
-    path.write_text(json.dumps(pairs))
-    try:
-        out = subprocess.run([sys.executable, "-c", _PLAIN, str(path)], capture_output=True, text=True, check=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-    finally:
-        path.unlink()
-    return float(out.stdout.strip().splitlines()[-1])
+    return float(_fresh_process(_PLAIN, pairs))
 
 
 def ours(name: str, pairs, workers: int, timeout_s: float) -> tuple[float, list[Outcome], list[float]]:

@@ -20,14 +20,17 @@ so its own time is the CPU time it gets; an item that sleeps (the code verifier 
 is charged its wall time. An item is killed as a hang when
 
 - its own time reaches `timeout_s` + `_KILL_MARGIN_S`, or
-- its wall time reaches `timeout_s` + `_KILL_MARGIN_S` *and* it has used `_HANG_SHARE` of `timeout_s` as
-  own time: it behaves like a hang (real MATH-500 items use at most ~5 % of a 5 s budget), so it is not
-  kept running on a busy machine until its full budget is spent; or
+- its wall time reaches `timeout_s` + `_KILL_MARGIN_S` *and* it has used `hang_share` (default 1/4) of
+  `timeout_s` as own time: it behaves like a hang (real MATH-500 items use at most ~5 % of a 5 s budget),
+  so it is not kept running on a busy machine until its full budget is spent; or
 - its wall time reaches `wall_cap_s` (default 10 x timeout): the backstop for a process starved outright.
 
-So on a loaded machine a legitimate item is slowed down, never failed for lack of CPU, while a hang is
-killed within timeout + 0.5 s of wall time when it gets at least half a core, and after half its budget
-of CPU time when it gets less. The run-queue wait is only added when a waiting process gets the CPU
+So on a loaded machine a legitimate item that needs less than `hang_share` of the budget is slowed down,
+never failed for lack of CPU, while a hang is killed within timeout + 0.5 s of wall time as long as it
+gets about a quarter of a core (up to ~4 runnable processes per core), and once it has used a quarter of
+its budget when it gets less. The two goals conflict only there: at wall time T + 0.5 s nothing tells a
+hang from an item that legitimately needs more CPU than it could get by then; `hang_share` is where the
+line is drawn. The run-queue wait is only added when a waiting process gets the CPU
 again, so a process waiting right now is charged that one wait (milliseconds under ordinary load).
 Where schedstat cannot be read the item is charged its wall time.
 
@@ -101,7 +104,7 @@ _KILL_MARGIN_S = 0.5
 _WALL_CAP_FACTOR = 10.0
 # Past `timeout_s + _KILL_MARGIN_S` of wall time, an item that has used this share of `timeout_s` as its
 # own time is a hang (see the module docstring).
-_HANG_SHARE = 0.5
+_HANG_SHARE = 0.25
 # Verifiers cache parsed gold answers per process, so an item goes preferably to the worker that
 # already had its gold: a worker with room takes the first of the next few to-do items whose gold
 # is new or its own, else the next one (never waits for a busy worker).
@@ -290,6 +293,7 @@ class VerifierPool:
         spares: int = 1,
         sideline_after_s: float = _SIDELINE_AFTER_S,
         wall_cap_s: float | None = None,
+        hang_share: float = _HANG_SHARE,
     ) -> None:
         if workers < 0 or spares < 0:
             raise ValueError(f"workers and spares must be >= 0, got {workers}, {spares}")
@@ -305,6 +309,7 @@ class VerifierPool:
         self.timeout_s = timeout_s
         self._sideline_after = min(sideline_after_s, timeout_s / 4)
         self.wall_cap_s = max(timeout_s + _KILL_MARGIN_S, wall_cap_s or _WALL_CAP_FACTOR * timeout_s)
+        self.hang_share = hang_share
         # Built here too: validates name and options before any process starts, gives the version for
         # timeout outcomes, and is the verifier itself when workers=0.
         self._local = get_verifier(name, **self.options)
@@ -626,7 +631,7 @@ class VerifierPool:
         limit = self.timeout_s + _KILL_MARGIN_S
         for w in self._sidelined:
             if w.queue:
-                need = limit if now < w.clock + limit else _HANG_SHARE * self.timeout_s
+                need = limit if now < w.clock + limit else self.hang_share * self.timeout_s
                 times += [w.clock + self.wall_cap_s, now + max(0.01, need - self._item_time(w, now))]
                 times += [w.clock + limit] if now < w.clock + limit else []
         times += [w.started_at + _START_TIMEOUT_S for w in self._workers + self._spares if not w.ready]
@@ -752,11 +757,11 @@ class VerifierPool:
                 continue
             charged, wall = self._item_time(w, now), now - w.clock
             limit = self.timeout_s + _KILL_MARGIN_S
-            hang_like = wall >= limit and charged >= _HANG_SHARE * self.timeout_s
+            hang_like = wall >= limit and charged >= self.hang_share * self.timeout_s
             if charged >= limit or hang_like or wall >= self.wall_cap_s:
                 i = w.queue.popleft()
                 detail = f"worker killed after {charged:.2f} s of its own time ({wall:.2f} s wall; limit {self.timeout_s:g} s)"
-                if charged < _HANG_SHARE * self.timeout_s:
+                if charged < self.hang_share * self.timeout_s:
                     detail = (f"worker killed at the wall-clock cap of {self.wall_cap_s:g} s, starved of CPU "
                               f"({charged:.2f} s of its own time)")
                 if self._record(b, i, self._outcome(Status.TIMEOUT, detail)):

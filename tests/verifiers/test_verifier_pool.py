@@ -6,6 +6,7 @@ the pool's timeout) interrupts it and the warm worker lives on. `C_HANG` (plante
 inside the C regex engine, where no signal handler runs: only the pool's kill stops it.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -267,35 +268,48 @@ def test_a_blocked_item_is_charged_its_wall_time():
     assert 1.0 + _KILL_MARGIN_S <= elapsed < 1.0 + 1.0, elapsed
 
 
-def _busy_loops(per_core: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+@contextlib.contextmanager
+def _busy_loops(per_core: int):
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(per_core * len(os.sched_getaffinity(0)))]
+    try:
+        yield
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
 
 
 def test_a_loaded_machine_slows_items_down_but_does_not_time_them_out():
     # Two busy loops per core: a worker gets about a third of a core. An item that needs 0.45 s of CPU
-    # then takes over the 1 s timeout in wall time (a wall-clock timeout would kill it), and still comes
-    # back correct; a C-level hang is still killed, at timeout + margin of wall time once it has used half
-    # its budget, or once it has used the timeout plus the margin.
-    with VerifierPool(PLANTED, workers=1, timeout_s=1.0) as pool:
+    # then takes over the 1 s timeout in wall time (a wall-clock timeout would kill it) and still comes
+    # back correct: it is charged its own time. (hang_share=0.5: the item needs more than the default
+    # quarter of the budget, which past timeout + margin of wall time would count as a hang.)
+    with VerifierPool(PLANTED, workers=1, timeout_s=1.0, hang_share=0.5) as pool:
         assert pool.verify("$\\boxed{2}$", "2").status is Status.CORRECT  # started and warm
-        hogs = _busy_loops(2)
-        try:
+        with _busy_loops(2):
             t = time.monotonic()
             slow = pool.verify(spin(0.45), "1")
             slow_wall = time.monotonic() - t
+            after = pool.verify("$\\boxed{3}$", "3")
+    assert slow.status is Status.CORRECT, slow
+    assert slow_wall > 1.0, f"the machine was not loaded enough to test anything: {slow_wall:.2f} s"
+    assert after.status is Status.CORRECT
+
+
+def test_a_hang_on_a_loaded_machine_is_still_killed_within_timeout_plus_one_second():
+    # Default settings, two busy loops per core: the C-level hang gets a third of a core, so it has used
+    # a quarter of its budget by timeout + margin of wall time and is killed then.
+    T = 2.0
+    with VerifierPool(PLANTED, workers=1, timeout_s=T) as pool:
+        assert pool.verify("$\\boxed{2}$", "2").status is Status.CORRECT
+        with _busy_loops(2):
             t = time.monotonic()
             hang = pool.verify(*C_HANG)
             hang_wall = time.monotonic() - t
             after = pool.verify("$\\boxed{3}$", "3")
-        finally:
-            for h in hogs:
-                h.kill()
-                h.wait()
-    assert slow.status is Status.CORRECT, slow
-    assert slow_wall > 1.0, f"the machine was not loaded enough to test anything: {slow_wall:.2f} s"
     assert hang.status is Status.TIMEOUT and "worker killed" in hang.detail, hang
-    assert hang_wall >= 1.0 + _KILL_MARGIN_S and hang_wall < pool.wall_cap_s, hang_wall
+    assert T + _KILL_MARGIN_S <= hang_wall < T + 1.0, (hang_wall, hang.detail)
     assert after.status is Status.CORRECT
 
 
