@@ -551,3 +551,22 @@ def test_bench_local_s3_smoke():
     proc = _run_script("bench_local_s3.py", ["--mb", "9", "--small", "5", "--rounds", "1"])
     rows = [line.split() for line in proc.stdout.splitlines()[2:]]
     assert [r[0] for r in rows] == ["put", "put", "list", "get"] and all(float(r[-1]) > 0 for r in rows)
+
+
+def test_bench_verifier_load_smoke(tmp_path):
+    """The verifier load benchmark at a tiny size: every runner idle, loaded and heavily loaded, the hang
+    table for ours and pebble; nothing times out falsely or disagrees with in-process at this size."""
+    import json
+
+    out = tmp_path / "rows.json"
+    proc = _run_script("bench_verifier_load.py", ["--math-limit", "5", "--ifeval-limit", "10", "--load", "1",
+                                                  "--heavy-load", "1", "--hang-timeout-s", "1", "--json", str(out)])
+    res = json.loads(out.read_text())
+    runners = {(r["load"], r["set"], r["runner"]) for r in res["throughput"]}
+    for load in (0, 1):
+        for s in ("math", "ifeval"):
+            assert {(load, s, "ours"), (load, s, "pebble"), (load, s, "in-process")} <= runners
+    assert all(r["false_to"] in (0, None) and r["differ"] in (0, None) for r in res["throughput"])
+    assert [(r["runner"], r["sympy"], r["c"]) for r in res["hangs"]] == [("ours", "timeout", "timeout"),
+                                                                         ("pebble", "timeout", "timeout")] * 2
+    assert "ours/pebble" in proc.stdout
