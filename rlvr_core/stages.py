@@ -178,19 +178,20 @@ def load_model(path: str | Path, dtype: str = "float32"):
 # ------------------------------------------------------------------------------ sample and verify
 def sample_and_verify(model, tokenizer, rows: list[dict], *, template_id: str, n: int, temperature: float,
                       top_p: float, max_new_tokens: int, seed: int, batch_size: int, verifier: str,
-                      verifier_mode: str | None, verifier_workers: int, verifier_timeout_s: float,
+                      verifier_mode: str | None, verifier_workers: int | None, verifier_timeout_s: float,
                       step: int = 0, progress: Progress = SILENT, stage: str = "sample",
                       engine: Any = None) -> list[dict]:
     """n completions per problem, each verified against the problem's gold answer.
 
     engine: a built sampling engine (`rlvr_core.evaluate.build_engine`); default an `HFEngine` on model
-    and tokenizer.
+    and tokenizer. verifier_workers None: the verifier's default (`verifiers.base.default_workers`).
 
     Returns one record per sample: problem_id, sample_index, response, extracted, status, reward,
     correct, finish_reason, length (generated tokens), seed, unique_frac (of the problem's group).
     """
     from rlvr_core.sampling import HFEngine, SamplingParams
     from rlvr_core.sampling.base import unique_fraction
+    from rlvr_core.verifiers.base import default_workers
     from rlvr_core.verifiers.pool import VerifierPool
 
     template = get_template(template_id)
@@ -207,7 +208,8 @@ def sample_and_verify(model, tokenizer, rows: list[dict], *, template_id: str, n
     options = {"mode": verifier_mode} if verifier_mode else {}
     # Synthetic rows carry the bare number as final_answer (answer is the worked solution); loaded sets use answer.
     pairs = [(s.text, r.get("final_answer", r["answer"])) for r, g in zip(rows, groups) for s in g]
-    with VerifierPool(verifier, options, workers=verifier_workers, timeout_s=verifier_timeout_s) as pool:
+    workers = default_workers(verifier) if verifier_workers is None else verifier_workers
+    with VerifierPool(verifier, options, workers=workers, timeout_s=verifier_timeout_s) as pool:
         outcomes = pool.verify_many(pairs)
         verifier_version = pool.version
     records, it = [], iter(outcomes)

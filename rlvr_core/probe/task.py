@@ -28,7 +28,7 @@ class TaskSettings:
     top_p: float = 1.0
     seed: int = 0
     batch_size: int = 128
-    verifier_workers: int = 0  # in-process: the synthetic task's gsm8k verifier is cheap and cannot hang
+    verifier_workers: int | None = None  # None: the verifier's default (in-process for gsm8k, which cannot hang)
     verifier_timeout_s: float = 5.0
 
     def sample(self, model, tokenizer, rows: list[dict], *, n: int, temperature: float, stage: str = "probe",
@@ -45,9 +45,11 @@ class TaskSettings:
 
     def verify_texts(self, texts: list[str], golds: list[Any]) -> list[bool]:
         """Correct / not for each (text, gold) pair, with the task's verifier."""
+        from rlvr_core.verifiers.base import default_workers
         from rlvr_core.verifiers.pool import VerifierPool
 
         options = {"mode": self.verifier_mode} if self.verifier_mode else {}
-        with VerifierPool(self.verifier, options, workers=self.verifier_workers,
+        workers = default_workers(self.verifier) if self.verifier_workers is None else self.verifier_workers
+        with VerifierPool(self.verifier, options, workers=workers,
                           timeout_s=self.verifier_timeout_s) as pool:
             return [o.status.value == "correct" for o in pool.verify_many(list(zip(texts, golds)))]
