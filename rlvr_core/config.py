@@ -12,7 +12,7 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -307,7 +307,29 @@ def _refuse_in_process_hang(name: str, workers: int, field: str) -> None:
                          f"{name!r} can hang (math, minerva, ifeval, code can), so use {field} >= 1")
 
 
-class RewardConfig(_Strict):
+class _Scoring(_Strict):
+    """A section that names a `verifier` and a worker count (the field named by `_WORKERS`): the verifier must
+    be known, an unset count becomes the verifier's default, and 0 is refused for a verifier that can hang."""
+
+    _WORKERS: ClassVar[str]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_workers(cls, data: Any) -> Any:
+        return _resolve_workers(data, "verifier", cls._WORKERS)
+
+    @field_validator("verifier", check_fields=False)
+    @classmethod
+    def _verifier_known(cls, v: str) -> str:
+        return _known_verifier(v)
+
+    @model_validator(mode="after")
+    def _hang_proof(self) -> "_Scoring":
+        _refuse_in_process_hang(self.verifier, getattr(self, self._WORKERS), self._WORKERS)
+        return self
+
+
+class RewardConfig(_Scoring):
     """How training (GRPO rewards) and the pass-rate stage score completions; `eval:` has its own settings.
 
     Unset `verifier` (and then `mode`) come from `eval.verifier` / `eval.verifier_mode`, so a config that
@@ -324,28 +346,14 @@ class RewardConfig(_Strict):
     timeout_reward: float = Field(0.0, description="reward of a completion whose verification timed out")
     max_timeout_share: float = Field(0.1, ge=0, le=1, description="G-verifier-hang: a training step where more than "
                                      "this share of completions timed out is flagged (health/G-verifier-hang)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_workers(cls, data: Any) -> Any:
-        return _resolve_workers(data, "verifier", "workers")
-
-    @field_validator("verifier")
-    @classmethod
-    def _verifier_known(cls, v: str) -> str:
-        return _known_verifier(v)
-
-    @model_validator(mode="after")
-    def _hang_proof(self) -> "RewardConfig":
-        _refuse_in_process_hang(self.verifier, self.workers, "workers")
-        return self
+    _WORKERS: ClassVar[str] = "workers"
 
     def pool_options(self) -> dict[str, Any]:
         """The verifier's options for `VerifierPool`."""
         return {"mode": self.mode} if self.mode else {}
 
 
-class EvalConfig(_Strict):
+class EvalConfig(_Scoring):
     max_problems: int | None = Field(None, ge=1, description="evaluate at most this many held-out problems (None = all)")
     n_samples: int = Field(32, ge=1, description="sampled completions per problem for pass@k, k up to n (plus one greedy)")
     temperature: float = Field(1.0, ge=0, description="temperature of the sampled completions")
@@ -356,21 +364,7 @@ class EvalConfig(_Strict):
                                          "default (see reward.workers); 0 = in-process, refused for verifiers that can hang")
     verifier_timeout_s: float = Field(5.0, gt=0, description="per-verification limit in the item's own time; overruns "
                                       "are killed and counted (G-verifier-hang)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_workers(cls, data: Any) -> Any:
-        return _resolve_workers(data, "verifier", "verifier_workers")
-
-    @field_validator("verifier")
-    @classmethod
-    def _verifier_known(cls, v: str) -> str:
-        return _known_verifier(v)
-
-    @model_validator(mode="after")
-    def _hang_proof(self) -> "EvalConfig":
-        _refuse_in_process_hang(self.verifier, self.verifier_workers, "verifier_workers")
-        return self
+    _WORKERS: ClassVar[str] = "verifier_workers"
 
 
 class TrackingConfig(_Strict):

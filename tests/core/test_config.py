@@ -110,3 +110,20 @@ def test_files_named_by_the_config_must_exist(tmp_path):
     assert [p for p, _ in e.value.problems] == ["data.test_path", "model.path"]
     assert "exp.yaml: data.test_path: no such file" in str(e.value)
     check_files(parse_config({}))  # the synthetic demo names no files
+
+
+def test_reward_section_follows_eval_unless_set_and_refuses_in_process_hangs():
+    from rlvr_core.config import ConfigError, parse_config
+
+    cfg = parse_config({"eval": {"verifier": "gsm8k", "verifier_mode": "strict"}})
+    assert (cfg.reward.verifier, cfg.reward.mode, cfg.reward.workers) == ("gsm8k", "strict", 0)  # cannot hang
+    cfg = parse_config({"eval": {"verifier": "gsm8k", "verifier_mode": "strict"}, "reward": {"verifier": "math"}})
+    assert (cfg.reward.verifier, cfg.reward.mode, cfg.reward.workers) == ("math", None, 2)  # eval's mode is gsm8k's
+    assert cfg.eval.verifier_workers == 0
+    assert parse_config({"eval": {"verifier": "ifeval"}}).eval.verifier_workers == 2
+    for bad, where in (({"reward": {"verifier": "math", "workers": 0}}, "reward"),
+                       ({"eval": {"verifier": "code", "verifier_workers": 0}}, "eval"),
+                       ({"reward": {"verifier": "nope"}}, "reward.verifier")):
+        with pytest.raises(ConfigError) as e:
+            parse_config(bad, "exp.yaml")
+        assert f"exp.yaml: {where}" in str(e.value), str(e.value)
