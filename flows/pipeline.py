@@ -118,7 +118,7 @@ def pipeline_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides:
             "pass_rate_table_id": passrates.table_id, "curriculum_id": curriculum.curriculum_id,
             "cached": {"data": data.cached, "base_model": model.cached, "pass_rate_table": passrates.cached,
                        "curriculum": curriculum.cached, "train": trained.cached if trained else None},
-            "config_hash": chash, "mlflow_tracking_uri": tracking_uri, "mlflow_run_url": tracker.run_url(run_id),
+            "config_hash": chash, "mlflow_tracking_uri": tracker.display_uri, "mlflow_run_url": tracker.run_url(run_id),
             "prefect_flow_run_id": prefect_id, "artifact_uri": store.url(prefix),
             "warehouse_path": str(settings.warehouse_path()), "duration_s": round(duration, 2),
         }

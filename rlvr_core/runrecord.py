@@ -9,6 +9,10 @@
       passk/pass_rate_table.parquet, passk_curves.parquet, evals/samples.parquet, evals/metrics.parquet
 
 The warehouse is derived from these files (`rlvr warehouse rebuild`), never the other way round.
+
+`write_run_folder` is the one writer of these files, for every flow, and it redacts what it writes
+(`tracking.redact`: values under secret-looking keys, passwords inside URLs), so no caller can record a
+credential by forgetting to: a tracking URI `http://user:secret@host` is recorded as `http://user:***@host`.
 """
 
 from __future__ import annotations
@@ -20,12 +24,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import yaml
+
 from rlvr_core.storage import ArtifactStore, join
+from rlvr_core.tracking import redact
 
 
 def write_run_folder(local: Path, *, run: dict[str, Any], params: dict[str, Any], manifest: dict[str, Any],
                      config_yaml: str, summary: dict[str, Any], tables: dict[str, pa.Table]) -> Path:
+    """Write the run's files (see the module docstring) into `local`, every one of them redacted."""
     local.mkdir(parents=True, exist_ok=True)
+    run, params, manifest, summary = redact(run), redact(params), redact(manifest), redact(summary)
+    config_yaml = yaml.safe_dump(redact(yaml.safe_load(config_yaml)), sort_keys=False)
     (local / "config.yaml").write_text(config_yaml)
     (local / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
     (local / "run.json").write_text(json.dumps(run, indent=2, default=str))

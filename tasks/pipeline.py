@@ -37,7 +37,7 @@ from rlvr_core.artifacts_index import write_run_index
 from rlvr_core.config import ExperimentConfig
 from rlvr_core.runrecord import upload_run_folder, write_run_folder
 from rlvr_core.storage import ArtifactStore
-from rlvr_core.tracking import Tracker
+from rlvr_core.tracking import Tracker, redact_text
 from tasks.retry import StageProcessError, killed_by_signal, retry_condition_fn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +148,7 @@ def record(store: ArtifactStore, prefix: str, tracker_args: tuple[str, str | Non
     with tempfile.TemporaryDirectory(prefix="rlvr-run-") as tmp:
         local = write_run_folder(Path(tmp), run=run_row, params=params, manifest=manifest, config_yaml=config_yaml,
                                  summary=summary, tables=tables)
-        (local / "report.md").write_text(report_md)
+        (local / "report.md").write_text(redact_text(report_md))
         upload_run_folder(store, prefix, local)
         tracker.log_params(run_id, params)
         tracker.log_metrics(run_id, metrics)

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from flows.local_stack import GPU_POOL, ROOT, prefect_down, prefect_up, stack_env, start_worker, stop_pid
+from tests.mlflow_server import start_mlflow
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ def stack(tmp_path_factory, monkeypatch_module):
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))  # compiled once
     # An MLflow tracking server (as on a team stack) over the sqlite file the tests also read directly:
     # flows and `rlvr sweep` get MLFLOW_TRACKING_URI through stack_env, so links point at its UI.
-    mlflow = _start_mlflow(home)
+    mlflow = start_mlflow(home)
     monkeypatch_module.setenv("MLFLOW_TRACKING_URI", mlflow["url"])
     try:
         state = prefect_up(home)
@@ -54,33 +55,6 @@ def stack(tmp_path_factory, monkeypatch_module):
 def monkeypatch_module():
     with pytest.MonkeyPatch.context() as mp:
         yield mp
-
-
-def _start_mlflow(home: Path) -> dict:
-    import socket
-    import urllib.request
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    (home / "mlflow").mkdir(parents=True, exist_ok=True)
-    log = open(home / "mlflow-server.log", "ab")
-    proc = subprocess.Popen([str(Path(os.sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
-                             "--default-artifact-root", str(home / "mlflow" / "artifacts")],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (home / "mlflow-server.log").read_text()[-3000:]
-        try:
-            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
-                return {"url": url, "pid": proc.pid}
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    pytest.fail("mlflow server did not start")
 
 
 def prefect_cli(state, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:

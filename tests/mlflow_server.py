@@ -1,0 +1,37 @@
+"""A real MLflow tracking server for tests: `mlflow server` on 127.0.0.1 over a sqlite file in `home`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+
+def start_mlflow(home: Path) -> dict:
+    """Start the server; {"url": "http://127.0.0.1:PORT", "pid": ...}. Stop it with `flows.local_stack.stop_pid`."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (home / "mlflow").mkdir(parents=True, exist_ok=True)
+    log = open(home / "mlflow-server.log", "ab")
+    proc = subprocess.Popen([str(Path(os.sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
+                             "--default-artifact-root", str(home / "mlflow" / "artifacts")],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (home / "mlflow-server.log").read_text()[-3000:]
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                return {"url": url, "pid": proc.pid}
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    pytest.fail("mlflow server did not start")
