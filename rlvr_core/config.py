@@ -120,7 +120,8 @@ class SamplingConfig(_Strict):
     vllm_tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs one engine shards the model over "
                                            "(evaluation and pass rates; GRPO rollouts use 1 engine per rank)")
     temperature: float = Field(1.0, ge=0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass for the pass-rate and evaluation samples "
+                         "(1 = off); below 1 pass@k no longer estimates the model's own distribution")
     max_new_tokens: int = Field(48, ge=1, description="completion length cap (truncations are counted, G-truncation)")
     batch_size: int = Field(64, ge=1, description="sequences per generation batch")
     seed: int = Field(0, description="run seed; each request's seed is derived from it (G-fixed-seed)")
@@ -181,19 +182,26 @@ class GRPOConfig(_Strict):
     warmup_steps: int = Field(5, ge=0, description="linear warm-up steps (then cosine decay to cos_min_ratio x lr)")
     cos_min_ratio: float = Field(0.1, ge=0, le=1, description="lr floor of the cosine decay, as a fraction of lr")
     beta: float = Field(0.0, ge=0, description="KL coefficient (0 = no reference model)")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    clip_low: float = Field(0.2, gt=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL-to-reference estimator when beta > 0 "
+                                                    "(Schulman's k1/k2/k3; k3 is unbiased and never negative; docs/grpo_algorithms.md)")
+    clip_low: float = Field(0.2, gt=0, description="PPO ratio clip below 1 (1 - clip_low); raise it only with a reason: "
+                            "it bounds how far one update can push a sampled token down")
     clip_high: float = Field(0.28, gt=0, description="clip-higher (DAPO)")
-    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = Field("grpo", description="group advantage estimator: grpo "
+                                                         "(mean/std), dr_grpo (mean only, no std bias), rloo (leave-one-out "
+                                                         "mean); docs/grpo_algorithms.md")
     negative_advantage_weight: float = Field(1.0, ge=0, le=1, description="multiplies negative advantages "
                                              "(1 = the estimator as it is; 0 = positive samples only, PSR; "
                                              "Zhu et al. 2025, arXiv 2506.01347)")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="loss aggregation (docs/grpo_algorithms.md); sum-norm uses max_new_tokens")
     epochs_per_step: int = Field(1, ge=1, description="optimisation epochs over each rollout batch (1 = on-policy)")
-    zero_stage: Literal[0, 1, 2, 3] = 2
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    grad_clip: float = Field(1.0, gt=0)
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage: 2 shards optimizer state and "
+                                            "gradients; 3 also shards the weights (for models that do not fit one device)")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="training precision; bf16 on GPUs that "
+                                                       "have it (the G-logprob-temp tolerance widens to 5e-2)")
+    grad_clip: float = Field(1.0, gt=0, description="global gradient-norm clip; grad_norm in steps.parquet is "
+                             "measured before it (G-collapse watches it)")
     rollout_batch_size: int = Field(128, ge=1, description="sequences decoded together by the rollout engine")
     eval_every: int = Field(0, ge=0, description="call the trainer's `evaluate` hook every N steps (0 = only after the last)")
     eval_samples: int = Field(0, ge=0, description="periodic evaluation: sampled completions per held-out problem "
@@ -357,7 +365,8 @@ class EvalConfig(_Scoring):
     max_problems: int | None = Field(None, ge=1, description="evaluate at most this many held-out problems (None = all)")
     n_samples: int = Field(32, ge=1, description="sampled completions per problem for pass@k, k up to n (plus one greedy)")
     temperature: float = Field(1.0, ge=0, description="temperature of the sampled completions")
-    max_new_tokens: int = Field(48, ge=1)
+    max_new_tokens: int = Field(48, ge=1, description="completion length cap of the evaluation; too short a cap "
+                                "cuts answers off and lowers every score (G-truncation: the truncation share is reported)")
     verifier: str = Field("gsm8k", description="verifier name (see `rlvr verify`)")
     verifier_mode: str | None = Field(None, description="verifier mode, e.g. strict or flexible")
     verifier_workers: int | None = Field(None, ge=0, description="verifier worker processes; unset = the verifier's "

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()
 
 
 @pytest.fixture

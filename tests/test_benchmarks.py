@@ -15,7 +15,7 @@ from rlvr_core.config import ConfigError, load_config
 from rlvr_core.templates import get_template
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data"
+DATA = B.data_root()  # $RLVR_DATA_DIR, else ../shared/data
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
 
 # Rows per set, from the table in ../shared/data/README.md (synthetic: the demo's n_test).

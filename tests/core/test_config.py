@@ -127,3 +127,21 @@ def test_reward_section_follows_eval_unless_set_and_refuses_in_process_hangs():
         with pytest.raises(ConfigError) as e:
             parse_config(bad, "exp.yaml")
         assert f"exp.yaml: {where}" in str(e.value), str(e.value)
+
+
+def test_every_config_field_has_help_text():
+    from pydantic import BaseModel
+
+    from rlvr_core.config import ExperimentConfig
+
+    missing = []
+
+    def walk(model, prefix=""):
+        for name, f in model.model_fields.items():
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                walk(f.annotation, prefix + name + ".")
+            elif not (f.description or "").strip():
+                missing.append(prefix + name)
+
+    walk(ExperimentConfig)
+    assert missing == []

@@ -1,11 +1,13 @@
-"""Shared helpers for verifier tests: the real public data sets in ../shared/data (never copied here)."""
+"""Shared helpers for verifier tests: the real public data sets under the data root ($RLVR_DATA_DIR, else
+../shared/data; never copied here). Tests that need them skip, naming the path, where they are absent."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+from rlvr_core.benchmarks import data_root
+
+DATA = data_root()
 
 
 def read_jsonl(rel: str) -> list[dict]:
