@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from rlvr_core.cache import cached_dir, mark_done, resumable_dir
 from rlvr_core.config import ExperimentConfig
+from rlvr_core.data import gold_of
 from rlvr_core.manifest import file_sha256, rows_sha256
 from rlvr_core.progress import SILENT, Progress
 from rlvr_core.templates import get_template
@@ -206,8 +207,7 @@ def sample_and_verify(model, tokenizer, rows: list[dict], *, template_id: str, n
                                   params, step=step)
         progress(stage, f"sampled {min(i + chunk, len(rows))}/{len(rows)} problems × {n}", every_s=5.0)
     options = {"mode": verifier_mode} if verifier_mode else {}
-    # Synthetic rows carry the bare number as final_answer (answer is the worked solution); loaded sets use answer.
-    pairs = [(s.text, r.get("final_answer", r["answer"])) for r, g in zip(rows, groups) for s in g]
+    pairs = [(s.text, gold_of(r)) for r, g in zip(rows, groups) for s in g]
     workers = default_workers(verifier) if verifier_workers is None else verifier_workers
     with VerifierPool(verifier, options, workers=workers, timeout_s=verifier_timeout_s) as pool:
         outcomes = pool.verify_many(pairs)
@@ -600,7 +600,7 @@ def held_out_problems(cfg: ExperimentConfig, data: DataArtifact, spec) -> list[d
         return rows
     problems = load_benchmark_problems(spec)
     if [p["id"] for p in problems] != [r["id"] for r in rows] or any(
-            p["question"] != r["question"] or p["answer"] != r.get("final_answer", r["answer"])
+            p["question"] != r["question"] or p["answer"] != gold_of(r)
             for p, r in zip(problems, rows)):
         raise ValueError(f"the synthetic benchmark's problems differ from the data stage's test rows "
                          f"({data.test_path}): the generator and the cached data disagree")

@@ -370,15 +370,14 @@ def sweep_pivot(sweep_id: str, swept_keys: list[str], metric: str = "accuracy_gr
     has no spread to measure, so it gets that trial's own Wilson interval (`ci_kind` says which)."""
     import math
 
-    from scipy import stats
-
     from rlvr_core import warehouse
+    from rlvr_core.compare import t_quantile
 
     rows = warehouse.query_records(pivot_sql(swept_keys), [metric, sweep_id], path)
     for r in rows:
         n = r["n_seeds"]
         if n >= 2 and r["sd"] is not None:
-            half = stats.t.ppf(0.975, n - 1) * r["sd"] / math.sqrt(n)
+            half = t_quantile(0.975, n - 1) * r["sd"] / math.sqrt(n)
             r["ci_low"], r["ci_high"], r["ci_kind"] = r["mean"] - half, r["mean"] + half, f"t over {n} seeds"
         else:
             r["ci_low"], r["ci_high"], r["ci_kind"] = r["ci_low_single"], r["ci_high_single"], "wilson (1 seed)"

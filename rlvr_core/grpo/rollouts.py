@@ -41,6 +41,7 @@ from typing import Any, Callable
 import torch
 
 from rlvr_core.config import GRPOConfig
+from rlvr_core.data import gold_of
 from rlvr_core.grpo.advantages import overlong_penalty
 from rlvr_core.grpo.ahead import AheadSampler
 from rlvr_core.grpo.distributed import DataParallel
@@ -53,9 +54,6 @@ __all__ = ["STATUSES", "GroupStats", "RolloutGroup", "RolloutBatch", "RolloutCol
 STATUSES = ("correct", "incorrect", "no_answer", "error", "timeout")  # verifiers.base.Status values
 
 
-def gold_of(row: dict) -> Any:
-    """The verifier's gold: `final_answer` when the row has one (as stages.sample_and_verify does)."""
-    return row["final_answer"] if "final_answer" in row else row["answer"]
 
 
 @dataclass(frozen=True)

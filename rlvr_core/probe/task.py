@@ -11,12 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlvr_core.data import gold_of
+
 __all__ = ["TaskSettings", "gold_of"]
-
-
-def gold_of(row: dict) -> Any:
-    """Synthetic rows carry the bare number as final_answer (answer is the worked solution); loaded sets use answer."""
-    return row.get("final_answer", row["answer"])
 
 
 @dataclass(frozen=True)
