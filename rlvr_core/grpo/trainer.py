@@ -14,10 +14,10 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
      weights after max(0, t - s) updates (ahead.py; the trainer publishes `snapshot`s every step). With
      `adaptive_sampling` a prompt gets further chunks of G until it has k_success correct and k_failure
      other completions, or a cap.
-  2. reward (rollouts.py): VerifierPool (in-process) scores each completion against the gold; optionally
-     plus DAPO's soft overlong penalty (`overlong_buffer_len`). With `dynamic_sampling` (DAPO) groups whose
-     rewards are all equal are dropped and rounds of the next P prompts are sampled until P groups are
-     kept or `dynamic_sampling_max_rounds` is reached (the batch is then trained short, G-partial-batch).
+  2. reward (rollouts.py): the `reward:` section's VerifierPool (worker processes for verifiers that can hang)
+     scores each completion against the gold, optionally plus DAPO's soft overlong penalty
+     (`overlong_buffer_len`). With `dynamic_sampling` (DAPO) groups whose rewards are all equal are dropped
+     and rounds of the next P prompts are sampled until P groups are kept or `dynamic_sampling_max_rounds` is reached (the batch is then trained short, G-partial-batch).
      The result is a `RolloutBatch`: this rank's groups plus every group's numbers, gathered from all ranks.
   3. advantages: registered estimator `cfg.advantage` over the (K, G) reward matrix of the trained groups
      (K = P unless dynamic sampling ran out of rounds; ragged groups under adaptive sampling go flat).
@@ -31,7 +31,7 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
      and timeouts visible (G-verifier-error), timings), and `rollout_samples_per_step` completions for
      rollouts.parquet; `evaluate` every `eval_every` steps and after the last.
   6. guards (step_metrics.py, guards.py): per-step flags (G-onpolicy-ratio, G-kl-explosion, G-fixed-seed,
-     G-verifier-format; G-logprob-temp stops the run at step 1) and the run-level HealthMonitor; a serious
+     G-verifier-format, G-verifier-hang; G-logprob-temp stops the run at step 1) and the run-level HealthMonitor; a serious
      firing stops every rank with GuardError and a summary tagged `collapsed`.
   7. checkpoint (checkpointing.py): DeepSpeed checkpoint every `checkpoint_every` steps and at the end of
      the call, with step, data position and rows; a call whose out_dir holds one resumes there.
