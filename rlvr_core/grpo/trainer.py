@@ -17,7 +17,8 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
   2. reward (rollouts.py): the `reward:` section's VerifierPool (worker processes for verifiers that can hang)
      scores each completion against the gold, optionally plus DAPO's soft overlong penalty
      (`overlong_buffer_len`). With `dynamic_sampling` (DAPO) groups whose rewards are all equal are dropped
-     and rounds of the next P prompts are sampled until P groups are kept or `dynamic_sampling_max_rounds` is reached (the batch is then trained short, G-partial-batch).
+     and rounds of the next P prompts are sampled until P groups are kept or `dynamic_sampling_max_rounds` is
+     reached (the batch is then trained short, G-partial-batch).
      The result is a `RolloutBatch`: this rank's groups plus every group's numbers, gathered from all ranks.
   3. advantages: registered estimator `cfg.advantage` over the (K, G) reward matrix of the trained groups
      (K = P unless dynamic sampling ran out of rounds; ragged groups under adaptive sampling go flat).
