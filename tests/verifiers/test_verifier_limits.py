@@ -48,7 +48,10 @@ print(json.dumps({"new_modules": sorted(set(sys.modules) - before), "cpu_s": cpu
 
 
 def test_every_registered_verifier_has_samples_here():
-    assert set(known_verifiers()) == set(SAMPLES)
+    from rlvr_core.verifiers.base import verifier_class
+
+    built_in = {n for n in known_verifiers() if verifier_class(n).__module__.startswith("rlvr_core.")}
+    assert built_in == set(SAMPLES)  # (other test modules register verifiers of their own)
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
