@@ -258,6 +258,11 @@ class GRPOConfig(_Strict):
     rollout_samples_per_step: int = Field(4, ge=0, description="completions per step written to "
                                           "out_dir/rollouts.parquet (text, reward, status, length; taken "
                                           "round-robin over the trained groups; 0 = none)")
+    health: dict[str, Any] = Field(default_factory=dict, description="settings of the run-level training guards "
+                                   "(docs/guards_training.md): per detector (collapse, entropy, reward_hacking, "
+                                   "kl_explosion) a mapping of its thresholds, and `enabled`, the guard ids to run; "
+                                   "e.g. {collapse: {grad_norm_factor: 8}, kl_explosion: {serious: true}} makes "
+                                   "collapse need a larger grad-norm jump and a KL blow-up stop the run. Unset = defaults")
     # ---- LoRA (peft): train low-rank adapters instead of every weight ----
     lora_rank: int = Field(0, ge=0, description="LoRA adapter rank (peft) on the policy's linear layers; 0 = full "
                            "fine-tuning. With LoRA the KL reference is the base model itself (adapters switched "
@@ -267,6 +272,15 @@ class GRPOConfig(_Strict):
     lora_target_modules: list[str] | None = Field(None, description="names of the modules to adapt, e.g. "
                                                   "[q_proj, v_proj]; None = every linear layer except the "
                                                   "output head (peft's 'all-linear')")
+
+    @field_validator("health")
+    @classmethod
+    def _health_settings(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if v:  # (imports torch through rlvr_core.grpo; the defaults need no check)
+            from rlvr_core.grpo.guards import health_config
+
+            health_config(v)
+        return v
 
     @model_validator(mode="after")
     def _lora_fits(self) -> "GRPOConfig":

@@ -39,13 +39,14 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = [
     "GUARD_COLLAPSE", "GUARD_ENTROPY", "GUARD_REWARD_HACKING", "GUARD_KL_EXPLOSION", "GUARD_IDS",
     "Firing", "CollapseConfig", "EntropyConfig", "RewardHackingConfig", "KLExplosionConfig", "HealthConfig",
     "detect_collapse", "detect_entropy", "detect_reward_hacking", "detect_kl_explosion", "check_health",
-    "HealthMonitor", "health_flags", "firing_dict", "GuardError",
+    "HealthMonitor", "health_flags", "firing_dict", "GuardError", "health_config",
 ]
 
 GUARD_COLLAPSE = "G-collapse"
@@ -177,6 +178,41 @@ class HealthConfig:
     reward_hacking: RewardHackingConfig = field(default_factory=RewardHackingConfig)
     kl_explosion: KLExplosionConfig = field(default_factory=KLExplosionConfig)
     enabled: tuple[str, ...] = GUARD_IDS
+
+
+_DETECTORS = {"collapse": CollapseConfig, "entropy": EntropyConfig, "reward_hacking": RewardHackingConfig,
+              "kl_explosion": KLExplosionConfig}
+
+
+def health_config(settings: Mapping[str, Any] | None) -> HealthConfig:
+    """A HealthConfig from YAML-style settings (`grpo.health`): `{detector: {setting: value}, enabled: [ids]}`,
+    e.g. `{"collapse": {"grad_norm_factor": 8}, "kl_explosion": {"serious": True}}`; what is not given keeps its
+    default. Unknown detectors, settings and guard ids, and values of the wrong kind, raise ValueError naming them."""
+    kw: dict[str, Any] = {}
+    for key, value in (settings or {}).items():
+        if key == "enabled":
+            unknown = sorted(set(value) - set(GUARD_IDS)) if isinstance(value, (list, tuple)) else [value]
+            if unknown:
+                raise ValueError(f"enabled: unknown guard id(s) {unknown}; known: {list(GUARD_IDS)}")
+            kw["enabled"] = tuple(value)
+            continue
+        if key not in _DETECTORS:
+            raise ValueError(f"unknown detector {key!r}; known: {sorted(_DETECTORS)} and 'enabled'")
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{key}: expected a mapping of settings, got {value!r}")
+        fields = {f.name: f for f in dataclass_fields(_DETECTORS[key])}
+        for name, v in value.items():
+            if name not in fields:
+                raise ValueError(f"{key}.{name}: unknown setting; known: {sorted(fields)}")
+            default = fields[name].default
+            if v is None and "None" in str(fields[name].type):
+                continue
+            if isinstance(default, bool) and not isinstance(v, bool) or (
+                    isinstance(default, (int, float)) and not isinstance(default, bool)
+                    and (isinstance(v, bool) or not isinstance(v, (int, float)))):
+                raise ValueError(f"{key}.{name}: expected {type(default).__name__}, got {v!r}")
+        kw[key] = _DETECTORS[key](**value)
+    return HealthConfig(**kw)
 
 
 # ------------------------------------------------------------------------------------------- helpers

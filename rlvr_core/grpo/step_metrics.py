@@ -169,12 +169,12 @@ class StepGuards:
     detectors over the step history (collapse, entropy floor, reward hacking; guards.py) and their firings.
     A resumed run replays its history first: those firings are already in its rows."""
 
-    def __init__(self, step_rows: list[dict]):
+    def __init__(self, step_rows: list[dict], health: HealthConfig | None = None):
         self.counts = {g: 0 for g in (*STEP_FLAGS, *GUARD_IDS)}
         for r in step_rows:
             for g in self.counts:
                 self.counts[g] += int(r.get(f"health/{g}", 0))
-        self.health = HealthMonitor(HealthConfig())
+        self.health = HealthMonitor(health or HealthConfig())
         self.health.update(step_rows)
         self.firings: list[dict] = []
 

@@ -71,7 +71,7 @@ from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, ROLLOUTS_FIL
                                           _write_rows, resume, save_checkpoint, save_final_model, write_lora_config,
                                           write_rollouts)
 from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutdown
-from rlvr_core.grpo.guards import GuardError
+from rlvr_core.grpo.guards import GuardError, health_config
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
@@ -315,7 +315,7 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                                  max_new_tokens=max_new_tokens, seed=seed, weights=policy.current_weights,
                                  timeout_reward=reward.timeout_reward)
     return _Run(cfg, out_dir, rows, tok, policy, rollout_engine, pool, reward, collector, state,
-                StepGuards(state.step_rows),
+                StepGuards(state.step_rows, health_config(cfg.health)),
                 cfg.steps if stop_after_steps is None else min(cfg.steps, state.start_step + stop_after_steps),
                 max_new_tokens if cfg.loss_agg == "seq-mean-token-sum-norm" else None,
                 cfg.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)
