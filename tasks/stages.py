@@ -13,6 +13,7 @@ from rlvr_core import stages, warehouse
 from rlvr_core.config import ExperimentConfig
 from rlvr_core.progress import Progress
 from rlvr_core.storage import ArtifactStore
+from tasks.retry import retry_condition_fn
 
 
 @task(name="make-data", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -37,22 +38,11 @@ def build_curriculum(cfg: ExperimentConfig, data: stages.DataArtifact, passrates
     return stages.curriculum_stage(cfg, data, passrates, progress)
 
 
-def _worth_retrying(task, task_run, state) -> bool:
-    """Retry lost workers and killed processes, not failures that would repeat (a guard, a bad input)."""
-    from rlvr_core.grpo.trainer import GuardError
-
-    try:
-        state.result()
-    except (GuardError, ValueError, TypeError, KeyError):
-        return False
-    except Exception:
-        return True
-    return False
-
-
 # Retried training resumes from its last checkpoint (the stage folder is keyed by its inputs).
+# One retry rule for every flow (tasks/retry.py): transient failures only; a guard, a bad input or an
+# unrecognised error is not re-run.
 @task(name="grpo-train", cache_policy=NO_CACHE, tags=["compute"], retries=1, retry_delay_seconds=5,
-      retry_condition_fn=_worth_retrying)
+      retry_condition_fn=retry_condition_fn)
 def train(cfg: ExperimentConfig, data: stages.DataArtifact, base: stages.ModelArtifact,
           curriculum: stages.CurriculumArtifact, progress: Progress,
           mlflow_run_id: str | None = None) -> stages.TrainArtifact:
