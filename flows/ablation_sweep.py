@@ -33,7 +33,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run
 
-from rlvr_core import settings, warehouse
+from rlvr_core import layout, settings, warehouse
 from rlvr_core.config import config_hash
 from rlvr_core.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
                               pivot_rows, pivot_sql, sweep_pivot)  # pivot_sql/sweep_pivot: re-exported
@@ -117,9 +117,10 @@ def ablation_sweep_flow(sweep: str | dict[str, Any] = "demo-2x2", max_parallel: 
     run_key = str(flow_run.id)[:8] if flow_run.id else time.strftime("%H%M%S")
     sweep_id = f"{sw.spec.name}-{run_key}"
     tracker = Tracker(sw.base_config["tracking"]["experiment"], sw.base_config["tracking"]["tracking_uri"])
-    parent = tracker.start_run(sweep_id, {"kind": "sweep", "sweep_id": sweep_id, "sweep_name": sw.spec.name,
-                                          "sweep_hash": sw.sweep_hash, "sweep_file": source,
-                                          "prefect_flow_run_id": str(flow_run.id) if flow_run.id else None})
+    parent = tracker.start_run(layout.mlflow_run_name("sweep", sweep_id=sweep_id),
+                               {"kind": "sweep", "sweep_id": sweep_id, "sweep_name": sw.spec.name,
+                                "sweep_hash": sw.sweep_hash, "sweep_file": source,
+                                "prefect_flow_run_id": str(flow_run.id) if flow_run.id else None})
     get_run_logger().info(f"sweep {sweep_id}: {len(sw.trials)} trials, MLflow parent run {parent}")
     try:
         out = _run_sweep(sw, sweep_id, parent, tracker, max_parallel, deployment, trial_timeout_s)

@@ -52,7 +52,8 @@ def demo_flow(config: dict[str, Any], source: str = "<demo>", show_progress: boo
     prefect_id = str(flow_run.id) if flow_run.id else None
     tracker = Tracker(cfg.tracking.experiment, cfg.tracking.tracking_uri,
                       common=common_tags(config_hash=chash, git_sha=git["sha"], prefect_flow_run_id=prefect_id))
-    run_id = tracker.start_run(cfg.name, {"kind": "demo", "git_dirty": git["dirty"], "prompt_template": template.key})
+    run_id = tracker.start_run(layout.mlflow_run_name("demo", name=cfg.name),
+                               {"kind": "demo", "git_dirty": git["dirty"], "prompt_template": template.key})
     progress("tracking", f"MLflow run {run_id} in experiment {cfg.tracking.experiment!r} ({tracker.display_uri})")
     try:
         with tracker.system_metrics(run_id):

@@ -95,7 +95,8 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
     found = tracker.client.search_runs([tracker.experiment_id],
                                        f"tags.suite_version = '{suite}' and tags.checkpoint_key = '{prefix}'",
                                        max_results=1)
-    run_id = found[0].info.run_id if found else tracker.start_run(f"eval {prefix}", tags)
+    run_id = (found[0].info.run_id if found
+              else tracker.start_run(layout.mlflow_run_name("eval", checkpoint=prefix), tags))
     # nightly-eval/eval_<checkpoint's run folder>-<run id[:8]>/ (rlvr_core.layout)
     run_prefix = layout.run_prefix(EXPERIMENT, "eval " + prefix.removesuffix("/checkpoints/final"), run_id)
     row = {"run_id": run_id, "experiment": EXPERIMENT, "name": f"eval {prefix}", "kind": "eval",

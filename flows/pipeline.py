@@ -81,9 +81,8 @@ def pipeline_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides:
             "kind": kind, "prompt_template": template.key, "sweep_id": sweep_id, "trial_id": trial_id,
             "trial_label": trial_label}
     tracking_uri = settings.mlflow_tracking_uri(cfg.tracking.tracking_uri)
-    # A trial is named by what differs (its label: "lr=5e-05 loss_agg=token-mean seed=1", rlvr_core.sweeps),
-    # so MLflow's run list tells trials apart; the sweep and trial ids are tags.
-    run_name = (trial_label or f"{sweep_id}/{trial_id}") if sweep_id else cfg.name
+    run_name = layout.mlflow_run_name(kind, name=cfg.name, sweep_id=sweep_id, trial_id=trial_id,
+                                      trial_label=trial_label)
     run_id = tp.open_run(cfg.tracking.experiment, tracking_uri, run_name, tags, parent_run_id)
     # <experiment>/<sweep>/<trial>/ for a trial, <experiment>/<name>-<run id[:8]>/ otherwise (rlvr_core.layout)
     prefix = layout.pipeline_prefix(cfg.tracking.experiment, cfg.name, run_id, sweep_id, trial_id, trial_label)

@@ -38,6 +38,21 @@ def run_folder_name(name: str | None, run_id: str) -> str:
     return f"{slug(name or 'run', 60)}-{run_id[:SUFFIX_LEN]}"
 
 
+def mlflow_run_name(kind: str, *, name: str | None = None, sweep_id: str | None = None, trial_id: str | None = None,
+                    trial_label: str | None = None, checkpoint: str | None = None) -> str:
+    """The MLflow run name of every run a flow opens, decided here and nowhere else.
+
+    demo / pipeline: the experiment config's `name`; sweep: the sweep id (the parent run); trial: what the
+    trial varies (its label, "lr=5e-05 seed=1"), so MLflow's run list tells trials apart, else
+    `<sweep id>/<trial id>`; eval (nightly evaluation of a checkpoint): `eval <checkpoint folder>`. The ids
+    themselves are tags."""
+    names = {"sweep": sweep_id, "trial": trial_label or f"{sweep_id}/{trial_id}", "eval": f"eval {checkpoint}",
+             "demo": name, "pipeline": name}
+    if kind not in names:
+        raise ValueError(f"unknown run kind {kind!r}; known: {sorted(names)}")
+    return str(names[kind])
+
+
 def run_prefix(experiment: str, name: str | None, run_id: str) -> str:
     """A single run's folder: `<experiment>/<name>-<run id[:8]>`."""
     return join(slug(experiment), run_folder_name(name, run_id))

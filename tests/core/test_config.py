@@ -145,3 +145,15 @@ def test_every_config_field_has_help_text():
 
     walk(ExperimentConfig)
     assert missing == []
+
+
+def test_mlflow_run_names_are_decided_in_one_place():
+    from rlvr_core.layout import mlflow_run_name
+
+    assert mlflow_run_name("demo", name="demo") == mlflow_run_name("pipeline", name="demo") == "demo"
+    assert mlflow_run_name("sweep", sweep_id="lr-3f2a") == "lr-3f2a"
+    assert mlflow_run_name("trial", sweep_id="lr-3f2a", trial_id="t01", trial_label="lr=5e-05 seed=1") == "lr=5e-05 seed=1"
+    assert mlflow_run_name("trial", sweep_id="lr-3f2a", trial_id="t01") == "lr-3f2a/t01"
+    assert mlflow_run_name("eval", checkpoint="exp/run-1/checkpoints/final") == "eval exp/run-1/checkpoints/final"
+    with pytest.raises(ValueError, match="unknown run kind"):
+        mlflow_run_name("nope", name="x")
