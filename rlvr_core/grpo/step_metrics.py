@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from rlvr_core.grpo.update import UpdateResult
 
 __all__ = ["StepTimes", "check_logprob_temp", "step_flags", "step_row", "rollout_sample_rows", "StepGuards",
-           "progress_line", "_summary"]
+           "progress_line", "verifier_hang_line", "_summary"]
 
 STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang")
 
@@ -88,6 +88,14 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
         "G-verifier-format": int(rollouts.zero_var_share() == 1.0),
         "G-verifier-hang": int(counts["timeout"] > max_timeout_share * sum(counts.values())),
     }
+
+
+def verifier_hang_line(step: int, rollouts: "RolloutBatch", reward: Any) -> str:
+    """The progress line of a G-verifier-hang flag (`reward`: the run's RewardConfig)."""
+    n = rollouts.status_counts()
+    return (f"flag G-verifier-hang: {n['timeout']} of {sum(n.values())} completions timed out at step {step + 1} "
+            f"(limit {reward.max_timeout_share:.0%}; each scored {reward.timeout_reward:g}, "
+            f"reward.timeout_s {reward.timeout_s:g})")
 
 
 def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch", upd: "UpdateResult",

@@ -32,8 +32,8 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
      and timeouts visible (G-verifier-error), timings), and `rollout_samples_per_step` completions for
      rollouts.parquet; `evaluate` every `eval_every` steps and after the last.
   6. guards (step_metrics.py, guards.py): per-step flags (G-onpolicy-ratio, G-kl-explosion, G-fixed-seed,
-     G-verifier-format, G-verifier-hang; G-logprob-temp stops the run at step 1) and the run-level HealthMonitor; a serious
-     firing stops every rank with GuardError and a summary tagged `collapsed`.
+     G-verifier-format, G-verifier-hang; G-logprob-temp stops the run at step 1) and the run-level
+     HealthMonitor; a serious firing stops every rank with GuardError and a summary tagged `collapsed`.
   7. checkpoint (checkpointing.py): DeepSpeed checkpoint every `checkpoint_every` steps and at the end of
      the call, with step, data position and rows; a call whose out_dir holds one resumes there.
 
@@ -76,7 +76,7 @@ from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
 from rlvr_core.grpo.step_metrics import (StepGuards, StepTimes, _summary, progress_line, rollout_sample_rows,
-                                         step_flags, step_row)
+                                         step_flags, step_row, verifier_hang_line)
 from rlvr_core.grpo.update import (Policy, build_batch, build_policy, ds_config, load_policy_model,
                                    sequence_logprobs, train_inputs, update_policy)
 
@@ -196,10 +196,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             # 5. metrics: the step row (same on every rank), the rollout sample, the evaluate hook
             flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share)
             if flags["G-verifier-hang"]:
-                n_out = rollouts.status_counts()
-                say(f"flag G-verifier-hang: {n_out['timeout']} of {sum(n_out.values())} completions timed out at "
-                    f"step {step + 1} (limit {run.reward.max_timeout_share:.0%}; each scored "
-                    f"{run.reward.timeout_reward:g}, reward.timeout_s {run.reward.timeout_s:g})")
+                say(verifier_hang_line(step, rollouts, run.reward))
             run.guards.count(flags)
             state.rollout_rows += rollout_sample_rows(cfg, dp, step=step, data_pos=state.data_pos,
                                                       rollouts=rollouts, adv_all=adv_all)
