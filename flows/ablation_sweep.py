@@ -29,7 +29,6 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run
 
@@ -38,7 +37,8 @@ from rlvr_core.config import config_hash
 from rlvr_core.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
                               pivot_rows, pivot_sql, sweep_pivot)  # pivot_sql/sweep_pivot: re-exported
 from rlvr_core.tracking import Tracker
-from tasks.retry import DeterministicError, TransientError, retry_condition_fn
+from tasks.retry import DeterministicError, TransientError
+from tasks.stages import RETRY
 
 # The config sections that decide the shared stages (data → base model → pass-rate table → curriculum).
 SHARED_SECTIONS = ("data", "model", "prompt", "sampling", "passk", "curriculum")
@@ -56,8 +56,7 @@ def _check_flow_run(fr: Any, what: str) -> None:
     raise DeterministicError(msg)  # its stages already retried what was transient
 
 
-@task(name="shared-stages", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 20],
-      retry_condition_fn=retry_condition_fn)
+@task(name="shared-stages", **RETRY)
 def shared_stages(config: dict[str, Any], deployment: str | None, timeout_s: float) -> str:
     """Data → base model → pass-rate table → curriculum once, on the GPU pool (or inline without a deployment)."""
     if deployment is None:
@@ -70,8 +69,7 @@ def shared_stages(config: dict[str, Any], deployment: str | None, timeout_s: flo
     return str(fr.id)
 
 
-@task(name="trial", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 20],
-      retry_condition_fn=retry_condition_fn)
+@task(name="trial", **RETRY)
 def run_trial(trial: Trial, sweep_id: str, parent_run_id: str, deployment: str | None, timeout_s: float) -> str:
     params = {"config": trial.config, "parent_run_id": parent_run_id, "sweep_id": sweep_id,
               "trial_id": trial.trial_id, "trial_label": trial.label}
@@ -97,7 +95,7 @@ def _load(sweep: str | dict[str, Any], sweep_source: str | None) -> tuple[Sweep,
         return parse_sweep(sweep, source), source
     path = find_sweep(sweep)
     if not path.is_absolute() and not path.exists():
-        from tasks.pipeline import ROOT
+        from tasks.stage_process import ROOT
 
         path = ROOT / path
     return load_sweep(path), str(path)  # every trial validated; ConfigError names the file and field

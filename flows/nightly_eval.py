@@ -22,22 +22,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from rlvr_core import manifest as manifest_mod
 from rlvr_core import layout, settings, stages
-from rlvr_core.config import ExperimentConfig, config_hash, dump_yaml
+from rlvr_core.config import ExperimentConfig, config_hash
 from rlvr_core.export import MANIFEST_FILE, verify_local_export
 from rlvr_core.progress import SILENT
 from rlvr_core.storage import ArtifactStore, join, open_store
+from rlvr_core.runrecord import record_run
 from rlvr_core.tracking import Tracker, flatten
-from tasks import pipeline as tp
+from flows.pipeline import resolve_config
 from tasks import stages as t
-from tasks.retry import retry_condition_fn
 
 EXPERIMENT = "nightly-eval"
 INDEX = "nightly-eval/index"
@@ -66,8 +64,7 @@ def marker_key(suite: str, prefix: str) -> str:
     return join(INDEX, suite, _ckpt_hash(prefix) + ".json")
 
 
-@task(name="fetch-checkpoint", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 8, 30],
-      retry_condition_fn=retry_condition_fn)
+@task(name="fetch-checkpoint", **t.RETRY)
 def fetch_checkpoint(store: ArtifactStore, prefix: str) -> stages.ModelArtifact:
     """Download (or reuse) the checkpoint into the cache and verify every checksum against its manifest."""
     manifest = json.loads(store.get_text(join(prefix, MANIFEST_FILE)))
@@ -84,8 +81,7 @@ def fetch_checkpoint(store: ArtifactStore, prefix: str) -> stages.ModelArtifact:
     return stages.ModelArtifact(str(local), f"ckpt-{_ckpt_hash(prefix)}", mh, th, True)
 
 
-@task(name="record-nightly-eval", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 8, 30],
-      retry_condition_fn=retry_condition_fn)
+@task(name="record-nightly-eval", **t.RETRY)
 def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix: str, model: stages.ModelArtifact,
                 data: stages.DataArtifact, ev: stages.EvalArtifact) -> dict[str, Any]:
     tracker = Tracker(EXPERIMENT, cfg.tracking.tracking_uri)
@@ -113,21 +109,16 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                                       model={"id": model.model_id, "hash": model.model_hash, "path": model.path},
                                       template=cfg.prompt.template, extra={"suite_version": suite,
                                                                            "checkpoint": store.url(prefix)})
-    curve = pa.Table.from_pylist([{"source": f"eval/{suite}", "k": k, "value": v, "n_problems": ev.summary["n"]}
-                                  for k, v in ev.curve.items()])
     report = (f"# Nightly evaluation of `{prefix}`\n\nSuite `{suite}`: greedy accuracy "
               f"{ev.summary['accuracy_greedy']:.3f} (n = {ev.summary['n']})\n")
-    tp.record.fn(store, run_prefix, (EXPERIMENT, cfg.tracking.tracking_uri), run_id, run_row=row,
-                 params={**flatten(cfg.resolved()), "suite_version": suite, "checkpoint": prefix},
-                 manifest=man, config_yaml=dump_yaml(cfg), summary=summary,
-                 tables={"evals/samples.parquet": ev.samples, "evals/metrics.parquet": ev.metrics,
-                         "passk_curves.parquet": curve},
-                 metrics={"eval/synthetic/accuracy_greedy": ev.summary["accuracy_greedy"],
-                          **{f"eval/synthetic/pass_at_{k}": v for k, v in ev.curve.items()}},
-                 tags=tags, report_md=report, steps_path=None)
-    from rlvr_core import warehouse
-
-    warehouse.ingest_run(store, run_prefix)
+    record_run(store, run_prefix, tracker, run_id, run=row,
+               params={**flatten(cfg.resolved()), "suite_version": suite, "checkpoint": prefix},
+               manifest=man, config=cfg.resolved(), summary=summary,
+               tables={"evals/samples.parquet": ev.samples, "evals/metrics.parquet": ev.metrics,
+                       "passk_curves.parquet": ev.curves},
+               metrics={f"eval/{ev.summary['benchmark']}/accuracy_greedy": ev.summary["accuracy_greedy"],
+                        **{f"eval/{ev.summary['benchmark']}/pass@{k}": v for k, v in ev.curve.items()}},
+               tags=tags, texts={"report.md": report})
     tracker.end_run(run_id, "FINISHED")
     # Last: the marker says "done" only once everything above is stored.
     store.put_text(marker_key(suite, prefix), json.dumps({"checkpoint": prefix, "suite_version": suite,
@@ -141,8 +132,6 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
 @flow(name="nightly-eval", log_prints=True, validate_parameters=False)
 def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides: dict[str, Any] | None = None,
                       max_checkpoints: int | None = None) -> dict[str, Any]:
-    from flows.pipeline import resolve_config
-
     settings.configure_environment()
     log = get_run_logger()
     cfg = resolve_config(config, overrides)
@@ -158,7 +147,7 @@ def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overri
         data = t.make_data(cfg, SILENT)
         for prefix in new:
             model = fetch_checkpoint(store, prefix)
-            ev = tp.evaluate(cfg, data, model, f"nightly-{suite}", store.url(prefix))
+            ev = t.evaluate(cfg, data, model, f"nightly-{suite}", store.url(prefix))
             results.append(record_eval(store, cfg, suite, prefix, model, data, ev))
     report = _report(suite, all_ckpts, results)
     store.put_text(join(EXPERIMENT, "reports", f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{suite}.md"), report)

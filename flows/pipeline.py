@@ -1,21 +1,30 @@
-"""The `pipeline` flow: one experiment config through pass@k filter → curriculum → GRPO training → export →
-evaluation → warehouse ingest → report.
+"""The `pipeline` flow, the one flow behind every experiment: data → base model → pass@k filter → curriculum
+→ (base evaluation) → GRPO training → export → evaluation of the exported checkpoint → record → report.
 
-    prefect deployment run 'pipeline/pipeline' --param config=configs/demo.yaml \
+    rlvr demo                                          (this flow, the demo config, stages in-process)
+    prefect deployment run 'pipeline/pipeline' --param config=configs/demo.yaml \\
         --param overrides='{"grpo.enabled": true, "grpo.steps": 20}'
 
 `ablation-sweep` launches it once per trial (its own flow run on the GPU work pool) with the resolved
 trial config, the MLflow parent run id and the sweep/trial ids. A trial that is launched again (its worker
 was lost) reuses its MLflow run and artifact prefix, the cached stages, and the training checkpoints,
 so it resumes where it stopped and writes its warehouse rows once. `stop_after="curriculum"` runs only
-the shared stages (the sweep uses it to compute the pass-rate table once for all trials).
+the shared stages and opens no MLflow run (the sweep uses it to compute the pass-rate table once).
+
+Tracking (docs/tracking.md): one MLflow run per pipeline (the resolved config as params, the headline
+numbers, the run folder as artifacts, system metrics) with one child run per stage (its config
+sections, its own metrics and tags). Recording goes through `rlvr_core.runrecord.record_run`, which
+redacts, so nothing this flow records holds a secret.
 """
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,159 +32,419 @@ from prefect import flow
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.runtime import flow_run
 
+from rlvr_core import layout, settings, stages, warehouse
 from rlvr_core import manifest as manifest_mod
-from rlvr_core import layout, settings, stages
-from rlvr_core.stages import experiment_manifest
-from rlvr_core.config import ExperimentConfig, dump_yaml, load_config, parse_config
+from rlvr_core.compare import compare, from_tables, write_report
+from rlvr_core.config import ExperimentConfig, apply_overrides, load_config, parse_config
+from rlvr_core.grpo.trainer import ROLLOUTS_FILE
+from rlvr_core.probe.report import ProbeSettings, run_rl_probe
+from rlvr_core.probe.tables import Checkpoint
+from rlvr_core.probe.task import TaskSettings
 from rlvr_core.progress import Progress
-from rlvr_core.stages import steps_long
-from rlvr_core.storage import join, open_store
+from rlvr_core.storage import ArtifactStore, join, open_store
 from rlvr_core.templates import get_template
-from rlvr_core.tracking import flatten
-from tasks import pipeline as tp
+from rlvr_core.tracking import Tracker, common_tags, config_params, redact, redact_text
 from tasks import stages as t
+from tasks.stage_process import ROOT
 
-STOP_AFTER = ("curriculum", "evaluate", None)
+STOP_AFTER = ("curriculum", None)
+KINDS = ("pipeline", "demo")  # a run with a sweep id is a "trial"
 
 
-def resolve_config(config: dict[str, Any] | str, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+def resolve_config(config: dict[str, Any] | str, overrides: dict[str, Any] | None = None,
+                   source: str = "<pipeline parameter config>") -> ExperimentConfig:
     """A path (relative to the project root when not found from the cwd) or a mapping, plus dotted overrides."""
     if isinstance(config, str):
         p = Path(config)
         if not p.is_absolute() and not p.exists():
-            p = tp.ROOT / p
+            p = ROOT / p
         return load_config(p, overrides)
-    from rlvr_core.config import apply_overrides
-
-    return parse_config(apply_overrides(config, overrides or {}), "<pipeline parameter config>")
+    return parse_config(apply_overrides(config, overrides or {}), source)
 
 
 @flow(name="pipeline", log_prints=True, validate_parameters=False)
 def pipeline_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides: dict[str, Any] | None = None,
                   parent_run_id: str | None = None, sweep_id: str | None = None, trial_id: str | None = None,
-                  trial_label: str | None = None, eval_base: bool = False,
-                  stop_after: str | None = None) -> dict[str, Any]:
+                  trial_label: str | None = None, eval_base: bool = False, stop_after: str | None = None,
+                  kind: str = "pipeline", in_process: bool = False, show_progress: bool = True,
+                  source: str = "<pipeline parameter config>") -> dict[str, Any]:
+    """`eval_base`: also evaluate the base model (always when training is off) and compare the two, paired;
+    `in_process`: run training and evaluation in this process rather than a child process per stage;
+    `kind`: how the run is labelled (`demo` or `pipeline`; `trial` when it has a sweep id)."""
     if stop_after not in STOP_AFTER:
         raise ValueError(f"stop_after must be one of {STOP_AFTER}, got {stop_after!r}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     settings.configure_environment()
     t0 = time.monotonic()
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    cfg = resolve_config(config, overrides)  # ConfigError (file + field) before any work
-    progress = Progress(True)
-    data = t.make_data(cfg, progress)
-    model = t.warm_start_base(cfg, data, progress)
-    passrates = t.pass_rate_table(cfg, data, model, progress)
-    curriculum = t.build_curriculum(cfg, data, passrates, progress)
+    cfg = resolve_config(config, overrides, source)  # ConfigError (file + field) before any work
+    progress = Progress(show_progress)
     if stop_after == "curriculum":
+        data, model, passrates, curriculum = _shared_stages(cfg, progress, None)
         return {"pass_rate_table_id": passrates.table_id, "curriculum_id": curriculum.curriculum_id,
                 "cached": {"pass_rate_table": passrates.cached, "curriculum": curriculum.cached},
                 "duration_s": round(time.monotonic() - t0, 2)}
-
-    chash = cfg.config_hash()
-    template = get_template(cfg.prompt.template)
-    store = open_store(cfg.storage.artifact_uri, cfg.storage.s3_endpoint_url)
-    git = manifest_mod.git_state()
-    prefect_id = str(flow_run.id) if flow_run.id else None
-    kind = "trial" if sweep_id else "pipeline"
-    tags = {"config_hash": chash, "git_sha": git["sha"], "git_dirty": git["dirty"], "prefect_flow_run_id": prefect_id,
-            "kind": kind, "prompt_template": template.key, "sweep_id": sweep_id, "trial_id": trial_id,
-            "trial_label": trial_label}
-    tracking_uri = settings.mlflow_tracking_uri(cfg.tracking.tracking_uri)
-    run_name = layout.mlflow_run_name(kind, name=cfg.name, sweep_id=sweep_id, trial_id=trial_id,
-                                      trial_label=trial_label)
-    run_id = tp.open_run(cfg.tracking.experiment, tracking_uri, run_name, tags, parent_run_id)
-    # <experiment>/<sweep>/<trial>/ for a trial, <experiment>/<name>-<run id[:8]>/ otherwise (rlvr_core.layout)
-    prefix = layout.pipeline_prefix(cfg.tracking.experiment, cfg.name, run_id, sweep_id, trial_id, trial_label)
-    from rlvr_core.tracking import Tracker
-
-    tracker = Tracker(cfg.tracking.experiment, tracking_uri)
+    run = _open(cfg, "trial" if sweep_id else kind, parent_run_id, sweep_id, trial_id, trial_label)
+    progress("tracking", f"MLflow run {run.run_id} in experiment {cfg.tracking.experiment!r} "
+                         f"({run.tracker.display_uri})")
     try:
-        trained = exported = trained_eval = base_eval = None
-        if cfg.grpo.enabled:
-            trained = tp.train(cfg, data, model, curriculum, mlflow_run_id=run_id)  # per-step metrics live
-            exported = t.export(trained, model, store, join(prefix, "checkpoints", "final"),
-                                {"config_hash": chash, "mlflow_run_id": run_id, "git_sha": git["sha"],
-                                 "experiment": cfg.tracking.experiment, "sweep_id": sweep_id, "trial_id": trial_id},
-                                progress)
-            trained_eval = tp.evaluate(cfg, data, exported.model, "trained", exported.uri)
-        if eval_base or not cfg.grpo.enabled:
-            base_eval = tp.evaluate(cfg, data, model, "base", "base")
-        evals = [e for e in (base_eval, trained_eval) if e is not None]
-        headline = trained_eval or base_eval
-        duration = time.monotonic() - t0
-        summary = {
-            "mlflow_run_id": run_id, "experiment": cfg.tracking.experiment, "kind": kind,
-            "sweep_id": sweep_id, "trial_id": trial_id, "trial_label": trial_label,
-            "accuracy_greedy": headline.summary["accuracy_greedy"],
-            "accuracy_greedy_ci95": headline.summary["accuracy_greedy_ci"], "n_eval": headline.summary["n"],
-            "passk": headline.summary["passk"],
-            **({"base_accuracy_greedy": base_eval.summary["accuracy_greedy"]} if base_eval else {}),
-            **({"train": {k: v for k, v in trained.summary.items() if not isinstance(v, (list, dict))}}
-               if trained else {}),
-            **({"export": {"uri": exported.uri, "step": exported.step,
-                           "manifest_sha256": exported.manifest_sha256}} if exported else {}),
-            "pass_rate_table_id": passrates.table_id, "curriculum_id": curriculum.curriculum_id,
-            "cached": {"data": data.cached, "base_model": model.cached, "pass_rate_table": passrates.cached,
-                       "curriculum": curriculum.cached, "train": trained.cached if trained else None},
-            "config_hash": chash, "mlflow_tracking_uri": tracker.display_uri, "mlflow_run_url": tracker.run_url(run_id),
-            "prefect_flow_run_id": prefect_id, "artifact_uri": store.url(prefix),
-            "warehouse_path": str(settings.warehouse_path()), "duration_s": round(duration, 2),
-        }
-        params = {**flatten(cfg.resolved()), **({"sweep.id": sweep_id, "sweep.trial_id": trial_id,
-                                                  "sweep.trial_label": trial_label} if sweep_id else {})}
-        run_row = {"run_id": run_id, "experiment": cfg.tracking.experiment, "name": run_name, "kind": kind,
-                   "status": "FINISHED", "started_at": started,
-                   "finished_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "duration_s": duration,
-                   "config_hash": chash, "git_sha": git["sha"], "git_dirty": git["dirty"],
-                   "model_id": (exported.model if exported else model).model_id,
-                   "model_hash": (exported.model if exported else model).model_hash,
-                   "tokenizer_hash": model.tokenizer_hash, "dataset_hash": data.dataset_hash,
-                   "prompt_template": template.key, "artifact_uri": store.url(prefix), "mlflow_run_id": run_id,
-                   "prefect_flow_run_id": prefect_id}
-        man = experiment_manifest(
-            cfg, data, model, config_hash=chash, resolved_config=cfg.resolved(), template_key=template.key,
-            extra={"mlflow_run_id": run_id, "prefect_flow_run_id": prefect_id, "sweep_id": sweep_id,
-                   "trial_id": trial_id, "pass_rate_table_id": passrates.table_id,
-                   "curriculum_id": curriculum.curriculum_id, "export": summary.get("export")})
-        run_tables = stages.record_tables(cfg, model, passrates, curriculum)
-        eval_names = [("base", base_eval), ("trained", trained_eval)]
-        tables = {
-            **run_tables,
-            "passk_curves.parquet": pa.Table.from_pylist(
-                [{"source": f"eval/{n}", "k": k, "value": v, "n_problems": e.summary["n"]}
-                 for n, e in eval_names if e for k, v in e.curve.items()]),
-            "evals/samples.parquet": pa.concat_tables([e.samples for e in evals], promote_options="default"),
-            "evals/metrics.parquet": pa.concat_tables([e.metrics for e in evals], promote_options="default"),
-            **({"train/steps.parquet": pq.read_table(trained.steps_path),
-                "train/steps_long.parquet": steps_long(trained.steps_path)} if trained else {}),
-        }
-        metrics = {f"eval/synthetic/{n}/accuracy_greedy": e.summary["accuracy_greedy"] for n, e in eval_names if e}
-        metrics.update({f"eval/synthetic/{n}/pass_at_{k}": v for n, e in eval_names if e for k, v in e.curve.items()})
-        metrics["eval/synthetic/accuracy_greedy"] = headline.summary["accuracy_greedy"]
-        metrics.update({f"passk/{k.replace('@', '_at_')}": float(v) for k, v in passrates.summary.items()
-                        if isinstance(v, (int, float))})
-        report_md = _report(cfg, summary)
-        tp.record(store, prefix, (cfg.tracking.experiment, tracking_uri), run_id, run_row=run_row, params=params,
-                  manifest=man, config_yaml=dump_yaml(cfg), summary=summary, tables=tables, metrics=metrics,
-                  tags={"dataset_hash": data.dataset_hash, "model_hash": model.model_hash,
-                        "artifact_uri": store.url(prefix),
-                        **({"export_uri": exported.uri, "export_step": str(exported.step)} if exported else {})},
-                  report_md=report_md, steps_path=trained.steps_path if trained else None)
-        counts = t.ingest(store, prefix)
-        summary["warehouse_rows"] = counts
-        _publish(summary, report_md, run_id, sweep_id, trial_id)
-        tracker.end_run(run_id, "FINISHED")
+        with run.tracker.system_metrics(run.run_id):
+            summary = _run(cfg, run, progress, eval_base or not cfg.grpo.enabled, in_process, t0)
+        run.tracker.end_run(run.run_id, "FINISHED")
         summary["duration_s"] = round(time.monotonic() - t0, 2)
         return summary
     except BaseException:
         # A failed stage fails the flow (the exception propagates); the MLflow run says so too.
         try:
-            tracker.end_run(run_id, "FAILED")
+            run.tracker.end_run(run.run_id, "FAILED")
         except Exception:  # noqa: BLE001 - the tracking server being down must not hide the real error
             pass
         raise
 
 
+# ------------------------------------------------------------------------------------------ the run
+@dataclass
+class _Run:
+    """What every stage of one pipeline run shares: its identity, where it records, its MLflow runs."""
+
+    cfg: ExperimentConfig
+    kind: str
+    run_id: str
+    name: str
+    tracker: Tracker
+    store: ArtifactStore
+    prefix: str
+    public: dict[str, Any]  # the resolved config as recorded anywhere: redacted
+    config_hash: str
+    template_key: str
+    git: dict[str, Any]
+    prefect_id: str | None
+    sweep: dict[str, str | None]  # sweep_id, trial_id, trial_label
+    started: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
+    children: dict[str, str] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def stage(self, name: str, *sections: str, **tags: Any) -> Iterator[str]:
+        """A child run for one stage, with its config sections as params."""
+        with self.tracker.child_run(self.run_id, tags.pop("stage", name), name=name, tags=tags,
+                                    params=config_params(self.public, *sections)) as child:
+            self.children[name] = child
+            yield child
+
+
+def _open(cfg: ExperimentConfig, kind: str, parent_run_id: str | None, sweep_id: str | None,
+          trial_id: str | None, trial_label: str | None) -> _Run:
+    chash = cfg.config_hash()
+    template = get_template(cfg.prompt.template)
+    git = manifest_mod.git_state()
+    prefect_id = str(flow_run.id) if flow_run.id else None
+    tracking_uri = settings.mlflow_tracking_uri(cfg.tracking.tracking_uri)
+    common = common_tags(config_hash=chash, git_sha=git["sha"], prefect_flow_run_id=prefect_id,
+                         sweep_id=sweep_id, trial_id=trial_id)
+    name = layout.mlflow_run_name(kind, name=cfg.name, sweep_id=sweep_id, trial_id=trial_id, trial_label=trial_label)
+    run_id = t.open_run(cfg.tracking.experiment, tracking_uri, name,
+                        {**common, "kind": kind, "git_dirty": git["dirty"], "prompt_template": template.key,
+                         "trial_label": trial_label}, parent_run_id)
+    tracker = Tracker(cfg.tracking.experiment, tracking_uri, common=common)
+    tracker.adopt(run_id)
+    # <experiment>/<sweep>/<trial>/ for a trial, <experiment>/<name>-<run id[:8]>/ otherwise (rlvr_core.layout)
+    prefix = layout.pipeline_prefix(cfg.tracking.experiment, cfg.name, run_id, sweep_id, trial_id, trial_label)
+    return _Run(cfg, kind, run_id, name, tracker, open_store(cfg.storage.artifact_uri, cfg.storage.s3_endpoint_url),
+                prefix, redact(cfg.resolved()), chash, template.key, git, prefect_id,
+                {"sweep_id": sweep_id, "trial_id": trial_id, "trial_label": trial_label})
+
+
+def _run(cfg: ExperimentConfig, run: _Run, progress: Progress, eval_base: bool, in_process: bool,
+         t0: float) -> dict[str, Any]:
+    run.tracker.log_params(run.run_id, _params(run))  # first: a run that fails later still shows what it was
+    data, model, passrates, curriculum = _shared_stages(cfg, progress, run)
+    base_eval = trained = exported = trained_eval = None
+    if eval_base:
+        with run.stage("evaluate-base", "eval", stage="evaluate", eval_id="base") as child:
+            base_eval = t.evaluate(cfg, data, model, "base", "base", in_process=in_process, progress=progress)
+            run.tracker.log_metrics(child, _eval_metrics(base_eval))
+    if cfg.grpo.enabled:
+        trained, exported, trained_eval = _train(cfg, run, data, model, curriculum, progress, in_process)
+    evals = _Evals(data, model, passrates, curriculum, base_eval, trained, exported, trained_eval)
+    return _record(cfg, run, evals, progress, t0)
+
+
+def _shared_stages(cfg: ExperimentConfig, progress: Progress, run: _Run | None):
+    """The stages every trial of a sweep shares (all cached on their inputs): data, base model, pass-rate
+    table, curriculum. With a run, each is a child run; without one (stop_after="curriculum") none is."""
+    stage = run.stage if run else (lambda *a, **k: contextlib.nullcontext())
+    tracker = run.tracker if run else None
+    with stage("data", "data") as child:
+        data = t.make_data(cfg, progress)
+        if tracker:
+            tracker.add_common_tags(dataset_hash=data.dataset_hash)  # now known: stamp it on every run
+            tracker.log_metrics(child, {"data/n_train": data.n_train, "data/n_test": data.n_test})
+            tracker.set_tags(child, {"cached": data.cached})
+    with stage("base-model", "model") as child:
+        model = t.warm_start_base(cfg, data, progress)
+        if tracker:
+            tracker.set_tags(child, {"model_id": model.model_id, "model_hash": model.model_hash,
+                                     "tokenizer_hash": model.tokenizer_hash, "cached": model.cached})
+    with stage("passk", "passk", "sampling", "prompt", "reward") as child:
+        passrates = t.pass_rate_table(cfg, data, model, progress)
+        if tracker:
+            tracker.log_metrics(child, _passk_metrics(passrates))
+            tracker.set_tags(child, {"pass_rate_table_id": passrates.table_id, "cached": passrates.cached})
+    with stage("curriculum", "curriculum") as child:
+        curriculum = t.build_curriculum(cfg, data, passrates, progress)
+        if tracker:
+            tracker.log_metrics(child, {"curriculum/n_prompts": curriculum.n_prompts})
+            tracker.set_tags(child, {"curriculum_id": curriculum.curriculum_id, "cached": curriculum.cached})
+    return data, model, passrates, curriculum
+
+
+def _train(cfg: ExperimentConfig, run: _Run, data, model, curriculum, progress: Progress, in_process: bool):
+    """GRPO, then export, then evaluation of the exported, uploaded and checksum-verified copy (G-lost-ckpt):
+    the numbers belong to the checkpoint users will download."""
+    with run.stage("train", "grpo", "reward") as child:
+        trained = t.train(cfg, data, model, curriculum, child, in_process=in_process, progress=progress)
+        run.tracker.log_step_rows(child, pq.read_table(trained.steps_path).to_pylist())  # only what is missing
+    with run.stage("export") as child:
+        exported = t.export(trained, model, run.store, join(run.prefix, "checkpoints", "final"),
+                            {"config_hash": run.config_hash, "mlflow_run_id": run.run_id, "git_sha": run.git["sha"],
+                             "experiment": cfg.tracking.experiment, **run.sweep}, progress)
+        run.tracker.log_metrics(child, {"export/step": exported.step})
+        run.tracker.set_tags(child, {"export_uri": exported.uri, "export_dtype": exported.dtype,
+                                     "export_manifest_sha256": exported.manifest_sha256})
+    with run.stage("evaluate-trained", "eval", stage="evaluate", eval_id="trained") as child:
+        trained_eval = t.evaluate(cfg, data, exported.model, "trained", exported.uri, in_process=in_process,
+                                  progress=progress)
+        run.tracker.log_metrics(child, _eval_metrics(trained_eval))
+    return trained, exported, trained_eval
+
+
+# ------------------------------------------------------------------------------------------ recording
+@dataclass
+class _Evals:
+    """Every stage output a run records."""
+
+    data: stages.DataArtifact
+    model: stages.ModelArtifact
+    passrates: stages.PassRateArtifact
+    curriculum: stages.CurriculumArtifact
+    base_eval: stages.EvalArtifact | None
+    trained: stages.TrainArtifact | None
+    exported: stages.ExportArtifact | None
+    trained_eval: stages.EvalArtifact | None
+
+    @property
+    def headline(self) -> stages.EvalArtifact:
+        """The run's result: the trained checkpoint's evaluation when there is one, else the base model's."""
+        return self.trained_eval or self.base_eval
+
+
+def _record(cfg: ExperimentConfig, run: _Run, ev: _Evals, progress: Progress, t0: float) -> dict[str, Any]:
+    # Base vs trained on the same problems, paired (rlvr_core.compare): the delta's interval is much tighter
+    # than two independent accuracies' would be, and the solvable sets show whether RL widened or sharpened.
+    comparison = None
+    if ev.base_eval and ev.trained_eval:
+        comparison = compare(from_tables(ev.base_eval.samples, ev.base_eval.metrics, "base", "base"),
+                             from_tables(ev.trained_eval.samples, ev.trained_eval.metrics, "trained", "trained"))
+    summary = _summary(cfg, run, ev, comparison, t0)
+    with tempfile.TemporaryDirectory(prefix="rlvr-attach-") as tmp:
+        folders = {}
+        if comparison:
+            write_report(comparison, Path(tmp) / "comparison")  # comparison.md / .json beside the evaluations
+            folders["."] = Path(tmp) / "comparison"
+        if ev.base_eval and ev.trained_eval:
+            summary["probe"] = _probe_report(cfg, ev, Path(tmp) / "probe", run.run_id)
+            folders["probe"] = Path(tmp) / "probe"
+        report_md = _report(cfg, summary)
+        counts = t.record(
+            run.store, run.prefix, run.tracker, run.run_id, run=_run_row(cfg, run, ev, t0), params=_params(run),
+            manifest=_manifest(cfg, run, ev), config=run.public, summary=summary, tables=_tables(cfg, ev),
+            metrics=_metrics(ev), tags=_tags(run, ev, summary), texts={"report.md": report_md}, folders=folders)
+    progress("record", f"artifacts at {run.store.url(run.prefix)} "
+                       f"(index: {run.store.url(join(run.prefix, 'index.html'))})")
+    progress("warehouse", f"ingested {sum(counts.values())} rows into {settings.warehouse_path()}")
+    summary["warehouse_rows"] = counts
+    _publish(summary, report_md, run)
+    return summary
+
+
+def _params(run: _Run) -> dict[str, Any]:
+    sweep = run.sweep
+    return {**config_params(run.public),
+            **({"sweep.id": sweep["sweep_id"], "sweep.trial_id": sweep["trial_id"],
+                "sweep.trial_label": sweep["trial_label"]} if sweep["sweep_id"] else {})}
+
+
+def _summary(cfg: ExperimentConfig, run: _Run, ev: _Evals, comparison, t0: float) -> dict[str, Any]:
+    """The numbers `rlvr demo` prints and summary.json holds. `accuracy_greedy`, `passk`: the run's result
+    (the trained checkpoint when there is one); `base_*` / `trained_*` / `delta_pass_at_1`: each side."""
+    head, base, trained = ev.headline, ev.base_eval, ev.trained_eval
+    return {
+        "mlflow_run_id": run.run_id, "experiment": cfg.tracking.experiment, "kind": run.kind, **run.sweep,
+        "accuracy_greedy": head.summary["accuracy_greedy"], "accuracy_greedy_ci95": head.summary["accuracy_greedy_ci"],
+        "n_eval": head.summary["n"], "passk": head.summary["passk"],
+        **({"base_pass_at_1": base.summary["accuracy_greedy"], "base_pass_at_1_ci95": base.summary["accuracy_greedy_ci"],
+            "base_pass_at_k": base.summary["passk"], "base_accuracy_greedy": base.summary["accuracy_greedy"]}
+           if base else {}),
+        **({"trained_pass_at_1": trained.summary["accuracy_greedy"],
+            "trained_pass_at_1_ci95": trained.summary["accuracy_greedy_ci"], "trained_pass_at_k": trained.summary["passk"]}
+           if trained else {}),
+        **({"delta_pass_at_1": trained.summary["accuracy_greedy"] - base.summary["accuracy_greedy"]}
+           if base and trained else {}),
+        **({"train": {k: v for k, v in ev.trained.summary.items() if not isinstance(v, (list, dict))}}
+           if ev.trained else {}),
+        **({"export": {"uri": ev.exported.uri, "step": ev.exported.step, "dtype": ev.exported.dtype,
+                       "manifest_sha256": ev.exported.manifest_sha256}} if ev.exported else {}),
+        **({"comparison": _comparison_summary(comparison, base.summary["benchmark"])} if comparison else {}),
+        "eval": {k: v for k, v in (base or head).summary.items() if k != "passk"},
+        "pass_rates": ev.passrates.summary, "pass_rate_table_id": ev.passrates.table_id,
+        "curriculum_id": ev.curriculum.curriculum_id,
+        "curriculum": {"id": ev.curriculum.curriculum_id, "strategy": cfg.curriculum.strategy,
+                       "n_prompts": ev.curriculum.n_prompts},
+        "cached": {"data": ev.data.cached, "base_model": ev.model.cached, "pass_rate_table": ev.passrates.cached,
+                   "curriculum": ev.curriculum.cached, "train": ev.trained.cached if ev.trained else None},
+        "config_hash": run.config_hash, "mlflow_child_run_ids": run.children,
+        "mlflow_experiment_id": run.tracker.experiment_id, "mlflow_tracking_uri": run.tracker.display_uri,
+        "mlflow_run_url": run.tracker.run_url(run.run_id), "prefect_flow_run_id": run.prefect_id,
+        "artifact_uri": run.store.url(run.prefix), "warehouse_path": str(settings.warehouse_path()),
+        "duration_s": round(time.monotonic() - t0, 2),
+    }
+
+
+def _run_row(cfg: ExperimentConfig, run: _Run, ev: _Evals, t0: float) -> dict[str, Any]:
+    """The warehouse `runs` row; its `tags` become `run_tags` (`collapsed` is what collapsed_runs looks for)."""
+    final = ev.exported.model if ev.exported else ev.model
+    return {"run_id": run.run_id, "experiment": cfg.tracking.experiment, "name": run.name, "kind": run.kind,
+            "status": "FINISHED", "started_at": run.started,
+            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "duration_s": time.monotonic() - t0,
+            "config_hash": run.config_hash, "git_sha": run.git["sha"], "git_dirty": run.git["dirty"],
+            "model_id": final.model_id, "model_hash": final.model_hash, "tokenizer_hash": ev.model.tokenizer_hash,
+            "dataset_hash": ev.data.dataset_hash, "prompt_template": run.template_key,
+            "artifact_uri": run.store.url(run.prefix), "mlflow_run_id": run.run_id,
+            "prefect_flow_run_id": run.prefect_id,
+            **({"tags": {"collapsed": "true"}} if ev.trained and _collapsed(ev.trained.summary) else {})}
+
+
+def _manifest(cfg: ExperimentConfig, run: _Run, ev: _Evals) -> dict[str, Any]:
+    trained, exported = ev.trained, ev.exported
+    return stages.experiment_manifest(
+        cfg, ev.data, ev.model, config_hash=run.config_hash, resolved_config=run.public,
+        template_key=run.template_key,
+        extra={"mlflow_run_id": run.run_id, "mlflow_child_run_ids": run.children, "prefect_flow_run_id": run.prefect_id,
+               **run.sweep, "pass_rate_table_id": ev.passrates.table_id, "curriculum_id": ev.curriculum.curriculum_id,
+               "trained_model": ({"id": trained.model.model_id, "hash": trained.model.model_hash,
+                                  "path": trained.model.path} if trained else None),
+               "export": ({"uri": exported.uri, "step": exported.step, "dtype": exported.dtype,
+                           "manifest_sha256": exported.manifest_sha256,
+                           "model_hash": exported.model.model_hash} if exported else None)})
+
+
+def _tables(cfg: ExperimentConfig, ev: _Evals) -> dict[str, pa.Table]:
+    evals = [e for e in (ev.base_eval, ev.trained_eval) if e is not None]
+    # "default" promotion: a column that is all-null in one eval (e.g. no extracted answers) still concatenates.
+    # The curves are the evaluator's own: pass@k for every k = 1..n, per scoring, with eval_id, benchmark,
+    # checkpoint and scoring as columns (warehouse `passk_curves`), so they match `rlvr eval`'s file.
+    tables = {**stages.record_tables(cfg, ev.model, ev.passrates, ev.curriculum),
+              "evals/samples.parquet": pa.concat_tables([e.samples for e in evals], promote_options="default"),
+              "evals/metrics.parquet": pa.concat_tables([e.metrics for e in evals], promote_options="default"),
+              "passk_curves.parquet": pa.concat_tables([e.curves for e in evals])}
+    if ev.trained:
+        tables.update(_train_tables(ev.trained))
+    return tables
+
+
+def _train_tables(trained: stages.TrainArtifact) -> dict[str, pa.Table]:
+    """The training stage's files in the run folder (docs/warehouse.md says which table each fills)."""
+    tables = {"train/steps.parquet": pq.read_table(trained.steps_path),
+              "train/steps_long.parquet": stages.steps_long(trained.steps_path),
+              # Written even when nothing fired: an empty file says "no firings", whereas a missing one makes
+              # the warehouse fall back to the per-step health/* flags.
+              "train/health_events.parquet": warehouse.health_events_table(trained.summary.get("health_firings") or [])}
+    rollouts = Path(trained.folder) / ROLLOUTS_FILE  # absent with grpo.rollout_samples_per_step = 0
+    if rollouts.is_file():
+        tables["train/rollouts.parquet"] = pq.read_table(rollouts)
+    return tables
+
+
+def _metrics(ev: _Evals) -> dict[str, float]:
+    """The parent run's headline numbers (runs compare at the top level of the MLflow UI); each stage's
+    child run holds its detail. `eval/<benchmark>/…`: the base model when the run evaluated it, else the
+    trained checkpoint; `eval/<benchmark>/trained/…`: the trained checkpoint."""
+    first = ev.base_eval or ev.trained_eval
+    metrics = {**_eval_metrics(first), **_passk_metrics(ev.passrates), "curriculum/n_prompts": ev.curriculum.n_prompts}
+    if ev.trained_eval:
+        metrics.update(_eval_metrics(ev.trained_eval, "trained"))
+    return metrics
+
+
+def _tags(run: _Run, ev: _Evals, summary: dict[str, Any]) -> dict[str, Any]:
+    exported = ev.exported
+    return {"dataset_hash": ev.data.dataset_hash, "model_hash": ev.model.model_hash,
+            "artifact_uri": summary["artifact_uri"],
+            **({"export_uri": exported.uri, "export_step": str(exported.step),
+                "export_manifest_sha256": exported.manifest_sha256} if exported else {})}
+
+
+def _eval_metrics(ev: stages.EvalArtifact, sub: str | None = None) -> dict[str, float]:
+    """An evaluation's numbers under `eval/<benchmark>[/<sub>]/…` (pass@k stored as pass@k)."""
+    ns = f"eval/{ev.summary['benchmark']}" + (f"/{sub}" if sub else "")
+    return {f"{ns}/accuracy_greedy": ev.summary["accuracy_greedy"], f"{ns}/n": ev.summary["n"],
+            **{f"{ns}/pass@{k}": v for k, v in ev.curve.items()},
+            **{f"{ns}/{k}": v for k, v in ev.summary.items() if k.endswith("_share")}}
+
+
+def _passk_metrics(passrates: stages.PassRateArtifact) -> dict[str, float]:
+    return {f"passk/{k}": float(v) for k, v in passrates.summary.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _probe_report(cfg: ExperimentConfig, ev: _Evals, out: Path, run_id: str) -> dict[str, Any]:
+    """A short RL-Probe report (docs/probes.md) of the trained checkpoint against the base on the held-out
+    problems the base failed and the trained model solved: token KL, spikes and their categories. It reuses
+    the two evaluations' greedy completions (nothing is sampled again); its tables go to the warehouse with
+    the run (`probe/`)."""
+    probe = ProbeSettings(max_problems=50, sample_figures=2, task=TaskSettings(
+        template_id=cfg.prompt.template, verifier=cfg.eval.verifier, verifier_mode=cfg.eval.verifier_mode,
+        max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.sampling.seed))
+    _, meta = run_rl_probe(Checkpoint("base", 0, ev.model.path),
+                           [Checkpoint("trained", ev.exported.step, ev.exported.model.path)],
+                           ev.data.test_rows(), out, probe, probe_id=f"{run_id}",
+                           greedy_a=ev.base_eval.samples.to_pylist(), greedy_b=ev.trained_eval.samples.to_pylist())
+    tokens = pq.read_table(out / "probe_tokens.parquet", columns=["checkpoint_b", "is_spike", "category"]).to_pylist()
+    spikes = [r["category"] for r in tokens if r["checkpoint_b"] == "trained" and r["is_spike"]]
+    by_cat = {c: spikes.count(c) for c in sorted(set(spikes))}
+    keep = ("probe_id", "n_selected", "n_sequences", "n_tokens_per_checkpoint", "duration_s")
+    return {"folder": "probe/", **{k: meta[k] for k in keep}, "spikes": len(spikes), "spikes_by_category": by_cat}
+
+
+def _collapsed(train_summary: dict[str, Any]) -> bool:
+    """Did a serious guard stop training? The trainer tags its summary `collapsed` then; a serious firing
+    in the summary's health_firings says the same for summaries written without tags."""
+    return ("collapsed" in (train_summary.get("tags") or [])
+            or any(f.get("serious") for f in train_summary.get("health_firings") or []))
+
+
+def _comparison_summary(cmp: dict[str, Any], benchmark: str) -> dict[str, Any]:
+    """The headline part of `compare`'s result for the JSON summary (the whole of it is comparison.json)."""
+    r = cmp["benchmarks"][benchmark]
+    d = r["deltas"]
+    a, b = cmp["a"]["label"], cmp["b"]["label"]
+    return {
+        "a": a, "b": b, "benchmark": benchmark, "scoring": r["scoring"],
+        "n_problems": r["n_problems"],
+        # B − A, paired over the same problems, with the 95% paired t interval (McNemar p for greedy).
+        "accuracy_greedy": {k: d["accuracy_greedy"][k] for k in ("delta", "ci_low", "ci_high", "n", "mcnemar_p")}
+        if "accuracy_greedy" in d else None,
+        "pass_at_k": {m.removeprefix("pass@"): {k: v[k] for k in ("delta", "ci_low", "ci_high")}
+                      for m, v in d.items() if m.startswith("pass@")},
+        "solvable_overlap": r["solvable_overlap"],  # at least one of n samples correct: both / a_only / b_only / neither
+        # Problems solved by one side only: greedily, and by at least one of the n samples ("ever").
+        "solved_greedy_only": {a: len(r["solved_greedy"]["a_only"]), b: len(r["solved_greedy"]["b_only"])},
+        "solved_ever_only": {a: len(r["solved_ever"]["a_only"]), b: len(r["solved_ever"]["b_only"])},
+        "report": "comparison.md",
+    }
+
+
+# ------------------------------------------------------------------------------------------ report
 def _report(cfg: ExperimentConfig, s: dict[str, Any]) -> str:
     lo, hi = s["accuracy_greedy_ci95"]
     lines = [f"# Pipeline run `{s['mlflow_run_id']}`" + (f" — trial {s['trial_id']} of `{s['sweep_id']}`"
@@ -186,6 +455,9 @@ def _report(cfg: ExperimentConfig, s: dict[str, Any]) -> str:
               f"| held-out greedy accuracy | {s['accuracy_greedy']:.3f} (95% CI {lo:.3f}–{hi:.3f}, n = {s['n_eval']}) |"]
     if "base_accuracy_greedy" in s:
         lines.append(f"| base model greedy accuracy | {s['base_accuracy_greedy']:.3f} |")
+    if s.get("comparison") and s["comparison"]["accuracy_greedy"]:
+        d = s["comparison"]["accuracy_greedy"]
+        lines.append(f"| trained − base, paired | {d['delta']:+.3f} (95% CI {d['ci_low']:+.3f} to {d['ci_high']:+.3f}) |")
     for k, v in s["passk"].items():
         lines.append(f"| pass@{k} | {v:.3f} |")
     if "train" in s:
@@ -200,10 +472,11 @@ def _report(cfg: ExperimentConfig, s: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _publish(summary: dict[str, Any], report_md: str, run_id: str, sweep_id: str | None, trial_id: str | None) -> None:
+def _publish(summary: dict[str, Any], report_md: str, run: _Run) -> None:
     """Prefect artifacts: the run's markdown summary and links to MLflow and the artifact store."""
-    key = "pipeline-" + (f"{sweep_id}-{trial_id}" if sweep_id else run_id)
+    sweep_id, trial_id = run.sweep["sweep_id"], run.sweep["trial_id"]
+    key = "pipeline-" + (f"{sweep_id}-{trial_id}" if sweep_id else run.run_id)
     key = "".join(c if c.isalnum() or c == "-" else "-" for c in key.lower())[:100]
-    create_markdown_artifact(report_md, key=key, description="pipeline run summary")
-    create_link_artifact(summary["mlflow_run_url"], link_text=f"MLflow run {run_id}", key=key + "-mlflow")
+    create_markdown_artifact(redact_text(report_md), key=key, description="pipeline run summary")
+    create_link_artifact(summary["mlflow_run_url"], link_text=f"MLflow run {run.run_id}", key=key + "-mlflow")
     create_link_artifact(summary["artifact_uri"], link_text="artifact store folder", key=key + "-artifacts")

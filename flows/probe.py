@@ -23,16 +23,16 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
 
 from rlvr_core import settings
-from tasks.pipeline import _RETRY, GPU_TAG, ROOT
+from tasks.stage_process import ROOT
+from tasks.stages import GPU_TAG, RETRY
 from tasks.retry import StageProcessError, killed_by_signal
 
 ANALYSES = ("report", "dlogp", "boundary")
 
 
-@task(name="probe-analysis", cache_policy=NO_CACHE, tags=[GPU_TAG], **_RETRY)
+@task(name="probe-analysis", tags=[GPU_TAG], **RETRY)
 def run_analysis(analysis: str, a: str, b: list[str], out: str, options: dict[str, Any],
                  publish: str | None, artifact_uri: str | None) -> dict[str, Any]:
     """`rlvr probe ANALYSIS --a A --b B… --out OUT [options]` in a child process; returns its meta.json."""
@@ -63,7 +63,7 @@ def run_analysis(analysis: str, a: str, b: list[str], out: str, options: dict[st
     return json.loads(meta.read_text()) if meta.is_file() else {"out": out}
 
 
-@task(name="ingest-probed-run", cache_policy=NO_CACHE, **_RETRY)
+@task(name="ingest-probed-run", **RETRY)
 def ingest_run(run_prefix: str, artifact_uri: str | None) -> dict[str, int] | None:
     from rlvr_core import warehouse
     from rlvr_core.storage import open_store

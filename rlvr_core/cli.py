@@ -57,9 +57,13 @@ def demo(
     except ConfigError as e:
         _fail(str(e))
     settings.configure_environment()
-    from flows.demo import demo_flow
+    from flows.pipeline import pipeline_flow
 
-    summary = demo_flow(cfg.resolved(), str(config or "<demo defaults>"), not quiet)
+    # The pipeline flow of `prefect deployment run`, with the base model evaluated for the paired comparison,
+    # and training and evaluation in this process (a child process per stage would only add start-up time).
+    # Progress lines go to this terminal, not through Prefect's run logger (which `log_prints` would use).
+    summary = pipeline_flow.with_options(log_prints=False)(cfg.resolved(), kind="demo", eval_base=True, in_process=True, show_progress=not quiet,
+                            source=str(config or "<demo defaults>"))
     _print_summary(summary)
     if json_out:
         print(json.dumps(summary, default=str), flush=True)
@@ -119,6 +123,10 @@ def _print_summary(s: dict[str, Any]) -> None:
         tlo, thi = s["trained_pass_at_1_ci95"]
         lines.append(f"  after GRPO, held-out greedy accuracy: {s['trained_pass_at_1']:.3f}  (95% CI {tlo:.3f}–{thi:.3f}, "
                      f"n={s['n_eval']})  Δ {100 * s['delta_pass_at_1']:+.1f} points")
+        d = (s.get("comparison") or {}).get("accuracy_greedy")
+        if d:
+            lines.append(f"  trained − base on the same problems: {100 * d['delta']:+.1f} points "
+                         f"(paired 95% CI {100 * d['ci_low']:+.1f} to {100 * d['ci_high']:+.1f}, n={d['n']})")
     lines += [
         f"  training prompts measured: {pr['n_problems']} × {pr['n_samples']} samples; mean pass rate {pr['mean_pass_rate']:.3f}; "
         f"kept for training {pr['n_kept']} (never solved {pr['never_solved']}, always solved {pr['always_solved']})",

@@ -43,7 +43,7 @@ from rlvr_core.evaluate import (COMPARE_EXEMPT, METRICS_FILE, SAMPLES_FILE, Benc
                                 samples_table)
 
 __all__ = ["EvalSource", "SettingsMismatch", "load_eval", "from_result", "compare", "compare_benchmark",
-           "settings_diff", "paired_t_interval", "t_quantile", "mcnemar_exact_p", "pass_rate_histogram",
+           "from_tables", "settings_diff", "paired_t_interval", "t_quantile", "mcnemar_exact_p", "pass_rate_histogram",
            "to_markdown", "write_report", "HIST_BINS"]
 
 # Histogram bins of per-problem pass rates: the two ends get their own bins (never / always solved).
@@ -171,6 +171,11 @@ def load_eval(ref: str, *, store=None, label: str | None = None) -> EvalSource:
         eval_id = ids[0]
     elif eval_id not in ids:
         raise ValueError(f"{where} has no evaluation {eval_id!r}; it holds {ids}")
+    return from_tables(samples, metrics, eval_id, label or f"{Path(base).name or base}#{eval_id}", where)
+
+
+def from_tables(samples, metrics, eval_id: str, label: str, where: str = "<in memory>") -> EvalSource:
+    """One evaluation (`eval_id`) of the evaluator's samples and metrics tables as a comparison side."""
     if "settings" not in metrics.column_names or "side_by_side" not in samples.column_names:
         raise ValueError(f"{where}: written before the evaluator recorded settings per benchmark; evaluate again")
     records = [r for r in read_samples(samples) if r["eval_id"] == eval_id]
@@ -178,7 +183,7 @@ def load_eval(ref: str, *, store=None, label: str | None = None) -> EvalSource:
     for row in metrics.to_pylist():
         if row["eval_id"] == eval_id and row["benchmark"] not in settings and row.get("settings"):
             settings[row["benchmark"]] = json.loads(row["settings"])
-    return EvalSource(label or f"{Path(base).name or base}#{eval_id}", where, records, settings)
+    return EvalSource(label, where, records, settings)
 
 
 # ------------------------------------------------------------------------------------------- comparison

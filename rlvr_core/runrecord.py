@@ -10,14 +10,20 @@
 
 The warehouse is derived from these files (`rlvr warehouse rebuild`), never the other way round.
 
-`write_run_folder` is the one writer of these files, for every flow, and it redacts what it writes
-(`tracking.redact`: values under secret-looking keys, passwords inside URLs), so no caller can record a
-credential by forgetting to: a tracking URI `http://user:secret@host` is recorded as `http://user:***@host`.
+`record_run` is the one recorder of a finished run, for every flow: it writes these files, uploads them,
+logs the same params, metrics and tags to MLflow, writes the folder's index.html and ingests the folder
+into the warehouse. Redaction happens inside it (`write_run_folder`, and `Tracker.log_params`/`set_tags`:
+values under secret-looking keys, passwords inside URLs), so no caller can record a credential by
+forgetting to: a tracking URI `http://user:secret@host` is recorded as `http://user:***@host`.
+Every step is idempotent (files are overwritten, MLflow params are identical, ingest is delete-then-insert
+per run), so a retried recorder never duplicates anything.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +32,40 @@ import pyarrow.parquet as pq
 
 import yaml
 
+from rlvr_core import warehouse
+from rlvr_core.artifacts_index import write_run_index
 from rlvr_core.storage import ArtifactStore, join
-from rlvr_core.tracking import redact
+from rlvr_core.tracking import Tracker, redact, redact_text
+
+
+def record_run(store: ArtifactStore, prefix: str, tracker: Tracker, run_id: str, *, run: dict[str, Any],
+               params: dict[str, Any], manifest: dict[str, Any], config: dict[str, Any], summary: dict[str, Any],
+               tables: dict[str, pa.Table], metrics: dict[str, float], tags: dict[str, Any],
+               texts: dict[str, str] | None = None, folders: dict[str, Path] | None = None,
+               step_rows: list[dict[str, Any]] | None = None) -> dict[str, int]:
+    """Record a finished run everywhere: the run folder (module docstring) in the artifact store, the same
+    params/metrics/tags and the folder on the MLflow run, the folder's index.html, the warehouse rows.
+
+    `texts`: extra text files (e.g. report.md), redacted like everything else; `folders`: local folders
+    copied into the run folder under the given name (e.g. a probe report); `step_rows`: per-step training
+    metrics, of which MLflow gets only the ones it does not have yet. Returns the warehouse rows per table."""
+    with tempfile.TemporaryDirectory(prefix="rlvr-run-") as tmp:
+        local = write_run_folder(Path(tmp), run=run, params=params, manifest=manifest,
+                                 config_yaml=yaml.safe_dump(config, sort_keys=False), summary=summary, tables=tables)
+        for rel, text in (texts or {}).items():
+            (local / rel).write_text(redact_text(text))
+        for rel, folder in (folders or {}).items():
+            shutil.copytree(folder, local / rel, dirs_exist_ok=True)
+        upload_run_folder(store, prefix, local)
+        tracker.log_params(run_id, params)
+        tracker.log_metrics(run_id, metrics)
+        if step_rows:
+            tracker.log_step_rows(run_id, step_rows)
+        tracker.set_tags(run_id, tags)
+        tracker.log_artifact(run_id, local)  # through the server's artifact proxy when there is one
+    links = {"MLflow run": tracker.run_url(run_id)} if tracker.tracking_uri.startswith("http") else None
+    write_run_index(store, prefix, links)
+    return warehouse.ingest_run(store, prefix)
 
 
 def write_run_folder(local: Path, *, run: dict[str, Any], params: dict[str, Any], manifest: dict[str, Any],

@@ -395,6 +395,13 @@ class Tracker:
         self._runs.append(run_id)
         return run_id
 
+    def adopt(self, run_id: str) -> None:
+        """Treat a run started elsewhere (e.g. by another process, or found again on a relaunch) as one of
+        this Tracker's: its common tags go on it, now and when `add_common_tags` adds more."""
+        if self.common:
+            self.set_tags(run_id, self.common)
+        self._runs.append(run_id)
+
     def add_common_tags(self, **tags: Any) -> None:
         """A common tag that became known mid-pipeline (e.g. `dataset_hash` after the data stage):
         set it on every run started so far and on every later one."""

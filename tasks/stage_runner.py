@@ -68,8 +68,9 @@ def run(stage: str, req: dict[str, Any]) -> dict[str, Any]:
         out_dir.mkdir(parents=True, exist_ok=True)
         pq.write_table(ev.samples, out_dir / "samples.parquet")
         pq.write_table(ev.metrics, out_dir / "metrics.parquet")
+        pq.write_table(ev.curves, out_dir / "curves.parquet")
         return {"samples": str(out_dir / "samples.parquet"), "metrics": str(out_dir / "metrics.parquet"),
-                "curve": {str(k): v for k, v in ev.curve.items()}, "summary": ev.summary}
+                "curves": str(out_dir / "curves.parquet"), "curve": {str(k): v for k, v in ev.curve.items()}, "summary": ev.summary}
     raise SystemExit(f"unknown stage {stage!r} (train, evaluate)")
 
 

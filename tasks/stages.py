@@ -1,70 +1,128 @@
-"""Prefect tasks over the pipeline stages in `rlvr_core.stages`: retries, tags and names live here.
+"""The pipeline's Prefect tasks: one task per stage of `rlvr_core.stages`, plus opening and recording the run.
 
-Stage results are cached by `rlvr_core.cache` on content hashes (it survives processes and needs no
-result persistence), so Prefect's own task cache is off (NO_CACHE) for these side-effecting tasks.
+One retry rule for all of them (`RETRY`): transient failures only (`tasks.retry.retry_condition_fn`: a lost
+worker, a killed process, a dropped connection, an S3 hiccup), with exponential back-off and jitter. A
+guard firing, a bad input or an unrecognised error is not re-run. Every task is safe to repeat:
+
+- stage outputs are content-addressed by `rlvr_core.cache` (they survive processes and workers), so
+  Prefect's own task cache stays off (NO_CACHE) for these side-effecting tasks;
+- a retried training stage resumes from its last checkpoint (its folder is keyed by its inputs);
+- export reuses a local export that still matches its manifest and verifies the upload from scratch;
+- `open_run` finds the MLflow run a previous launch of the same trial created;
+- `record` overwrites the run folder and ingests delete-then-insert per run id.
+
+`train` and `evaluate` carry the `gpu` tag (a tag concurrency limit hands out the slots on a cluster) and
+run in a child process (`tasks.stage_process`) unless the flow asks for `in_process` (the laptop demo,
+where a fresh process per stage would only add start-up time).
 """
 
 from __future__ import annotations
 
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
 
-from rlvr_core import stages, warehouse
+from rlvr_core import stages
 from rlvr_core.config import ExperimentConfig
-from rlvr_core.progress import Progress
+from rlvr_core.progress import SILENT, Progress
+from rlvr_core.runrecord import record_run
 from rlvr_core.storage import ArtifactStore
+from rlvr_core.tracking import Tracker
 from tasks.retry import retry_condition_fn
+from tasks.stage_process import run_stage_process, tmp_root
+
+GPU_TAG = "gpu"
+RETRY = dict(retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=2), retry_jitter_factor=0.5,
+             retry_condition_fn=retry_condition_fn, cache_policy=NO_CACHE)
 
 
-@task(name="make-data", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def make_data(cfg: ExperimentConfig, progress: Progress) -> stages.DataArtifact:
+@task(name="make-data", **RETRY)
+def make_data(cfg: ExperimentConfig, progress: Progress = SILENT) -> stages.DataArtifact:
     return stages.prepare_data(cfg, progress)
 
 
-@task(name="warm-start-base-model", cache_policy=NO_CACHE, tags=["compute"])
-def warm_start_base(cfg: ExperimentConfig, data: stages.DataArtifact, progress: Progress) -> stages.ModelArtifact:
+@task(name="warm-start-base-model", tags=["compute"], **RETRY)
+def warm_start_base(cfg: ExperimentConfig, data: stages.DataArtifact,
+                    progress: Progress = SILENT) -> stages.ModelArtifact:
     return stages.prepare_base_model(cfg, data, progress)
 
 
-@task(name="pass-rate-table", cache_policy=NO_CACHE, tags=["compute"])
+@task(name="pass-rate-table", tags=["compute"], **RETRY)
 def pass_rate_table(cfg: ExperimentConfig, data: stages.DataArtifact, model: stages.ModelArtifact,
-                    progress: Progress) -> stages.PassRateArtifact:
+                    progress: Progress = SILENT) -> stages.PassRateArtifact:
     return stages.pass_rate_stage(cfg, data, model, progress)
 
 
-@task(name="curriculum", cache_policy=NO_CACHE)
+@task(name="curriculum", **RETRY)
 def build_curriculum(cfg: ExperimentConfig, data: stages.DataArtifact, passrates: stages.PassRateArtifact,
-                     progress: Progress) -> stages.CurriculumArtifact:
+                     progress: Progress = SILENT) -> stages.CurriculumArtifact:
     return stages.curriculum_stage(cfg, data, passrates, progress)
 
 
-# Retried training resumes from its last checkpoint (the stage folder is keyed by its inputs).
-# One retry rule for every flow (tasks/retry.py): transient failures only; a guard, a bad input or an
-# unrecognised error is not re-run.
-@task(name="grpo-train", cache_policy=NO_CACHE, tags=["compute"], retries=1, retry_delay_seconds=5,
-      retry_condition_fn=retry_condition_fn)
+@task(name="grpo-train", tags=[GPU_TAG], **RETRY)
 def train(cfg: ExperimentConfig, data: stages.DataArtifact, base: stages.ModelArtifact,
-          curriculum: stages.CurriculumArtifact, progress: Progress,
-          mlflow_run_id: str | None = None) -> stages.TrainArtifact:
-    """`mlflow_run_id`: the run that gets the per-step metrics while training runs (docs/tracking.md)."""
-    return stages.train_stage(cfg, data, base, curriculum, progress, mlflow_run_id=mlflow_run_id)
+          curriculum: stages.CurriculumArtifact, mlflow_run_id: str | None = None, *, in_process: bool = False,
+          progress: Progress = SILENT) -> stages.TrainArtifact:
+    """`mlflow_run_id`: the run that gets the per-step metrics while training runs (docs/tracking.md); a stage
+    process reaches it through `cfg.tracking` and the environment, so no credential is written to disk."""
+    if in_process:
+        return stages.train_stage(cfg, data, base, curriculum, progress, mlflow_run_id=mlflow_run_id)
+    out = run_stage_process("train", {"config": cfg.resolved(), "data": asdict(data), "base": asdict(base),
+                                      "curriculum": asdict(curriculum), "mlflow_run_id": mlflow_run_id})
+    return stages.TrainArtifact(model=stages.ModelArtifact(**out.pop("model")), **out)
 
 
-# Retried on transient storage errors: the local export is reused when it still matches its manifest,
-# and the upload is verified from scratch each time.
-@task(name="export-checkpoint", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+@task(name="export-checkpoint", **RETRY)
 def export(trained: stages.TrainArtifact, base: stages.ModelArtifact, store: ArtifactStore, prefix: str,
-           run_manifest: dict | None, progress: Progress) -> stages.ExportArtifact:
+           run_manifest: dict | None, progress: Progress = SILENT) -> stages.ExportArtifact:
     return stages.export_stage(trained, base, store, prefix, run_manifest=run_manifest, progress=progress)
 
 
-@task(name="evaluate", cache_policy=NO_CACHE, tags=["compute"])
+@task(name="evaluate", tags=[GPU_TAG], **RETRY)
 def evaluate(cfg: ExperimentConfig, data: stages.DataArtifact, model: stages.ModelArtifact, eval_id: str,
-             checkpoint: str, progress: Progress) -> stages.EvalArtifact:
-    return stages.evaluate_stage(cfg, data, model, eval_id=eval_id, checkpoint=checkpoint, progress=progress)
+             checkpoint: str, *, in_process: bool = False, progress: Progress = SILENT) -> stages.EvalArtifact:
+    if in_process:
+        return stages.evaluate_stage(cfg, data, model, eval_id=eval_id, checkpoint=checkpoint, progress=progress)
+    with tempfile.TemporaryDirectory(dir=tmp_root()) as tmp:
+        out = run_stage_process("evaluate", {"config": cfg.resolved(), "data": asdict(data), "model": asdict(model),
+                                             "eval_id": eval_id, "checkpoint": checkpoint, "out_dir": tmp})
+        samples, metrics, curves = (pq.read_table(out[k]) for k in ("samples", "metrics", "curves"))
+    return stages.EvalArtifact(samples, metrics, {int(k): v for k, v in out["curve"].items()}, out["summary"],
+                               curves)
 
 
-# Ingest is idempotent (delete-then-insert per run), so a retry after a lock timeout or S3 error is safe.
-@task(name="warehouse-ingest", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
-def ingest(store: ArtifactStore, run_prefix: str) -> dict[str, int]:
-    return warehouse.ingest_run(store, run_prefix)
+@task(name="open-mlflow-run", **RETRY)
+def open_run(experiment: str, tracking_uri: str | None, name: str, tags: dict[str, Any],
+             parent_run_id: str | None = None) -> str:
+    """Create the run, or reuse the one a previous launch of the same trial created (same sweep and trial id)."""
+    tracker = Tracker(experiment, tracking_uri)
+    if tags.get("sweep_id") and tags.get("trial_id"):
+        found = tracker.client.search_runs(
+            [tracker.experiment_id],
+            f"tags.kind = 'trial' and tags.sweep_id = '{tags['sweep_id']}' and tags.trial_id = '{tags['trial_id']}'",
+            max_results=5)
+        if found:
+            run_id = found[0].info.run_id
+            tracker.set_tags(run_id, {**tags, "relaunched": "true"})
+            tracker.client.update_run(run_id, status="RUNNING")
+            return run_id
+    return tracker.start_run(name, tags, parent_run_id=parent_run_id)
+
+
+@task(name="record-run", **RETRY)
+def record(store: ArtifactStore, prefix: str, tracker: Tracker, run_id: str, *, run: dict[str, Any],
+           params: dict[str, Any], manifest: dict[str, Any], config: dict[str, Any], summary: dict[str, Any],
+           tables: dict[str, pa.Table], metrics: dict[str, float], tags: dict[str, Any],
+           texts: dict[str, str] | None = None, folders: dict[str, Path] | None = None,
+           step_rows: list[dict[str, Any]] | None = None) -> dict[str, int]:
+    """`rlvr_core.runrecord.record_run`: artifact store, MLflow, index.html and warehouse; returns warehouse rows."""
+    return record_run(store, prefix, tracker, run_id, run=run, params=params, manifest=manifest, config=config,
+                      summary=summary, tables=tables, metrics=metrics, tags=tags, texts=texts, folders=folders,
+                      step_rows=step_rows)

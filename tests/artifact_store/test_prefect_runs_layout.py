@@ -27,7 +27,7 @@ def test_prefect_runs_are_browsable_in_s3(rlvr_home, s3_env, monkeypatch, tmp_pa
     from flows.pipeline import pipeline_flow
     from rlvr_core import settings, warehouse
     from rlvr_core.storage import open_store
-    from tasks.pipeline import ROOT
+    from tasks.stage_process import ROOT
 
     endpoint, bucket = s3_env
     monkeypatch.setenv("RLVR_ARTIFACT_URI", f"s3://{bucket}/artifacts")

@@ -38,7 +38,7 @@ def test_pipeline_sweep_and_nightly_record_no_secret(rlvr_home, s3_env, monkeypa
     from flows.nightly_eval import nightly_eval_flow
     from flows.pipeline import pipeline_flow
     from rlvr_core import settings, warehouse
-    from tasks.pipeline import ROOT
+    from tasks.stage_process import ROOT
 
     canaries = {"tracking password": f"trk-{uuid.uuid4().hex}", "S3 secret key": f"s3s-{uuid.uuid4().hex}"}
     endpoint, bucket = s3_env
@@ -113,15 +113,40 @@ def test_pipeline_sweep_and_nightly_record_no_secret(rlvr_home, s3_env, monkeypa
         stop_pid(mlflow["pid"])
 
 
-def test_the_recorder_redacts_whatever_a_caller_passes(tmp_path):
-    """`write_run_folder` is every flow's one writer of a run folder: it redacts, so no caller can forget."""
-    from rlvr_core.runrecord import write_run_folder
+def test_the_recorder_redacts_whatever_a_caller_passes(rlvr_home, tmp_path):
+    """`record_run` is every flow's one recorder (run folder, MLflow, warehouse): it redacts, so no caller can
+    forget. A caller passes secrets everywhere; the artifact store, MLflow (sqlite) and the warehouse hold none,
+    and a second call (a retried task) leaves exactly the same warehouse rows."""
+    import duckdb
+    import pyarrow as pa
+
+    from rlvr_core import settings
+    from rlvr_core.runrecord import record_run
+    from rlvr_core.storage import open_store
+    from rlvr_core.tracking import Tracker
 
     uri, key = "http://rlvr:hunter2@mlflow.example:5000", "AKIA-secret-value"
-    write_run_folder(tmp_path, run={"tracking": uri}, params={"tracking.tracking_uri": uri, "storage.api_key": key},
-                     manifest={"resolved_config": {"tracking": {"tracking_uri": uri}}},
-                     config_yaml=yaml.safe_dump({"tracking": {"tracking_uri": uri}, "aws_secret_access_key": key}),
-                     summary={"mlflow_tracking_uri": uri}, tables={})
-    text = "".join(p.read_text() for p in Path(tmp_path).iterdir())
-    assert "hunter2" not in text and key not in text
-    assert "http://rlvr:***@mlflow.example:5000" in text
+    store = open_store(str(tmp_path / "store"))
+    tracker = Tracker("recorder", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = tracker.start_run("r", {})
+    row = {"run_id": run_id, "experiment": "recorder", "name": "r", "kind": "pipeline", "status": "FINISHED",
+           "artifact_uri": uri, "mlflow_run_id": run_id}
+    kwargs = dict(run=row, params={"tracking.tracking_uri": uri, "storage.api_key": key},
+                  manifest={"resolved_config": {"tracking": {"tracking_uri": uri}}},
+                  config={"tracking": {"tracking_uri": uri}, "aws_secret_access_key": key},
+                  summary={"mlflow_tracking_uri": uri}, metrics={"eval/x/accuracy_greedy": 0.5},
+                  tables={"evals/extra.parquet": pa.table({"note": [f"see {uri}"]})},
+                  tags={"tracking": uri, "api_key": key}, texts={"report.md": f"MLflow at {uri}"})
+    counts = record_run(store, "recorder/r", tracker, run_id, **kwargs)
+    assert counts["runs"] == 1
+    assert record_run(store, "recorder/r", tracker, run_id, **kwargs) == counts  # safe to repeat
+    folder = tmp_path / "store" / "recorder" / "r"
+    text = "".join(p.read_text() for p in folder.iterdir() if p.is_file())
+    assert "http://rlvr:***@mlflow.example:5000" in text and "hunter2" not in text
+    assert key not in text and (folder / "report.md").read_text() == "MLflow at http://rlvr:***@mlflow.example:5000"
+    run = tracker.client.get_run(run_id).data
+    assert "hunter2" not in repr(run.params) + repr(run.tags) and key not in repr(run.params) + repr(run.tags)
+    with duckdb.connect(str(settings.warehouse_path()), read_only=True) as con:
+        assert con.execute("select count(*) from runs where run_id = ?", [run_id]).fetchone()[0] == 1
+        dump = repr(con.execute("select * from run_params").fetchall()) + repr(con.execute("select * from runs").fetchall())
+    assert "hunter2" not in dump and key not in dump

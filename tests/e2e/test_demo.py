@@ -268,7 +268,7 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
 
 
 def test_collapse_is_read_from_the_trainer_summary():
-    from flows.demo import _collapsed
+    from flows.pipeline import _collapsed
 
     assert _collapsed({"tags": ["collapsed"], "health_firings": []})
     assert _collapsed({"health_firings": [{"guard_id": "G-collapse", "step": 3, "serious": True}]})

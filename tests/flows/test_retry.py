@@ -56,7 +56,7 @@ def test_killed_by_signal_from_a_real_process():
 
 def test_stage_process_reports_a_deterministic_failure(tmp_path, rlvr_home):
     """A bad config inside the child comes back as a StageProcessError the policy does not retry."""
-    from tasks.pipeline import run_stage_process
+    from tasks.stage_process import run_stage_process
 
     with pytest.raises(StageProcessError) as e:
         run_stage_process("train", {"config": {"grpo": {"bogus": 1}}, "source": "trial.yaml"})

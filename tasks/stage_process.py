@@ -1,0 +1,76 @@
+"""Run a heavy stage (`train`, `evaluate`) in a child process: `python -m tasks.stage_runner STAGE REQUEST RESULT`.
+
+GPU memory, DeepSpeed's process-group state and leaked threads go away with the process, and a kill
+(pre-emption, a lost node) reaches the task as a `StageProcessError` marked transient, which the retry rule
+(`tasks.retry.retry_condition_fn`) re-runs; a retried training stage resumes from its last checkpoint.
+The pipeline flow runs stages this way unless it is told to run them in-process (`rlvr demo` on a laptop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger
+
+from rlvr_core import settings
+from tasks.retry import StageProcessError, killed_by_signal
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_stage_process(stage: str, request: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+    """Run `tasks.stage_runner STAGE` in a child process; return its result or raise StageProcessError."""
+    try:
+        logger = get_run_logger()
+        log = logger.info
+    except Exception:  # noqa: BLE001 - called outside a run (tests, benchmarks): plain stderr
+        def log(msg: str) -> None:
+            print(msg, file=sys.stderr, flush=True)
+    work = Path(tempfile.mkdtemp(prefix=f"rlvr-{stage}-", dir=tmp_root()))
+    req, res = work / "request.json", work / "result.json"
+    req.write_text(json.dumps(request, default=str))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-m", "tasks.stage_runner", stage, str(req), str(res)]
+    # Same process group as the task: whoever kills the flow run's process group kills the stage with it.
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    log(f"{stage}: child process {proc.pid}")
+    tail: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line and "it/s]" not in line:  # progress bars are noise in the run log
+                log(f"{stage}: {line}")
+                tail = (tail + [line])[-20:]
+        code = proc.wait(timeout=timeout_s)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    if res.is_file():
+        out = json.loads(res.read_text())
+        if out["ok"]:
+            return out["result"]
+        raise StageProcessError(f"{stage} failed in its process: {out['error_type']}: {out['message']}\n"
+                                f"{out['traceback']}", transient=out["transient"], returncode=code,
+                                error_type=out["error_type"])
+    # No result file: the process died before it could report (a signal, a hard crash).
+    raise StageProcessError(f"{stage} process {proc.pid} exited with status {code} without a result"
+                            + (" (killed by a signal: retried)" if killed_by_signal(code) else "")
+                            + ("\n" + "\n".join(tail) if tail else ""),
+                            transient=killed_by_signal(code), returncode=code)
+
+
+def tmp_root() -> str:
+    d = settings.paths().home / "tmp"
+    d.mkdir(parents=True, exist_ok=True)
+    return str(d)

@@ -1,0 +1,45 @@
+"""One pipeline, one retry rule: every Prefect task of the project has a unique name and retries through
+`tasks.retry.retry_condition_fn` (transient failures only), and the only flow that runs the stages is
+`pipeline` (the demo is that flow with the demo config)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from prefect import Flow, Task
+
+import flows
+import tasks
+from tasks.retry import retry_condition_fn
+
+
+def _objects(kind: type) -> dict[str, list[tuple[str, object]]]:
+    """name -> [(module, object)] for every Prefect Task/Flow defined in flows/ and tasks/."""
+    found: dict[str, list[tuple[str, object]]] = {}
+    for pkg in (flows, tasks):
+        for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
+            module = importlib.import_module(info.name)
+            for obj in vars(module).values():
+                if isinstance(obj, kind) and getattr(obj.fn, "__module__", None) == info.name:
+                    found.setdefault(obj.name, []).append((info.name, obj))
+    return found
+
+
+def test_task_names_are_unique_and_share_one_retry_rule():
+    found = _objects(Task)
+    assert {"make-data", "grpo-train", "evaluate", "export-checkpoint", "record-run"} <= set(found)
+    duplicates = {name: [m for m, _ in objs] for name, objs in found.items() if len(objs) > 1}
+    assert not duplicates, f"task names defined more than once: {duplicates}"
+    for name, [(module, task)] in found.items():
+        assert task.retry_condition_fn is retry_condition_fn, f"{module}: task {name!r} has its own retry rule"
+        assert task.retries >= 1, f"{module}: task {name!r} is never retried, even on a transient failure"
+
+
+def test_the_stages_run_in_one_flow():
+    found = _objects(Flow)
+    assert set(found) == {"pipeline", "ablation-sweep", "nightly-eval", "probe"}, sorted(found)
+    from rlvr_core import cli
+
+    # `rlvr demo` runs the pipeline flow itself (no second copy of the orchestration).
+    assert "pipeline_flow" in cli.demo.__code__.co_names or "pipeline_flow" in cli.demo.__code__.co_varnames
