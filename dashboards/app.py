@@ -150,7 +150,8 @@ with tabs[3]:
         st.info("No evaluated trials in this experiment.")
     else:
         swept = pivot["swept_params"].iloc[0] or "none (one configuration)"
-        st.markdown(f"Swept params: **{swept}** · mean over seeds with a 95% Student-t interval")
+        st.markdown(f"Swept params: **{swept}** · mean over seeds with a 95% Student-t interval "
+                    "(a configuration with one run: that run's Wilson interval over problems)")
         cells = pivot.assign(cell=pivot.apply(
             lambda r: f"{r['mean']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] n={r['n_seeds']}"
             if pd.notna(r["ci_low"]) else f"{r['mean']:.3f} n={r['n_seeds']}", axis=1))

@@ -35,7 +35,7 @@ from prefect.runtime import flow_run
 from rlvr_core import layout, settings, warehouse
 from rlvr_core.config import config_hash
 from rlvr_core.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
-                              pivot_rows, pivot_sql, sweep_pivot)  # pivot_sql/sweep_pivot: re-exported
+                              pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
 from rlvr_core.tracking import Tracker
 from tasks.retry import DeterministicError, TransientError
 from tasks.stages import RETRY

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from rlvr_core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, Registry
 
 
 class ConfigError(ValueError):
@@ -182,19 +184,21 @@ class GRPOConfig(_Strict):
     warmup_steps: int = Field(5, ge=0, description="linear warm-up steps (then cosine decay to cos_min_ratio x lr)")
     cos_min_ratio: float = Field(0.1, ge=0, le=1, description="lr floor of the cosine decay, as a fraction of lr")
     beta: float = Field(0.0, ge=0, description="KL coefficient (0 = no reference model)")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL-to-reference estimator when beta > 0 "
-                                                    "(Schulman's k1/k2/k3; k3 is unbiased and never negative; docs/grpo_algorithms.md)")
+    kl_estimator: str = Field("k3", description="per-token KL-to-reference estimator when beta > 0 (Schulman's "
+                              "k1/k2/k3; k3 is unbiased and never negative; docs/grpo_algorithms.md); any name "
+                              "registered in rlvr_core.registry.KL_ESTIMATORS")
     clip_low: float = Field(0.2, gt=0, description="PPO ratio clip below 1 (1 - clip_low); raise it only with a reason: "
                             "it bounds how far one update can push a sampled token down")
     clip_high: float = Field(0.28, gt=0, description="clip-higher (DAPO)")
-    advantage: Literal["grpo", "dr_grpo", "rloo"] = Field("grpo", description="group advantage estimator: grpo "
-                                                         "(mean/std), dr_grpo (mean only, no std bias), rloo (leave-one-out "
-                                                         "mean); docs/grpo_algorithms.md")
+    advantage: str = Field("grpo", description="group advantage estimator: grpo (mean/std), dr_grpo (mean only, "
+                           "no std bias), rloo (leave-one-out mean); docs/grpo_algorithms.md; any name registered "
+                           "in rlvr_core.registry.ADVANTAGES")
     negative_advantage_weight: float = Field(1.0, ge=0, le=1, description="multiplies negative advantages "
                                              "(1 = the estimator as it is; 0 = positive samples only, PSR; "
                                              "Zhu et al. 2025, arXiv 2506.01347)")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="loss aggregation (docs/grpo_algorithms.md); sum-norm uses max_new_tokens")
+    loss_agg: str = Field("token-mean", description="loss aggregation: token-mean, seq-mean-token-mean or "
+                          "seq-mean-token-sum-norm (docs/grpo_algorithms.md; sum-norm uses max_new_tokens); any "
+                          "name registered in rlvr_core.registry.LOSS_AGGS")
     epochs_per_step: int = Field(1, ge=1, description="optimisation epochs over each rollout batch (1 = on-policy)")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage: 2 shards optimizer state and "
                                             "gradients; 3 also shards the weights (for models that do not fit one device)")
@@ -281,6 +285,17 @@ class GRPOConfig(_Strict):
 
             health_config(v)
         return v
+
+    # Fields that name an implementation, checked against its registry (rlvr_core/registry.py, which imports
+    # no torch): a name registered at runtime is accepted, an unknown one fails listing the registered ones.
+    _REGISTRIES: ClassVar[dict[str, Registry]] = {"advantage": ADVANTAGES, "kl_estimator": KL_ESTIMATORS,
+                                                  "loss_agg": LOSS_AGGS}
+
+    @field_validator(*_REGISTRIES)
+    @classmethod
+    def _registered(cls, v: str, info: ValidationInfo) -> str:
+        registry = cls._REGISTRIES[info.field_name]
+        return _one_of(v, registry.names(), registry.kind)
 
     @model_validator(mode="after")
     def _lora_fits(self) -> "GRPOConfig":

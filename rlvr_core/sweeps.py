@@ -331,58 +331,27 @@ def one_line_error(message: str | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------ pivot (warehouse)
-def pivot_sql(swept_keys: list[str]) -> str:
-    """One row per cell of the sweep: the swept values, seeds, and the metric per seed (warehouse only)."""
-    cols = ",\n       ".join(f"max(CASE WHEN p.key = '{k}' THEN p.value END) AS \"{k}\"" for k in swept_keys)
-    group = ", ".join(f'"{k}"' for k in swept_keys)
-    return f"""
-WITH trials AS (
-  SELECT r.run_id,
-       max(CASE WHEN p.key = 'sweep.id' THEN p.value END) AS sweep_id,
-       max(CASE WHEN p.key = 'sweep.trial_id' THEN p.value END) AS trial_id,
-       max(CASE WHEN p.key = 'seed' THEN TRY_CAST(p.value AS BIGINT) END) AS seed{"," if swept_keys else ""}
-       {cols}
-  FROM runs r JOIN run_params p ON p.run_id = r.run_id
-  WHERE r.kind = 'trial'
-  GROUP BY r.run_id
-), scores AS (
-  SELECT run_id, value, n, ci_low, ci_high FROM eval_metrics WHERE eval_id = 'trained' AND metric = ?
-)
-SELECT {group + "," if group else ""}
-       count(*) AS n_seeds,
-       avg(s.value) AS mean,
-       stddev_samp(s.value) AS sd,
-       list(s.value ORDER BY t.seed, t.trial_id) AS per_seed,
-       list(t.seed ORDER BY t.seed, t.trial_id) AS seeds,
-       list(t.trial_id ORDER BY t.seed, t.trial_id) AS trial_ids,
-       min(s.n) AS n_problems,
-       min(s.ci_low) AS ci_low_single, max(s.ci_high) AS ci_high_single
-FROM trials t JOIN scores s ON s.run_id = t.run_id
-WHERE t.sweep_id = ?
-{"GROUP BY " + group if group else ""}
-ORDER BY {group or "n_seeds"}
-"""
+# The canned query's columns a sweep pivot row keeps, after the swept values.
+_PIVOT_COLUMNS = ("benchmark", "n_seeds", "mean", "sd", "ci_low", "ci_high", "ci_kind", "per_seed", "seeds",
+                  "trial_ids", "n_problems")
 
 
 def sweep_pivot(sweep_id: str, swept_keys: list[str], metric: str = "accuracy_greedy",
                 path: str | Path | None = None) -> list[dict[str, Any]]:
-    """The pivot with a 95% interval across seeds (Student t on the per-seed values); a cell with one seed
-    has no spread to measure, so it gets that trial's own Wilson interval (`ci_kind` says which)."""
-    import math
+    """One row per cell of the sweep (and benchmark): the swept values, then the mean of `metric` over the
+    cell's seeds and its 95% interval: Student t across seeds, or, for a cell with one seed, that trial's own
+    Wilson interval (`ci_kind` says which). The numbers come from the canned query
+    dashboards/queries/ablation_pivot.sql, the one the dashboard shows and the tests check; rows are ordered
+    by their swept values."""
+    from rlvr_core import warehouse_queries
 
-    from rlvr_core import warehouse
-    from rlvr_core.compare import t_quantile
-
-    rows = warehouse.query_records(pivot_sql(swept_keys), [metric, sweep_id], path)
+    rows = warehouse_queries.records("ablation_pivot", {"sweep": sweep_id, "metric": metric, "keys": swept_keys},
+                                     path)
+    pivot = []
     for r in rows:
-        n = r["n_seeds"]
-        if n >= 2 and r["sd"] is not None:
-            half = t_quantile(0.975, n - 1) * r["sd"] / math.sqrt(n)
-            r["ci_low"], r["ci_high"], r["ci_kind"] = r["mean"] - half, r["mean"] + half, f"t over {n} seeds"
-        else:
-            r["ci_low"], r["ci_high"], r["ci_kind"] = r["ci_low_single"], r["ci_high_single"], "wilson (1 seed)"
-        del r["ci_low_single"], r["ci_high_single"]
-    return rows
+        cell = json.loads(r["cell"])
+        pivot.append({**{k: cell.get(k) for k in swept_keys}, **{f: r[f] for f in _PIVOT_COLUMNS}})
+    return sorted(pivot, key=lambda r: [*(str(r[k]) for k in swept_keys), r["benchmark"]])
 
 
 def pivot_rows(pivot: list[dict[str, Any]], swept_keys: list[str]) -> list[dict[str, Any]]:

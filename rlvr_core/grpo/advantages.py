@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from rlvr_core.registry import Registry
+from rlvr_core.registry import ADVANTAGES
 
 __all__ = [
     "AdvantageFn", "register_advantage", "get_advantage", "known_advantages",
@@ -111,16 +111,17 @@ def _group_stats(rewards: torch.Tensor, group_size: int | None, group_ids: torch
 # ---- registry ---------------------------------------------------------------------------------------------
 
 # fn(rewards, group_size=None, *, group_ids=None, eps=DEFAULT_ADV_EPS) -> advantages, same shape as rewards.
+# The built-in estimators below are named in rlvr_core/registry.py (torch-free, so the config checks
+# `grpo.advantage` without importing this module); register_advantage adds more at runtime.
 AdvantageFn = Callable[..., torch.Tensor]
-_ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
-register_advantage = _ADVANTAGES.register  # decorator: @register_advantage("grpo")
-get_advantage = _ADVANTAGES.get
-known_advantages = _ADVANTAGES.names
+register_advantage = ADVANTAGES.register  # decorator: @register_advantage("my_estimator")
+get_advantage = ADVANTAGES.get
+known_advantages = ADVANTAGES.names
 
 
 # ---- estimators -------------------------------------------------------------------------------------------
 
-@register_advantage("grpo")
+# registered as "grpo"
 def grpo_advantages(rewards: torch.Tensor, group_size: int | None = None, *,
                     group_ids: torch.Tensor | None = None, eps: float = DEFAULT_ADV_EPS) -> torch.Tensor:
     """GRPO outcome advantage: A_i = (r_i - mean_g(r)) / (std_g(r) + eps).
@@ -136,7 +137,7 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int | None = None, *,
     return adv.reshape(rewards.shape)
 
 
-@register_advantage("dr_grpo")
+# registered as "dr_grpo"
 def dr_grpo_advantages(rewards: torch.Tensor, group_size: int | None = None, *,
                        group_ids: torch.Tensor | None = None, eps: float = DEFAULT_ADV_EPS) -> torch.Tensor:
     """Dr.GRPO outcome advantage: A_i = r_i - mean_g(r) (no division by the std).
@@ -152,7 +153,7 @@ def dr_grpo_advantages(rewards: torch.Tensor, group_size: int | None = None, *,
     return adv.reshape(rewards.shape)
 
 
-@register_advantage("rloo")
+# registered as "rloo"
 def rloo_advantages(rewards: torch.Tensor, group_size: int | None = None, *,
                     group_ids: torch.Tensor | None = None, eps: float = DEFAULT_ADV_EPS) -> torch.Tensor:
     """RLOO advantage: A_i = r_i - (1 / (G - 1)) * sum_{j != i} r_j (leave-one-out baseline).

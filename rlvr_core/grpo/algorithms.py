@@ -9,6 +9,9 @@ function and an unknown value fails before any expensive work:
     loss aggregation    -> get_loss_agg(name)        "token-mean", "seq-mean-token-mean",
                                                      "seq-mean-token-sum-norm"            (losses.py)
 
+The registries and their built-in names are declared in rlvr_core/registry.py (torch-free: the config
+checks names against them).
+
 Plus the unregistered pieces: advantages_to_tokens, overlong_penalty, lowprob_token_weights,
 weight_negative_advantages (advantages.py), grpo_loss, mask_from_lengths, truncated_is_weights (losses.py),
 and the sampling strategies (sampling_strategies.py). docs/grpo_algorithms.md has the formulas, papers and

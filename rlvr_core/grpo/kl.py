@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from rlvr_core.registry import Registry
+from rlvr_core.registry import KL_ESTIMATORS
 
 __all__ = ["KLEstimator", "register_kl_estimator", "get_kl_estimator", "known_kl_estimators",
            "kl_k1", "kl_k2", "kl_k3", "token_kl", "LOG_RATIO_CLAMP"]
@@ -47,27 +47,28 @@ def _diff(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return logp.to(dt) - ref_logp.to(dt)
 
 
+# The built-in estimators below are named in rlvr_core/registry.py (torch-free, so the config checks
+# `grpo.kl_estimator` without importing this module); register_kl_estimator adds more at runtime.
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-_KL: Registry[KLEstimator] = Registry("KL estimator")
-register_kl_estimator = _KL.register  # decorator
-get_kl_estimator = _KL.get
-known_kl_estimators = _KL.names
+register_kl_estimator = KL_ESTIMATORS.register  # decorator
+get_kl_estimator = KL_ESTIMATORS.get
+known_kl_estimators = KL_ESTIMATORS.names
 
 
-@register_kl_estimator("k1")
+# registered as "k1"
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k1 = log p(x) - log q(x). logp, ref_logp: (B, T). Returns (B, T) float32. Estimates KL(p || q)."""
     return _diff(logp, ref_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
-@register_kl_estimator("k2")
+# registered as "k2"
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k2 = (log p(x) - log q(x))^2 / 2. logp, ref_logp: (B, T). Returns (B, T) float32, >= 0."""
     d = _diff(logp, ref_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return 0.5 * d * d
 
 
-@register_kl_estimator("k3")
+# registered as "k3"
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 = (r - 1) - log r with r = q(x) / p(x). logp, ref_logp: (B, T). Returns (B, T) float32, >= 0.
 

@@ -31,7 +31,7 @@ import torch
 
 from rlvr_core.grpo.advantages import advantages_to_tokens, lowprob_token_weights
 from rlvr_core.grpo.kl import LOG_RATIO_CLAMP, token_kl
-from rlvr_core.registry import Registry
+from rlvr_core.registry import LOSS_AGGS, POLICY_LOSSES
 
 __all__ = [
     "mask_from_lengths",
@@ -80,15 +80,18 @@ def _check(mask: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
 # With micro-batches / gradient accumulation the normaliser must be the *whole* batch's (number of tokens,
 # number of sequences), or the loss becomes a mean of micro-batch means and the weighting above is lost.
 # Pass num_tokens / num_seqs for that; then the micro-batch losses add up to the full-batch loss.
+#
+# The built-in aggregations and policy losses below are named in rlvr_core/registry.py (torch-free, so the
+# config checks `grpo.loss_agg` without importing this module); register_loss_agg and register_policy_loss
+# add more at runtime.
 
 LossAgg = Callable[..., torch.Tensor]
-_AGGS: Registry[LossAgg] = Registry("loss aggregation")
-register_loss_agg = _AGGS.register  # decorator
-get_loss_agg = _AGGS.get
-known_loss_aggs = _AGGS.names
+register_loss_agg = LOSS_AGGS.register  # decorator
+get_loss_agg = LOSS_AGGS.get
+known_loss_aggs = LOSS_AGGS.names
 
 
-@register_loss_agg("token-mean")
+# registered as "token-mean"
 def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len: int | None = None,
                 num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
     """sum_{b,t} mask*L / (number of response tokens in the batch). DAPO's token-level loss."""
@@ -96,7 +99,7 @@ def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len: int | N
     return loss_mat.sum() / denom
 
 
-@register_loss_agg("seq-mean-token-mean")
+# registered as "seq-mean-token-mean"
 def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len: int | None = None,
                          num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
     """mean over sequences of (sum_t mask*L / |o_b|). GRPO as written in DeepSeekMath.
@@ -107,7 +110,7 @@ def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len
     return per_seq.sum() / (mask.shape[0] if num_seqs is None else num_seqs)
 
 
-@register_loss_agg("seq-mean-token-sum-norm")
+# registered as "seq-mean-token-sum-norm"
 def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len: int | None = None,
                              num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
     """sum_{b,t} mask*L / (number of sequences * norm_len). Dr.GRPO's constant normaliser.
@@ -137,10 +140,9 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "toke
 # fn(logp, old_logp, advantages, mask, *, clip_low, clip_high, agg_mode, norm_len, num_tokens, num_seqs)
 #   -> (scalar loss, metrics dict of detached 0-dim tensors)
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-_POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
-register_policy_loss = _POLICY_LOSSES.register  # decorator
-get_policy_loss = _POLICY_LOSSES.get
-known_policy_losses = _POLICY_LOSSES.names
+register_policy_loss = POLICY_LOSSES.register  # decorator
+get_policy_loss = POLICY_LOSSES.get
+known_policy_losses = POLICY_LOSSES.names
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -149,7 +151,7 @@ def _masked_mean(x: torch.Tensor, m: torch.Tensor, n: torch.Tensor) -> torch.Ten
     return torch.where(n > 0, s / n.clamp(min=1), torch.full_like(s, torch.nan))
 
 
-@register_policy_loss("ppo_clip")
+# registered as "ppo_clip"
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                   clip_low: float = 0.2, clip_high: float = 0.28, agg_mode: str = "token-mean",
                   norm_len: int | None = None, num_tokens: float | None = None, num_seqs: float | None = None,

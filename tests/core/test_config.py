@@ -129,6 +129,48 @@ def test_reward_section_follows_eval_unless_set_and_refuses_in_process_hangs():
         assert f"exp.yaml: {where}" in str(e.value), str(e.value)
 
 
+def test_algorithm_names_are_checked_against_their_registries(tmp_path):
+    """grpo.advantage, grpo.kl_estimator and grpo.loss_agg accept exactly the names their registries hold; a bad
+    one fails naming the file, the field and the registered names."""
+    from rlvr_core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS
+
+    for field, registry in (("advantage", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS), ("loss_agg", LOSS_AGGS)):
+        for name in registry.names():
+            assert getattr(parse_config({"grpo": {field: name}}).grpo, field) == name
+        with pytest.raises(ConfigError) as e:
+            load_config(write(tmp_path, f"grpo:\n  {field}: nope\n"))
+        assert e.value.problems == [(f"grpo.{field}", f"unknown {registry.kind} 'nope'; known: "
+                                     + ", ".join(registry.names()))]
+        assert f"exp.yaml: grpo.{field}: unknown {registry.kind} 'nope'" in str(e.value)
+
+
+def test_a_name_registered_at_runtime_is_accepted_by_the_config(monkeypatch):
+    from rlvr_core.registry import ADVANTAGES
+
+    monkeypatch.setattr(ADVANTAGES, "_items", dict(ADVANTAGES._items))  # the registration ends with this test
+    with pytest.raises(ConfigError, match="unknown advantage estimator 'centred'"):
+        parse_config({"grpo": {"advantage": "centred"}})
+
+    @ADVANTAGES.register("centred")
+    def centred(rewards, group_size=None, *, group_ids=None, eps=0.0):
+        return rewards - rewards.mean(dim=-1, keepdim=True)
+
+    assert parse_config({"grpo": {"advantage": "centred"}}).grpo.advantage == "centred"
+    assert ADVANTAGES.get("centred") is centred
+
+
+def test_validating_a_config_imports_no_torch():
+    """`rlvr config validate` stays fast: the registries the config checks names against are torch-free."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from rlvr_core.config import parse_config; "
+            "parse_config({'grpo': {'enabled': True, 'advantage': 'rloo', 'kl_estimator': 'k1', "
+            "'loss_agg': 'seq-mean-token-mean'}}); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_every_config_field_has_help_text():
     from pydantic import BaseModel
 

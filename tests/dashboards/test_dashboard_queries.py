@@ -1,17 +1,20 @@
 """Each dashboard page's canned query against a small warehouse built here, checked against values
-computed in Python from the raw sample data (sample_runs.py), not from SQL; intervals against scipy."""
+computed in Python from the raw sample data (sample_runs.py), not from SQL; t intervals against
+rlvr_core.compare.paired_t_interval (the one Python reference for them)."""
 
 from __future__ import annotations
 
 import math
 import statistics
 
+import json
+
 import pytest
 import sample_runs
-from scipy import stats
 
 from rlvr_core import warehouse
 from rlvr_core import warehouse_queries as wq
+from rlvr_core.compare import paired_t_interval, t_quantile
 
 
 def rec(sw, name, **params):
@@ -77,9 +80,13 @@ def test_ablation_pivot_groups_seeds_and_gives_student_t_intervals(sample_wareho
     for r in rows:
         lr = r["config"].removeprefix("grpo.lr=")
         values = [truth[f"lr{lr}-s{s}"]["accuracy"][(r["benchmark"], "trained")] for s in sample_runs.SEEDS]
-        lo, hi = stats.t.interval(0.95, len(values) - 1, loc=statistics.mean(values), scale=stats.sem(values))
+        mean, lo, hi = paired_t_interval(values)
         assert r["n_seeds"] == 3 and r["runs"] == sorted(f"lr{lr}-s{s}" for s in sample_runs.SEEDS)
-        assert r["mean"] == pytest.approx(statistics.mean(values))
+        assert json.loads(r["cell"]) == {"grpo.lr": lr} and r["ci_kind"] == "t over 3 seeds"
+        # per seed, in seed order, with the trial ids the sweep gave them (what `rlvr sweep show` prints)
+        assert r["seeds"] == list(sample_runs.SEEDS) and r["per_seed"] == values
+        assert r["trial_ids"] == [f"t{sample_runs.LRS.index(lr) * 3 + s:02d}" for s in sample_runs.SEEDS]
+        assert r["mean"] == pytest.approx(mean)
         assert r["sd"] == pytest.approx(statistics.stdev(values))
         assert (r["ci_low"], r["ci_high"]) == (pytest.approx(lo, abs=1e-9), pytest.approx(hi, abs=1e-9))
     base = rec(sample_warehouse, "ablation_pivot", experiment=sample_runs.EXPERIMENT, checkpoint="base",
@@ -88,25 +95,46 @@ def test_ablation_pivot_groups_seeds_and_gives_student_t_intervals(sample_wareho
         lr = r["config"].removeprefix("grpo.lr=")
         assert r["mean"] == pytest.approx(statistics.mean(
             truth[f"lr{lr}-s{s}"]["accuracy"][("synthetic", "base")] for s in sample_runs.SEEDS))
-    # Without ignoring `name`, every trial is its own configuration: n = 1, no interval.
+    # Given keys define the configurations, whether they differ or not (the sweep pivot passes the sweep's).
+    keyed = rec(sample_warehouse, "ablation_pivot", sweep=sample_runs.SWEEP, keys="grpo.lr,grpo.beta")
+    assert [json.loads(r["cell"]) for r in keyed] == [{"grpo.beta": "0.01", **json.loads(r["cell"])} for r in rows]
+    assert [(r["n_seeds"], r["mean"]) for r in keyed] == [(r["n_seeds"], pytest.approx(r["mean"])) for r in rows]
+    # Without ignoring `name`, every trial is its own configuration: n = 1, the run's own (Wilson) interval.
     alone = rec(sample_warehouse, "ablation_pivot", experiment=sample_runs.EXPERIMENT, ignore="%seed%,sweep.trial_%")
-    assert len(alone) == 6 * 2 and all(r["n_seeds"] == 1 and r["ci_low"] is None for r in alone)
+    assert len(alone) == 6 * 2 and all(r["n_seeds"] == 1 and r["ci_kind"] == "wilson (1 seed)" for r in alone)
+    for r in alone:
+        acc = truth[r["runs"][0]]["accuracy"][(r["benchmark"], "trained")]
+        half = 1.96 * math.sqrt(acc * (1 - acc) / sample_runs.N_PROBLEMS)
+        assert (r["ci_low"], r["ci_high"]) == (pytest.approx(max(0.0, acc - half)), pytest.approx(min(1.0, acc + half)))
 
 
-def test_ablation_interval_beyond_the_t_table(tmp_path):
-    """df > 30 uses the Cornish–Fisher expansion: still the Student-t interval (scipy) to 1e-5."""
+def test_ablation_interval_is_the_paired_t_interval_from_2_to_60_seeds(tmp_path):
+    """The SQL's interval against rlvr_core.compare.paired_t_interval on the same values, for every n from 2 to
+    32 (the SQL's table of exact t values covers df 1-30; df 31 is the first of its Cornish-Fisher expansion)
+    and for n = 45 and 60. Tolerances: bounds to 1e-9 from the table (its values are rounded to 1e-10);
+    beyond it, the quantile itself to 2e-6 (what the SQL's comment claims for df = 31, closer above) and the
+    bounds to 1e-6."""
+    ns = [*range(2, 33), 45, 60]
+    values = {n: [round(0.5 + 0.4 * math.sin(1.7 * i + n), 6) for i in range(n)] for n in ns}
+    runs = [(f"n{n}-r{i}", n, i, v) for n, vs in values.items() for i, v in enumerate(vs)]
     db = tmp_path / "w.duckdb"
-    values = [0.5 + 0.3 * math.sin(i * 1.7) for i in range(41)]
     with warehouse.writer(db) as con:
-        for i, v in enumerate(values):
-            con.execute("INSERT INTO runs (run_id, experiment) VALUES (?, 'big')", [f"r{i}"])
-            con.execute("INSERT INTO run_params VALUES (?, 'seed', ?), (?, 'lr', '1')", [f"r{i}", str(i), f"r{i}"])
-            con.execute("INSERT INTO eval_metrics (run_id, eval_id, benchmark, checkpoint, metric, value) "
-                        "VALUES (?, 'e', 'b', 'final', 'accuracy_greedy', ?)", [f"r{i}", v])
-    (r,) = wq.records("ablation_pivot", {"experiment": "big"}, db)  # lr=1 for all: one configuration
-    lo, hi = stats.t.interval(0.95, 40, loc=statistics.mean(values), scale=stats.sem(values))
-    assert r["n_seeds"] == 41 and r["config"] == "(one configuration)"
-    assert r["ci_low"] == pytest.approx(lo, abs=1e-5) and r["ci_high"] == pytest.approx(hi, abs=1e-5)
+        con.executemany("INSERT INTO runs (run_id, experiment) VALUES (?, 'seeds')", [[r] for r, *_ in runs])
+        con.executemany("INSERT INTO run_params VALUES (?, ?, ?)",
+                        [p for r, n, i, _ in runs for p in ([r, "seed", str(i)], [r, "n", str(n)])])
+        con.executemany("INSERT INTO eval_metrics (run_id, eval_id, benchmark, checkpoint, metric, value) "
+                        "VALUES (?, 'e', 'b', 'final', 'accuracy_greedy', ?)", [[r, v] for r, *_, v in runs])
+    rows = {r["config"]: r for r in wq.records("ablation_pivot", {"experiment": "seeds"}, db)}
+    assert sorted(rows) == sorted(f"n={n}" for n in ns)
+    for n in ns:
+        r, (mean, lo, hi) = rows[f"n={n}"], paired_t_interval(values[n])
+        assert r["n_seeds"] == n and r["ci_kind"] == f"t over {n} seeds" and r["per_seed"] == values[n]
+        assert r["mean"] == pytest.approx(mean, abs=1e-12)
+        tol = 1e-9 if n <= 31 else 1e-6
+        assert (r["ci_low"], r["ci_high"]) == (pytest.approx(lo, abs=tol), pytest.approx(hi, abs=tol)), n
+        if n > 31:
+            t_sql = (r["ci_high"] - r["mean"]) / (r["sd"] / math.sqrt(n))
+            assert t_sql == pytest.approx(t_quantile(0.975, n - 1), abs=2e-6), n
 
 
 def test_best_checkpoint_finds_an_export_named_by_its_path(tmp_path):
