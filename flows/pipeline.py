@@ -301,7 +301,7 @@ def _summary(cfg: ExperimentConfig, run: _Run, ev: _Evals, comparison, t0: float
         "curriculum": {"id": ev.curriculum.curriculum_id, "strategy": cfg.curriculum.strategy,
                        "n_prompts": ev.curriculum.n_prompts},
         "cached": {"data": ev.data.cached, "base_model": ev.model.cached, "pass_rate_table": ev.passrates.cached,
-                   "curriculum": ev.curriculum.cached, "train": ev.trained.cached if ev.trained else None},
+                   "curriculum": ev.curriculum.cached, **({"train": ev.trained.cached} if ev.trained else {})},
         "config_hash": run.config_hash, "mlflow_child_run_ids": run.children,
         "mlflow_experiment_id": run.tracker.experiment_id, "mlflow_tracking_uri": run.tracker.display_uri,
         "mlflow_run_url": run.tracker.run_url(run.run_id), "prefect_flow_run_id": run.prefect_id,
