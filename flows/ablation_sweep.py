@@ -1,15 +1,15 @@
 """The `ablation-sweep` flow: a sweep file expands to trials; each trial is a `pipeline` flow run on the GPU
 work pool; results aggregate into an MLflow parent run, a Prefect table artifact and a warehouse pivot.
 
-    rlvr sweep run demo-2x2 --watch           (validates, submits, follows, prints the pivot: rlvr_core/sweep_cli.py)
+    rlvr sweep run demo-2x2 --watch           (validates, submits, follows, prints the pivot: rlvr_cli/sweep.py)
     prefect deployment run 'ablation-sweep/demo-2x2'
     prefect deployment run 'ablation-sweep/demo-2x2' --param sweep=configs/sweeps/my_sweep.yaml
 
 Order of work:
-1. Load and expand the sweep (`rlvr_core.sweeps`): every trial config is validated before anything runs.
+1. Load and expand the sweep (`rlvr_core.pipeline.sweeps`): every trial config is validated before anything runs.
 2. Shared stages once: for each distinct (data, model, sampling, pass@k) setting, one `pipeline` run with
    `stop_after="curriculum"` builds the data, base model and pass-rate table; they are content-addressed
-   (`rlvr_core.cache`), so every trial finds them instead of recomputing (trials must share the cache
+   (`rlvr_core.pipeline.cache`), so every trial finds them instead of recomputing (trials must share the cache
    folder: one machine, or `RLVR_HOME` on shared storage).
 3. Trials: `run_deployment("pipeline/…")` per trial, `max_parallel` at a time, each with the MLflow
    parent run id and its sweep/trial ids. A trial whose flow run crashed (its worker was lost: the
@@ -33,11 +33,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run
 
-from rlvr_core import layout, settings, warehouse
-from rlvr_core.config import config_hash
-from rlvr_core.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
-                              pivot_rows, pivot_sql, sweep_pivot)  # pivot_sql/sweep_pivot: re-exported
-from rlvr_core.tracking import Tracker
+from rlvr_core.artifacts import layout
+from rlvr_core.core import settings
+from rlvr_core.experiment.config import config_hash
+from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
+                                       pivot_rows, pivot_sql, sweep_pivot)  # pivot_sql/sweep_pivot: re-exported
+from rlvr_core.records import warehouse
+from rlvr_core.records.tracking import Tracker
 from tasks.retry import DeterministicError, TransientError, retry_condition_fn
 
 # The config sections that decide the shared stages (data → base model → pass-rate table → curriculum).
@@ -173,9 +175,9 @@ def ui_link(tracker: Tracker, run_id: str) -> str | None:
 
 
 def sweep_location(sw: Sweep, sweep_id: str) -> str:
-    """The sweep's folder in the artifact store its trials write to (`<experiment>/<sweep id>/`, rlvr_core.layout)."""
-    from rlvr_core.layout import sweep_prefix
-    from rlvr_core.storage import open_store
+    """The sweep's folder in the artifact store its trials write to (`<experiment>/<sweep id>/`, rlvr_core.artifacts.layout)."""
+    from rlvr_core.artifacts.layout import sweep_prefix
+    from rlvr_core.artifacts.storage import open_store
 
     storage = sw.base_config["storage"]
     store = open_store(storage["artifact_uri"], storage.get("s3_endpoint_url"))
@@ -218,7 +220,7 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
         p.write_text(json.dumps(pivot, indent=2, default=str))
         tracker.log_artifact(parent, p)
     # The sweep's folder in the artifact store: index.html (pivot, figure, a link per trial) and pivot.json.
-    from rlvr_core.artifacts_index import publish_sweep_index
+    from rlvr_core.artifacts.artifacts_index import publish_sweep_index
 
     print("sweep index: " + publish_sweep_index(
         sw.base_config, sweep_id, pivot, sw.swept_keys, metric,

@@ -23,17 +23,20 @@ import pyarrow.parquet as pq
 from prefect import flow
 from prefect.runtime import flow_run
 
-from rlvr_core import manifest as manifest_mod
-from rlvr_core import layout, settings, stages, warehouse
-from rlvr_core.artifacts_index import write_run_index
-from rlvr_core.compare import compare, from_result, write_report
-from rlvr_core.config import parse_config
-from rlvr_core.progress import Progress
-from rlvr_core.runrecord import upload_run_folder, write_run_folder
-from rlvr_core.storage import join, open_store
-from rlvr_core.templates import get_template
-from rlvr_core.stages import experiment_manifest, steps_long
-from rlvr_core.tracking import Tracker, common_tags, config_params, redact
+from rlvr_core.artifacts import layout
+from rlvr_core.artifacts.artifacts_index import write_run_index
+from rlvr_core.artifacts.storage import join, open_store
+from rlvr_core.core import manifest as manifest_mod
+from rlvr_core.core import settings
+from rlvr_core.core.progress import Progress
+from rlvr_core.data.templates import get_template
+from rlvr_core.eval.compare import compare, from_result, write_report
+from rlvr_core.experiment.config import parse_config
+from rlvr_core.pipeline import stages
+from rlvr_core.pipeline.stages import experiment_manifest, steps_long
+from rlvr_core.records import warehouse
+from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
+from rlvr_core.records.tracking import Tracker, common_tags, config_params, redact
 from tasks import stages as t
 
 
@@ -123,7 +126,7 @@ def _run_stages(cfg, public, chash, template, store, git, prefect_id, tracker: T
             children["evaluate-trained"] = child
             trained_eval = t.evaluate(cfg, data, exported.model, "trained", "trained", progress)
             tracker.log_metrics(child, _eval_metrics(trained_eval))
-    # Base vs trained on the same problems, paired (rlvr_core.compare): the delta's interval is much tighter
+    # Base vs trained on the same problems, paired (rlvr_core.eval.compare): the delta's interval is much tighter
     # than two independent accuracies' would be, and the solvable sets show whether RL widened or sharpened.
     comparison = (compare(from_result(base_eval.result, "base"), from_result(trained_eval.result, "trained"))
                   if trained_eval else None)

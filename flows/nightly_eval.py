@@ -28,13 +28,16 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from rlvr_core import manifest as manifest_mod
-from rlvr_core import layout, settings, stages
-from rlvr_core.config import ExperimentConfig, config_hash, dump_yaml
-from rlvr_core.export import MANIFEST_FILE, verify_local_export
-from rlvr_core.progress import SILENT
-from rlvr_core.storage import ArtifactStore, join, open_store
-from rlvr_core.tracking import Tracker, flatten
+from rlvr_core.artifacts import layout
+from rlvr_core.artifacts.export import MANIFEST_FILE, verify_local_export
+from rlvr_core.artifacts.storage import ArtifactStore, join, open_store
+from rlvr_core.core import manifest as manifest_mod
+from rlvr_core.core import settings
+from rlvr_core.core.progress import SILENT
+from rlvr_core.experiment.config import ExperimentConfig, config_hash, dump_yaml
+from rlvr_core.pipeline import stages
+from rlvr_core.records.tracking import Tracker, flatten
+from rlvr_core.sampling.models import model_hashes
 from tasks import pipeline as tp
 from tasks import stages as t
 from tasks.retry import retry_condition_fn
@@ -80,7 +83,7 @@ def fetch_checkpoint(store: ArtifactStore, prefix: str) -> stages.ModelArtifact:
             store.get_file(join(prefix, f["path"]), local / f["path"])
         store.get_file(join(prefix, MANIFEST_FILE), local / MANIFEST_FILE)
         verify_local_export(local)
-    mh, th = stages.model_hashes(local)
+    mh, th = model_hashes(local)
     return stages.ModelArtifact(str(local), f"ckpt-{_ckpt_hash(prefix)}", mh, th, True)
 
 
@@ -97,7 +100,7 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                                        max_results=1)
     run_id = (found[0].info.run_id if found
               else tracker.start_run(layout.mlflow_run_name("eval", checkpoint=prefix), tags))
-    # nightly-eval/eval_<checkpoint's run folder>-<run id[:8]>/ (rlvr_core.layout)
+    # nightly-eval/eval_<checkpoint's run folder>-<run id[:8]>/ (rlvr_core.artifacts.layout)
     run_prefix = layout.run_prefix(EXPERIMENT, "eval " + prefix.removesuffix("/checkpoints/final"), run_id)
     row = {"run_id": run_id, "experiment": EXPERIMENT, "name": f"eval {prefix}", "kind": "eval",
            "status": "FINISHED", "started_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
@@ -125,7 +128,7 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                  metrics={"eval/synthetic/accuracy_greedy": ev.summary["accuracy_greedy"],
                           **{f"eval/synthetic/pass_at_{k}": v for k, v in ev.curve.items()}},
                  tags=tags, report_md=report, steps_path=None)
-    from rlvr_core import warehouse
+    from rlvr_core.records import warehouse
 
     warehouse.ingest_run(store, run_prefix)
     tracker.end_run(run_id, "FINISHED")

@@ -23,15 +23,17 @@ from prefect import flow
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.runtime import flow_run
 
-from rlvr_core import manifest as manifest_mod
-from rlvr_core import layout, settings, stages
-from rlvr_core.stages import experiment_manifest
-from rlvr_core.config import ExperimentConfig, dump_yaml, load_config, parse_config
-from rlvr_core.progress import Progress
-from rlvr_core.stages import steps_long
-from rlvr_core.storage import join, open_store
-from rlvr_core.templates import get_template
-from rlvr_core.tracking import flatten
+from rlvr_core.artifacts import layout
+from rlvr_core.artifacts.storage import join, open_store
+from rlvr_core.core import manifest as manifest_mod
+from rlvr_core.core import settings
+from rlvr_core.core.progress import Progress
+from rlvr_core.data.templates import get_template
+from rlvr_core.experiment.config import ExperimentConfig, dump_yaml, load_config, parse_config
+from rlvr_core.pipeline import stages
+from rlvr_core.pipeline.stages import experiment_manifest
+from rlvr_core.pipeline.stages import steps_long
+from rlvr_core.records.tracking import flatten
 from tasks import pipeline as tp
 from tasks import stages as t
 
@@ -45,7 +47,7 @@ def resolve_config(config: dict[str, Any] | str, overrides: dict[str, Any] | Non
         if not p.is_absolute() and not p.exists():
             p = tp.ROOT / p
         return load_config(p, overrides)
-    from rlvr_core.config import apply_overrides
+    from rlvr_core.experiment.config import apply_overrides
 
     return parse_config(apply_overrides(config, overrides or {}), "<pipeline parameter config>")
 
@@ -84,9 +86,9 @@ def pipeline_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides:
     run_name = layout.mlflow_run_name(kind, name=cfg.name, sweep_id=sweep_id, trial_id=trial_id,
                                       trial_label=trial_label)
     run_id = tp.open_run(cfg.tracking.experiment, tracking_uri, run_name, tags, parent_run_id)
-    # <experiment>/<sweep>/<trial>/ for a trial, <experiment>/<name>-<run id[:8]>/ otherwise (rlvr_core.layout)
+    # <experiment>/<sweep>/<trial>/ for a trial, <experiment>/<name>-<run id[:8]>/ otherwise (rlvr_core.artifacts.layout)
     prefix = layout.pipeline_prefix(cfg.tracking.experiment, cfg.name, run_id, sweep_id, trial_id, trial_label)
-    from rlvr_core.tracking import Tracker
+    from rlvr_core.records.tracking import Tracker
 
     tracker = Tracker(cfg.tracking.experiment, tracking_uri)
     try:

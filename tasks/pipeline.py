@@ -10,7 +10,7 @@
   delete-then-insert per run id, so a retried or re-launched run never duplicates rows.
 
 Retries: transient failures only (`tasks.retry.retry_condition_fn`), with exponential back-off and jitter.
-Caching: stage outputs are content-addressed by `rlvr_core.cache` (survives processes and workers);
+Caching: stage outputs are content-addressed by `rlvr_core.pipeline.cache` (survives processes and workers);
 Prefect's own task cache stays off (NO_CACHE) because every task here has side effects.
 """
 
@@ -32,12 +32,13 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from rlvr_core import settings, stages
-from rlvr_core.artifacts_index import write_run_index
-from rlvr_core.config import ExperimentConfig
-from rlvr_core.runrecord import upload_run_folder, write_run_folder
-from rlvr_core.storage import ArtifactStore
-from rlvr_core.tracking import Tracker, redact_text
+from rlvr_core.artifacts.artifacts_index import write_run_index
+from rlvr_core.artifacts.storage import ArtifactStore
+from rlvr_core.core import settings
+from rlvr_core.experiment.config import ExperimentConfig
+from rlvr_core.pipeline import stages
+from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
+from rlvr_core.records.tracking import Tracker, redact_text
 from tasks.retry import StageProcessError, killed_by_signal, retry_condition_fn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +144,7 @@ def record(store: ArtifactStore, prefix: str, tracker_args: tuple[str, str | Non
            summary: dict[str, Any], tables: dict[str, pa.Table], metrics: dict[str, float],
            tags: dict[str, Any], report_md: str, steps_path: str | None) -> str:
     """Run folder → artifact store (run.json last), and the same numbers → MLflow; then the folder's
-    index.html (rlvr_core.artifacts_index), linking the MLflow run when the tracking URI is a server. Safe to repeat."""
+    index.html (rlvr_core.artifacts.artifacts_index), linking the MLflow run when the tracking URI is a server. Safe to repeat."""
     tracker = Tracker(*tracker_args)
     with tempfile.TemporaryDirectory(prefix="rlvr-run-") as tmp:
         local = write_run_folder(Path(tmp), run=run_row, params=params, manifest=manifest, config_yaml=config_yaml,

@@ -80,7 +80,7 @@ def is_transient(exc: BaseException) -> bool:
     if is_oom(exc):  # before RuntimeError: CUDA OOM is a RuntimeError subclass
         return False
     # Our own deterministic errors: configs and training guards.
-    from rlvr_core.config import ConfigError
+    from rlvr_core.experiment.config import ConfigError
 
     if isinstance(exc, ConfigError):
         return False

@@ -2,7 +2,7 @@
 
 Why a subprocess: GPU memory, DeepSpeed's process-group state and any leaked threads go away with the
 process, and a kill (pre-emption, a lost node) is visible to the parent as death by signal, which the
-retry policy treats as transient. A retried training stage resumes because `rlvr_core.stages.train_stage`
+retry policy treats as transient. A retried training stage resumes because `rlvr_core.pipeline.stages.train_stage`
 keys its folder on its inputs and `train_grpo` resumes from the last DeepSpeed checkpoint there.
 
 The request holds the resolved config and the input artifacts (dataclasses as dicts); the result file
@@ -38,8 +38,8 @@ def _die_with_parent() -> None:
 
 
 def _artifacts(req: dict[str, Any]):
-    from rlvr_core import stages
-    from rlvr_core.config import parse_config
+    from rlvr_core.pipeline import stages
+    from rlvr_core.experiment.config import parse_config
 
     cfg = parse_config(req["config"], req.get("source", "<stage request>"))
     data = stages.DataArtifact(**req["data"]) if "data" in req else None
@@ -49,8 +49,8 @@ def _artifacts(req: dict[str, Any]):
 
 
 def run(stage: str, req: dict[str, Any]) -> dict[str, Any]:
-    from rlvr_core import stages
-    from rlvr_core.progress import Progress
+    from rlvr_core.pipeline import stages
+    from rlvr_core.core.progress import Progress
 
     cfg, data, base, cur = _artifacts(req)
     progress = Progress(True)

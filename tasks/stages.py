@@ -1,6 +1,6 @@
-"""Prefect tasks over the pipeline stages in `rlvr_core.stages`: retries, tags and names live here.
+"""Prefect tasks over the pipeline stages in `rlvr_core.pipeline.stages`: retries, tags and names live here.
 
-Stage results are cached by `rlvr_core.cache` on content hashes (it survives processes and needs no
+Stage results are cached by `rlvr_core.pipeline.cache` on content hashes (it survives processes and needs no
 result persistence), so Prefect's own task cache is off (NO_CACHE) for these side-effecting tasks.
 """
 
@@ -9,10 +9,11 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rlvr_core import stages, warehouse
-from rlvr_core.config import ExperimentConfig
-from rlvr_core.progress import Progress
-from rlvr_core.storage import ArtifactStore
+from rlvr_core.artifacts.storage import ArtifactStore
+from rlvr_core.core.progress import Progress
+from rlvr_core.experiment.config import ExperimentConfig
+from rlvr_core.pipeline import stages
+from rlvr_core.records import warehouse
 from tasks.retry import retry_condition_fn
 
 

@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from rlvr_core.registry import Registry
+from rlvr_core.core.registry import Registry
 
 __all__ = [
     "AdvantageFn", "register_advantage", "get_advantage", "known_advantages",

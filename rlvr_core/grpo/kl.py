@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from rlvr_core.registry import Registry
+from rlvr_core.core.registry import Registry
 
 __all__ = ["KLEstimator", "register_kl_estimator", "get_kl_estimator", "known_kl_estimators",
            "kl_k1", "kl_k2", "kl_k3", "token_kl", "LOG_RATIO_CLAMP"]

@@ -29,9 +29,9 @@ from typing import Callable
 
 import torch
 
+from rlvr_core.core.registry import Registry
 from rlvr_core.grpo.advantages import advantages_to_tokens, lowprob_token_weights
 from rlvr_core.grpo.kl import LOG_RATIO_CLAMP, token_kl
-from rlvr_core.registry import Registry
 
 __all__ = [
     "mask_from_lengths",

@@ -29,7 +29,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
-from rlvr_core.config import GRPOConfig
+from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.grpo.ahead import snapshot as _snapshot
 from rlvr_core.sampling.base import SamplingEngine
 
@@ -61,7 +61,7 @@ class RolloutEngine(Protocol):
 
 
 class HFRolloutEngine:
-    """The transformers engine (`rlvr_core.sampling.HFEngine`, rollout_batch_size sequences per decode batch)
+    """The transformers engine (`rlvr_core.sampling.hf.HFEngine`, rollout_batch_size sequences per decode batch)
     on a module of this process.
 
     The sampled module is the trainer's own: the live policy (the tensors DeepSpeed updates), or under ZeRO-3
@@ -73,7 +73,7 @@ class HFRolloutEngine:
     name = "hf"
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int, device: torch.device | str):
-        from rlvr_core.sampling import HFEngine
+        from rlvr_core.sampling.hf import HFEngine
 
         self.model = model
         self.sampler = HFEngine(model, tokenizer, batch_size=batch_size, device=device)

@@ -65,13 +65,13 @@ from typing import Any, Callable
 
 import torch
 
-from rlvr_core.config import GRPOConfig, RewardConfig
+from rlvr_core.experiment.config import GRPOConfig, RewardConfig
+from rlvr_core.experiment.guards import GuardError, health_config
 from rlvr_core.grpo.advantages import get_advantage, weight_negative_advantages
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE, RunState,
                                           _write_rows, resume, save_checkpoint, save_final_model, write_lora_config,
                                           write_rollouts)
 from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutdown
-from rlvr_core.grpo.guards import GuardError, health_config
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
@@ -111,7 +111,7 @@ def _ensure_launch_env() -> list[str]:
     """What a launcher (torchrun, deepspeed) would have exported, for a single process started without one:
     DeepSpeed needs all five variables or it falls back to MPI discovery (STACK.md). A launcher's values
     are never overwritten. Returns the launcher variables it added (see `train_grpo`)."""
-    from rlvr_core.settings import paths
+    from rlvr_core.core.settings import paths
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # The ~35 s op compile is paid once per cache; point it at the project's cache, not ~/.cache.
@@ -153,7 +153,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     `eval/<name>`. `engine` names the rollout engine (rollout_engine.py: "hf" or "vllm"), `engine_options`
     its settings (vllm: `vllm.LLM` overrides, see `rlvr_core.sampling.vllm.llm_options`). `on_step(row)` gets
     each finished step's row of steps.parquet on rank 0 (guard flags set), e.g. a
-    `rlvr_core.tracking.StepMetricsSink` that sends it to MLflow while training runs. Returns a GRPOResult;
+    `rlvr_core.records.tracking.StepMetricsSink` that sends it to MLflow while training runs. Returns a GRPOResult;
     `final_model_dir` exists only when all `cfg.steps` steps are done. `reward` says how completions are scored
     (verifier, mode, worker processes, time limit, what a timeout scores, the G-verifier-hang threshold).
 
@@ -285,7 +285,7 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
     """The expensive half of `_setup`: the policy under DeepSpeed, its resume state, the rollout side."""
     from transformers import AutoTokenizer
 
-    from rlvr_core.templates import get_template
+    from rlvr_core.data.templates import get_template
 
     P = cfg.prompts_per_step
     added_env = _ensure_launch_env()
@@ -418,9 +418,10 @@ def _main() -> None:
 
     import yaml
 
-    from rlvr_core.curriculum import filter_by_pass_rate, order_curriculum, pass_rate_table
+    from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pass_rate_table
     from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-    from rlvr_core.stages import load_model, sample_and_verify
+    from rlvr_core.sampling.models import load_model
+    from rlvr_core.sampling.verified import sample_and_verify
 
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)}
     cfg = GRPOConfig(**{**GRPOConfig().model_dump(), **overrides})

@@ -10,7 +10,8 @@
 | `decoding` | two-model guided decoding: selective token replacement, test-time extrapolation |
 | `dlogp` | the Δlog p analysis (seed 004) |
 | `boundary` | capability boundary: pass@k, accuracy histogram, solvable overlap, perplexity (seed 003) |
-| `cli` | `rlvr probe tokens | report | dlogp | boundary` |
+
+The command line (`rlvr probe tokens | report | dlogp | boundary`) is `rlvr_cli/probe.py`.
 
 Nothing here imports Prefect; heavy imports (torch, transformers, matplotlib) happen in the modules
 that need them, so importing the package is cheap.

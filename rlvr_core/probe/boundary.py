@@ -5,7 +5,7 @@ the base model?"): does RL solve new problems, or the same ones more often?
 
   * samples n completions per problem from each model (`TaskSettings.sample`: the evaluator's
     sampling and verifier; default n = 256 at temperature 1) and computes pass@k for k = 1, 2, 4, … n
-    with the unbiased estimator (`rlvr_core.passk`). RL typically wins at small k; if the base model
+    with the unbiased estimator (`rlvr_core.core.passk`). RL typically wins at small k; if the base model
     catches up or overtakes at large k, RL narrowed rather than widened what the model can solve.
   * the accuracy distribution: a histogram of per-problem accuracy c / n for each model (bins 0, (0, 0.1),
     [0.1, 0.2), …, [0.9, 1), 1: the exact 0 and 1 bins separate never- and always-solved problems);
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rlvr_core.passk import default_ks, passk_curve
+from rlvr_core.core.passk import default_ks, passk_curve
 from rlvr_core.probe.tables import Checkpoint
 from rlvr_core.probe.task import TaskSettings
 

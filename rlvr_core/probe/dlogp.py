@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rlvr_core.core.stats import wilson_interval
 from rlvr_core.probe.decoding import Guide, GuidedEngine
 from rlvr_core.probe.tables import Checkpoint, token_table
 from rlvr_core.probe.task import TaskSettings, gold_of
 from rlvr_core.probe.token_stats import ProbeSequence, teacher_forced_stats
-from rlvr_core.stats import wilson_interval
 
 __all__ = ["DlogpSettings", "sample_guided", "ks_distance", "source_summary", "top_tokens", "calibrate_thresholds",
            "run_dlogp_analysis", "HIST_METRICS"]
@@ -75,7 +75,7 @@ def sample_guided(model_a, model_b, tokenizer, rows: list[dict], guide: Guide, s
     """n guided samples per row, verified: records with problem_id, sample_index, response, token_ids,
     prompt_ids, correct, n_replaced, n_tokens."""
     from rlvr_core.sampling.base import SamplingParams
-    from rlvr_core.templates import get_template
+    from rlvr_core.data.templates import get_template
 
     task = settings.task
     t = get_template(task.template_id)

@@ -13,7 +13,7 @@ Choices that keep the two engines' outputs comparable:
   * prompts are tokenized here, with the same tokenizer call as the `hf` engine (`add_special_tokens`), and
     handed to vLLM as token ids: the trainer scores exactly the prompt tokens the engine saw;
   * one vLLM request per (prompt, sample index), each with its own seed from
-    `rlvr_core.seeding.request_seed` (G-fixed-seed; the prefix cache shares the prompt's prefill);
+    `rlvr_core.core.seeding.request_seed` (G-fixed-seed; the prefix cache shares the prompt's prefill);
   * `logprobs=0` asks for the sampled token's log-prob only, and the engine is created with
     `logprobs_mode="raw_logprobs"`: log_softmax of the raw model logits, before temperature/top-k/top-p,
     the same definition as `Sample.logprobs`;
@@ -38,8 +38,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from rlvr_core.core.seeding import request_seed
 from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids, find_stop
-from rlvr_core.seeding import request_seed
 
 __all__ = ["VLLMEngine", "to_vllm_sampling_kwargs", "vllm_available", "default_llm_kwargs", "llm_options"]
 

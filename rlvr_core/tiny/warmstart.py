@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlvr_core.templates import get_template
+from rlvr_core.data.templates import get_template
 from rlvr_core.tiny.model import build_tiny_model, count_params
 from rlvr_core.tiny.tokenizer import train_tokenizer
 

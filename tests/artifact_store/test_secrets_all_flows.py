@@ -37,7 +37,8 @@ def test_pipeline_sweep_and_nightly_record_no_secret(rlvr_home, s3_env, monkeypa
     from flows.local_stack import stop_pid
     from flows.nightly_eval import nightly_eval_flow
     from flows.pipeline import pipeline_flow
-    from rlvr_core import settings, warehouse
+    from rlvr_core.core import settings
+    from rlvr_core.records import warehouse
     from tasks.pipeline import ROOT
 
     canaries = {"tracking password": f"trk-{uuid.uuid4().hex}", "S3 secret key": f"s3s-{uuid.uuid4().hex}"}
@@ -115,7 +116,7 @@ def test_pipeline_sweep_and_nightly_record_no_secret(rlvr_home, s3_env, monkeypa
 
 def test_the_recorder_redacts_whatever_a_caller_passes(tmp_path):
     """`write_run_folder` is every flow's one writer of a run folder: it redacts, so no caller can forget."""
-    from rlvr_core.runrecord import write_run_folder
+    from rlvr_core.records.runrecord import write_run_folder
 
     uri, key = "http://rlvr:hunter2@mlflow.example:5000", "AKIA-secret-value"
     write_run_folder(tmp_path, run={"tracking": uri}, params={"tracking.tracking_uri": uri, "storage.api_key": key},

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlvr_core.config import (ConfigError, ExperimentConfig, check_files, config_hash, demo_config, load_config,
-                              parse_config)
+from rlvr_core.experiment.config import (ConfigError, ExperimentConfig, check_files, config_hash, demo_config, load_config,
+                                         parse_config)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,7 +113,7 @@ def test_files_named_by_the_config_must_exist(tmp_path):
 
 
 def test_reward_section_follows_eval_unless_set_and_refuses_in_process_hangs():
-    from rlvr_core.config import ConfigError, parse_config
+    from rlvr_core.experiment.config import ConfigError, parse_config
 
     cfg = parse_config({"eval": {"verifier": "gsm8k", "verifier_mode": "strict"}})
     assert (cfg.reward.verifier, cfg.reward.mode, cfg.reward.workers) == ("gsm8k", "strict", 0)  # cannot hang
@@ -132,7 +132,7 @@ def test_reward_section_follows_eval_unless_set_and_refuses_in_process_hangs():
 def test_every_config_field_has_help_text():
     from pydantic import BaseModel
 
-    from rlvr_core.config import ExperimentConfig
+    from rlvr_core.experiment.config import ExperimentConfig
 
     missing = []
 
@@ -148,7 +148,7 @@ def test_every_config_field_has_help_text():
 
 
 def test_mlflow_run_names_are_decided_in_one_place():
-    from rlvr_core.layout import mlflow_run_name
+    from rlvr_core.artifacts.layout import mlflow_run_name
 
     assert mlflow_run_name("demo", name="demo") == mlflow_run_name("pipeline", name="demo") == "demo"
     assert mlflow_run_name("sweep", sweep_id="lr-3f2a") == "lr-3f2a"

@@ -1,6 +1,6 @@
 import pytest
 
-from rlvr_core.registry import Registry
+from rlvr_core.core.registry import Registry
 
 
 def test_registry_add_decorate_get_and_errors():

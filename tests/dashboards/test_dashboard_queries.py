@@ -10,8 +10,9 @@ import pytest
 import sample_runs
 from scipy import stats
 
-from rlvr_core import warehouse
-from rlvr_core import warehouse_queries as wq
+from rlvr_cli import records
+from rlvr_core.records import warehouse
+from rlvr_core.records import warehouse_queries as wq
 
 
 def rec(sw, name, **params):
@@ -245,15 +246,15 @@ def test_bad_queries_and_parameters_are_named(sample_warehouse, tmp_path):
 
 
 def test_warehouse_commands(sample_warehouse, tmp_path, monkeypatch):
-    """`rlvr warehouse query --canned … --param …` and `rlvr warehouse ingest --all`, as cli.py registers them."""
+    """`rlvr warehouse query --canned … --param …` and `rlvr warehouse ingest --all`, as rlvr_cli.main registers them."""
     import json
 
     import typer
     from typer.testing import CliRunner
 
     app = typer.Typer()
-    app.command("query")(wq.query_command)
-    app.command("ingest")(wq.ingest_command)
+    app.command("query")(records.query_command)
+    app.command("ingest")(records.ingest_command)
     runner = CliRunner()
     monkeypatch.setenv("RLVR_WAREHOUSE", str(sample_warehouse.db))
     out = runner.invoke(app, ["query", "--canned", "collapsed_runs", "--json"])
@@ -292,7 +293,7 @@ def _eval_run(store, run_id: str, value: float, **settings) -> None:
 
     import pyarrow as pa
 
-    from rlvr_core.runrecord import upload_run_folder, write_run_folder
+    from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
 
     full = {"benchmark": "synthetic", "n_problems": 40, "n": 4, "template": "plain", "temperature": 1.0,
             "max_new_tokens": 48, "seed": 0, "batch_size": 64, "verifier_workers": 2, **settings}
@@ -310,8 +311,8 @@ def test_leaderboard_never_ranks_different_settings_together(tmp_path):
     `rlvr compare` would refuse the pair; batch size and verifier workers (COMPARE_EXEMPT) are not."""
     import re
 
-    from rlvr_core.evaluate import COMPARE_EXEMPT
-    from rlvr_core.storage import LocalStore
+    from rlvr_core.eval.evaluate import COMPARE_EXEMPT
+    from rlvr_core.artifacts.storage import LocalStore
 
     store = LocalStore(tmp_path / "store")
     _eval_run(store, "small", 0.9)
@@ -329,6 +330,6 @@ def test_leaderboard_never_ranks_different_settings_together(tmp_path):
     assert rows["small"]["rank_in_group"] == 1 and rows["small"]["runs_in_group"] == 1
     assert (rows["big"]["n_problems"], rows["small"]["n_problems"], rows["short"]["max_new_tokens"],
             rows["hot"]["temperature"], rows["other-template"]["template"]) == (200, 40, 16, 0.6, "qwen-boxed")
-    # The query's exempt keys are exactly the comparison's (rlvr_core.evaluate.COMPARE_EXEMPT).
+    # The query's exempt keys are exactly the comparison's (rlvr_core.eval.evaluate.COMPARE_EXEMPT).
     sql = wq.load("leaderboard").sql
     assert set(re.findall(r'"(\w+)": null', sql)) == set(COMPARE_EXEMPT)

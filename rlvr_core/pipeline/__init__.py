@@ -1,0 +1,1 @@
+"""The experiment's stages over everything below (data, warm start, pass rates, curriculum, GRPO, export, evaluation), their resumable cache, sweeps and the local stack."""
