@@ -38,8 +38,8 @@ import time
 # torch is imported inside the functions, not here: the verifier pool's forkserver preloads this script's
 # module, and with torch loaded there its workers verify ~50x slower (docs/benchmarks/eval.md).
 from rlvr_core.eval.evaluate import RunSettings, evaluate_spec
-from rlvr_core.experiment.benchmarks import (build_verifier, effective_stop, gold_for, load_benchmark, load_benchmark_problems,
-                                             parse_benchmark, prompt_template, scorings)
+from rlvr_core.experiment.benchmarks import (build_verifier, effective_stop, gold_for, load_benchmark,
+                                             load_benchmark_problems, parse_benchmark, prompt_template, scorings)
 
 
 def demo_model():

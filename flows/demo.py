@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import yaml
 import pyarrow.parquet as pq
+import yaml
 from prefect import flow
 from prefect.runtime import flow_run
 
@@ -32,8 +32,12 @@ from rlvr_core.core.progress import Progress
 from rlvr_core.data.templates import get_template
 from rlvr_core.eval.compare import compare, from_result, write_report
 from rlvr_core.experiment.config import parse_config
+from rlvr_core.grpo.trainer import ROLLOUTS_FILE
 from rlvr_core.pipeline import stages
 from rlvr_core.pipeline.stages import experiment_manifest, steps_long
+from rlvr_core.probe.report import ProbeSettings, run_rl_probe
+from rlvr_core.probe.tables import Checkpoint
+from rlvr_core.probe.task import TaskSettings
 from rlvr_core.records import warehouse
 from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
 from rlvr_core.records.tracking import Tracker, common_tags, config_params, redact
@@ -224,10 +228,6 @@ def _probe_report(cfg, data, model, exported, base_eval, trained_eval, out: Path
     problems the base failed and the trained model solved: token KL, spikes and their categories. It reuses
     the two evaluations' greedy completions (nothing is sampled again); its tables go to the warehouse with
     the run (`probe/`)."""
-    from rlvr_core.probe.report import ProbeSettings, run_rl_probe
-    from rlvr_core.probe.tables import Checkpoint
-    from rlvr_core.probe.task import TaskSettings
-
     settings = ProbeSettings(max_problems=50, sample_figures=2, task=TaskSettings(
         template_id=cfg.prompt.template, verifier=cfg.eval.verifier, verifier_mode=cfg.eval.verifier_mode,
         max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.sampling.seed))
@@ -264,8 +264,6 @@ def _eval_tables(base_eval, trained_eval) -> dict[str, pa.Table]:
 
 def _train_tables(trained) -> dict[str, pa.Table]:
     """The training stage's files in the run folder (docs/warehouse.md says which table each fills)."""
-    from rlvr_core.grpo.trainer import ROLLOUTS_FILE
-
     tables = {"train/steps.parquet": pq.read_table(trained.steps_path),
               "train/steps_long.parquet": steps_long(trained.steps_path),
               # Written even when nothing fired: an empty file says "no firings", whereas a missing one makes

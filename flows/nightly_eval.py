@@ -28,6 +28,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
+from flows.pipeline import resolve_config
 from rlvr_core.artifacts import layout
 from rlvr_core.artifacts.export import MANIFEST_FILE, verify_local_export
 from rlvr_core.artifacts.storage import ArtifactStore, join, open_store
@@ -36,6 +37,7 @@ from rlvr_core.core import settings
 from rlvr_core.core.progress import SILENT
 from rlvr_core.experiment.config import ExperimentConfig, config_hash, dump_yaml
 from rlvr_core.pipeline import stages
+from rlvr_core.records import warehouse
 from rlvr_core.records.tracking import Tracker, flatten
 from rlvr_core.sampling.models import model_hashes
 from tasks import pipeline as tp
@@ -128,7 +130,6 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                  metrics={"eval/synthetic/accuracy_greedy": ev.summary["accuracy_greedy"],
                           **{f"eval/synthetic/pass_at_{k}": v for k, v in ev.curve.items()}},
                  tags=tags, report_md=report, steps_path=None)
-    from rlvr_core.records import warehouse
 
     warehouse.ingest_run(store, run_prefix)
     tracker.end_run(run_id, "FINISHED")
@@ -144,8 +145,6 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
 @flow(name="nightly-eval", log_prints=True, validate_parameters=False)
 def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides: dict[str, Any] | None = None,
                       max_checkpoints: int | None = None) -> dict[str, Any]:
-    from flows.pipeline import resolve_config
-
     settings.configure_environment()
     log = get_run_logger()
     cfg = resolve_config(config, overrides)

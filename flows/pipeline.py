@@ -29,11 +29,10 @@ from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core import settings
 from rlvr_core.core.progress import Progress
 from rlvr_core.data.templates import get_template
-from rlvr_core.experiment.config import ExperimentConfig, dump_yaml, load_config, parse_config
+from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, dump_yaml, load_config, parse_config
 from rlvr_core.pipeline import stages
-from rlvr_core.pipeline.stages import experiment_manifest
-from rlvr_core.pipeline.stages import steps_long
-from rlvr_core.records.tracking import flatten
+from rlvr_core.pipeline.stages import experiment_manifest, steps_long
+from rlvr_core.records.tracking import Tracker, flatten
 from tasks import pipeline as tp
 from tasks import stages as t
 
@@ -47,7 +46,6 @@ def resolve_config(config: dict[str, Any] | str, overrides: dict[str, Any] | Non
         if not p.is_absolute() and not p.exists():
             p = tp.ROOT / p
         return load_config(p, overrides)
-    from rlvr_core.experiment.config import apply_overrides
 
     return parse_config(apply_overrides(config, overrides or {}), "<pipeline parameter config>")
 
@@ -88,7 +86,6 @@ def pipeline_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides:
     run_id = tp.open_run(cfg.tracking.experiment, tracking_uri, run_name, tags, parent_run_id)
     # <experiment>/<sweep>/<trial>/ for a trial, <experiment>/<name>-<run id[:8]>/ otherwise (rlvr_core.artifacts.layout)
     prefix = layout.pipeline_prefix(cfg.tracking.experiment, cfg.name, run_id, sweep_id, trial_id, trial_label)
-    from rlvr_core.records.tracking import Tracker
 
     tracker = Tracker(cfg.tracking.experiment, tracking_uri)
     try:

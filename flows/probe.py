@@ -25,8 +25,10 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core import settings
-from tasks.pipeline import _RETRY, GPU_TAG, ROOT
+from rlvr_core.records import warehouse
+from tasks.pipeline import GPU_TAG, ROOT, _RETRY
 from tasks.retry import StageProcessError, killed_by_signal
 
 ANALYSES = ("report", "dlogp", "boundary")
@@ -65,9 +67,6 @@ def run_analysis(analysis: str, a: str, b: list[str], out: str, options: dict[st
 
 @task(name="ingest-probed-run", cache_policy=NO_CACHE, **_RETRY)
 def ingest_run(run_prefix: str, artifact_uri: str | None) -> dict[str, int] | None:
-    from rlvr_core.records import warehouse
-    from rlvr_core.artifacts.storage import open_store
-
     store = open_store(artifact_uri)
     if not store.exists(f"{run_prefix}/run.json"):
         return None  # published somewhere that is not a run folder: nothing to attach the tables to

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+import yaml
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -17,8 +18,6 @@ def fail(message: str, code: int = 2) -> None:
 
 def parse_sets(sets: list[str]) -> dict[str, Any]:
     """`--set grpo.lr=1e-5` → {"grpo.lr": 1e-5}; values are parsed as YAML scalars."""
-    import yaml
-
     out: dict[str, Any] = {}
     for s in sets:
         if "=" not in s:

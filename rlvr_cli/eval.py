@@ -12,10 +12,25 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlparse
 
 import typer
+import yaml
 
 from rlvr_cli.common import fail as _fail
+from rlvr_core.artifacts.artifacts_index import write_run_index
+from rlvr_core.artifacts.export import MANIFEST_FILE, verify_local_export
+from rlvr_core.artifacts.layout import run_prefix
+from rlvr_core.artifacts.storage import open_store
+from rlvr_core.core import manifest as manifest_mod
+from rlvr_core.core import settings
+from rlvr_core.core.progress import SILENT, Progress
+from rlvr_core.eval.compare import SettingsMismatch, compare, load_eval, to_markdown, write_report
+from rlvr_core.eval.evaluate import RunSettings, evaluate
+from rlvr_core.experiment.benchmarks import load_benchmark, resolve_suite
+from rlvr_core.experiment.config import ConfigError
+from rlvr_core.records import warehouse
+from rlvr_core.records.runrecord import upload_run_folder
 
 __all__ = ["eval_command", "compare_command", "app"]
 
@@ -52,10 +67,6 @@ def eval_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines"),
 ) -> None:
     """Evaluate a checkpoint on benchmarks: one Parquet row per sample, metrics with intervals, pass@k curves."""
-    from rlvr_core.core import settings
-    from rlvr_core.experiment.benchmarks import load_benchmark, resolve_suite
-    from rlvr_core.experiment.config import ConfigError
-
     if bool(benchmark) == bool(suite):
         _fail("give --benchmark NAME (repeatable) or --suite NAME, not both and not neither")
     if model_kind not in (None, "base", "chat"):
@@ -65,8 +76,6 @@ def eval_command(
     except ConfigError as e:
         _fail(str(e))
     folder = _model_folder(checkpoint)  # after the cheap checks: an s3:// checkpoint is downloaded here
-    from rlvr_core.eval.evaluate import RunSettings, evaluate
-    from rlvr_core.core.progress import SILENT, Progress
 
     eval_id = eval_id or folder.resolve().name
     out = out or settings.rlvr_home() / "evals" / f"{eval_id}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -121,13 +130,7 @@ def _model_folder(checkpoint: str) -> Path:
 
 def _download(uri: str) -> Path:
     """`s3://bucket/key/` → `$RLVR_HOME/cache/eval-checkpoints/bucket/key/` (endpoint from RLVR_S3_ENDPOINT_URL)."""
-    from urllib.parse import urlparse
-
-    from rlvr_core.core import settings
-    from rlvr_core.artifacts.export import MANIFEST_FILE, verify_local_export
     from botocore.exceptions import BotoCoreError, ClientError
-
-    from rlvr_core.artifacts.storage import open_store
 
     parsed = urlparse(uri)
     key = parsed.path.strip("/")
@@ -150,15 +153,6 @@ def _short(s: dict[str, Any]) -> dict[str, Any]:
 def _record(result, out: Path, experiment: str) -> dict[str, str]:
     """Upload the evaluation as a run (`<experiment>/<eval id>-<run id[:8]>/`, kind 'eval'), write its index
     page and ingest it into the warehouse."""
-    import yaml
-
-    from rlvr_core.core import manifest as manifest_mod
-    from rlvr_core.records import warehouse
-    from rlvr_core.records.runrecord import upload_run_folder
-    from rlvr_core.artifacts.artifacts_index import write_run_index
-    from rlvr_core.artifacts.layout import run_prefix
-    from rlvr_core.artifacts.storage import open_store
-
     store = open_store()
     run_id = uuid.uuid4().hex
     prefix = run_prefix(experiment, result.eval_id, run_id)
@@ -196,8 +190,6 @@ def compare_command(
     json_out: bool = typer.Option(False, "--json", help="print the JSON instead of the markdown"),
 ) -> None:
     """Compare two evaluations on the same benchmark settings: paired deltas with CIs, capability boundary."""
-    from rlvr_core.eval.compare import SettingsMismatch, compare, load_eval, to_markdown, write_report
-
     try:
         sa, sb = load_eval(a), load_eval(b)
         result = compare(sa, sb, benchmarks=benchmark or None, allow_different_settings=allow_different_settings)

@@ -7,6 +7,7 @@ well under a second and a bad config fails before any of them load.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -22,9 +23,14 @@ from rlvr_cli.stack import stack_app
 from rlvr_cli.sweep import sweep_app
 from rlvr_cli.verify import verify_command
 from rlvr_core.artifacts.artifacts_index import artifacts_index, artifacts_open
+from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core import settings
+from rlvr_core.core.progress import Progress
 from rlvr_core.experiment.config import (ConfigError, apply_overrides, check_files, demo_config, dump_yaml, load_config,
-                                         parse_config)
+                                         parse_config, read_yaml_file)
+from rlvr_core.pipeline import stages
+from rlvr_core.pipeline.sweeps import check_sweep_files, is_sweep_file, load_sweep
+from rlvr_core.records import warehouse
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 config_app = typer.Typer(no_args_is_help=True, help="Validate and show experiment configs.")
@@ -82,15 +88,11 @@ def passk(
     Samples passk.n_samples completions per prompt, verifies them and writes a versioned Parquet table
     with its manifest into the stage cache; identical inputs are served from the cache, not re-run.
     """
-    import shutil
-
     try:
         cfg = _load(config, set_)
     except ConfigError as e:
         _fail(str(e))
     settings.configure_environment()
-    from rlvr_core.pipeline import stages
-    from rlvr_core.core.progress import Progress
 
     progress = Progress()
     data = stages.prepare_data(cfg, progress)
@@ -143,9 +145,6 @@ def config_validate(file: Path = typer.Argument(..., help="experiment YAML, or a
     """Exit 0 and print the config hash if FILE is valid; otherwise name the file, field and why.
 
     A sweep file (it has a `base`) is expanded and every trial's config validated, with the files it names."""
-    from rlvr_core.experiment.config import read_yaml_file
-    from rlvr_core.pipeline.sweeps import check_sweep_files, is_sweep_file, load_sweep
-
     try:
         if is_sweep_file(read_yaml_file(file)):
             sw = load_sweep(file)
@@ -174,9 +173,6 @@ def config_show(file: Optional[Path] = typer.Argument(None, help="experiment YAM
 @warehouse_app.command("rebuild")
 def warehouse_rebuild(artifact_uri: Optional[str] = typer.Option(None, help="artifact store root")) -> None:
     """Recreate the warehouse file from every run in the artifact store."""
-    from rlvr_core.records import warehouse
-    from rlvr_core.artifacts.storage import open_store
-
     counts = warehouse.rebuild(open_store(artifact_uri))
     typer.echo(json.dumps(counts))
 
@@ -185,8 +181,6 @@ def warehouse_rebuild(artifact_uri: Optional[str] = typer.Option(None, help="art
 def artifacts_ls(prefix: str = typer.Argument("", help="key prefix, e.g. rlvr-demo/RUN_ID"),
                  artifact_uri: Optional[str] = typer.Option(None, help="artifact store root")) -> None:
     """List artifact keys under PREFIX."""
-    from rlvr_core.artifacts.storage import open_store
-
     for key in open_store(artifact_uri).list(prefix):
         typer.echo(key)
 
@@ -195,8 +189,6 @@ def artifacts_ls(prefix: str = typer.Argument("", help="key prefix, e.g. rlvr-de
 def artifacts_get(key: str, dest: Path = typer.Argument(..., help="local file to write"),
                   artifact_uri: Optional[str] = typer.Option(None, help="artifact store root")) -> None:
     """Copy one artifact to a local file."""
-    from rlvr_core.artifacts.storage import open_store
-
     try:
         open_store(artifact_uri).get_file(key, dest)
     except FileNotFoundError as e:

@@ -10,10 +10,19 @@ split. Every command writes a folder (`--out`); `--publish PREFIX` also copies i
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from rlvr_core.artifacts.storage import open_store
+from rlvr_core.core.progress import Progress
+from rlvr_core.data.jsonl import read_jsonl
+from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
+from rlvr_core.probe.runs_report import training_run_report
+from rlvr_core.probe.spikes import SpikeRule
+from rlvr_core.probe.task import TaskSettings
 
 probe_app = typer.Typer(no_args_is_help=True, help="Probes between checkpoints: token KL, Δlog p, capability boundary.")
 
@@ -29,20 +38,14 @@ _THREADS = typer.Option(None, "--threads", help="torch CPU threads")
 
 def _rows(data: Optional[Path], max_problems: Optional[int]) -> list[dict]:
     if data is None:
-        from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-
         rows = make_synthetic_dataset(SyntheticSpec())["test"]
     else:
-        from rlvr_core.data.jsonl import read_jsonl
-
         rows = read_jsonl(data)
     return rows[: max_problems or None]
 
 
 def _setup(threads: Optional[int]):
     import torch
-
-    from rlvr_core.core.progress import Progress
 
     if threads:
         torch.set_num_threads(threads)
@@ -66,8 +69,6 @@ def _checkpoints(b: list[str], training_run: Optional[Path], base: Optional[Path
 
 
 def _task(template: str, verifier: str, verifier_mode: Optional[str], max_new_tokens: int, seed: int):
-    from rlvr_core.probe.task import TaskSettings
-
     return TaskSettings(template_id=template, verifier=verifier, verifier_mode=verifier_mode,
                         max_new_tokens=max_new_tokens, seed=seed)
 
@@ -75,7 +76,6 @@ def _task(template: str, verifier: str, verifier_mode: Optional[str], max_new_to
 def _publish(out: Path, prefix: Optional[str], artifact_uri: Optional[str]) -> Optional[str]:
     if not prefix:
         return None
-    from rlvr_core.artifacts.storage import open_store
 
     store = open_store(artifact_uri)
     store.put_dir(prefix, out)
@@ -102,8 +102,6 @@ def tokens_command(
     threads: Optional[int] = _THREADS,
 ) -> None:
     """Teacher-forced per-token statistics (KL both ways, entropies, log-probs, Δlog p) -> probe_tokens.parquet."""
-    import time
-
     import pyarrow.parquet as pq
 
     from rlvr_core.probe.checkpoints import load_checkpoint_model, parse_checkpoint
@@ -159,7 +157,6 @@ def report_command(
     """RL-Probe report: problems where A fails and B succeeds, token KL spikes, categories, checkpoint trajectory."""
     from rlvr_core.probe.checkpoints import parse_checkpoint
     from rlvr_core.probe.report import ProbeSettings, run_rl_probe
-    from rlvr_core.probe.spikes import SpikeRule
 
     try:  # settings first: a bad option fails before any checkpoint is exported or loaded
         settings = ProbeSettings(selection=selection, responses_from=responses_from, metric=metric,
@@ -235,7 +232,7 @@ def boundary_command(
                                                 "published")} | {"report": str(out / "boundary_report.md")}))
 
 
-if __name__ == "__main__":  # `python -m rlvr_cli.probe …` works before (and besides) `rlvr probe …`
+if __name__ == "__main__":  # `python -m rlvr_cli.probe …`, besides `rlvr probe …`
     probe_app()
 
 
@@ -249,8 +246,6 @@ def runs_command(
 ) -> None:
     """Training-run analysis across runs from the warehouse: differing hyperparameters, final accuracies with
     intervals, dynamics at chosen steps, guard firings (seed 002)."""
-    from rlvr_core.probe.runs_report import training_run_report
-
     try:
         r = training_run_report(out, run_ids=run or None, experiment=experiment, steps=step or None, db=warehouse_path)
     except (ValueError, FileNotFoundError) as e:

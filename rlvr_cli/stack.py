@@ -9,8 +9,8 @@ from typing import Any, Optional
 import typer
 
 from flows import local_stack
-from rlvr_core.pipeline.stack import (BUCKET, DEFAULT_MLFLOW_PORT, DEFAULT_PG_PORT, DEFAULT_PREFECT_PORT, DEFAULT_S3_PORT,
-                                      StackError, down, read_state, stack_dir, state_path, status, up)
+from rlvr_core.pipeline.stack import (BUCKET, DEFAULT_MLFLOW_PORT, DEFAULT_PG_PORT, DEFAULT_PREFECT_PORT,
+                                      DEFAULT_S3_PORT, StackError, down, read_state, stack_dir, state_path, status, up)
 
 stack_app = typer.Typer(no_args_is_help=True, help="A local team stack (MLflow server, S3, Prefect) on 127.0.0.1.")
 

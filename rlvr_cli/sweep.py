@@ -19,16 +19,16 @@ from typing import Any, Optional
 import typer
 
 from rlvr_cli.common import fail as _fail
+from rlvr_cli.common import parse_sets
 from rlvr_core.experiment.config import ConfigError
-from rlvr_core.pipeline.sweeps import (find_sweep, format_pivot, load_sweep, one_line_error, pivot_rows, submitted_mapping,
-                                       sweep_pivot, swept_keys_from_params)
+from rlvr_core.pipeline.sweeps import (find_sweep, format_pivot, load_sweep, one_line_error, pivot_rows,
+                                       submitted_mapping, sweep_pivot, swept_keys_from_params)
+from rlvr_core.records import warehouse
 
 sweep_app = typer.Typer(no_args_is_help=True, help="Run ablation sweeps on the Prefect server and show their pivot.")
 
 
 def _overrides(sets: list[str]) -> dict[str, Any]:
-    from rlvr_cli.common import parse_sets
-
     return parse_sets(sets)
 
 
@@ -106,8 +106,6 @@ def _report(pc: Any, snap: Any) -> None:
 
 # ------------------------------------------------------------------------------------------ show (warehouse only)
 def _find_sweep_id(ref: str, path: Optional[Path]) -> str:
-    from rlvr_core.records import warehouse
-
     ids = warehouse.query_records(
         "SELECT p.value AS sweep_id, max(r.started_at) AS started FROM run_params p JOIN runs r USING (run_id) "
         "WHERE p.key = 'sweep.id' AND r.kind = 'trial' GROUP BY 1 ORDER BY started DESC NULLS LAST", None, path)
@@ -130,8 +128,6 @@ def sweep_show(
     json_out: bool = typer.Option(False, "--json", help="print the pivot rows as JSON"),
 ) -> None:
     """The pivot of a sweep from the warehouse: one row per cell, mean, 95% CI across seeds, per-seed values."""
-    from rlvr_core.records import warehouse
-
     sweep_id = _find_sweep_id(ref, warehouse_path)
     rows = warehouse.query_records(
         "SELECT run_id, key, value FROM run_params WHERE run_id IN "

@@ -22,6 +22,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rlvr_core.core.progress import Progress
+from rlvr_core.experiment.config import parse_config
+from rlvr_core.pipeline import stages
+from tasks.retry import is_transient
+
 
 def _die_with_parent() -> None:
     """If the task process that launched us dies (a killed flow run), stop too: an orphaned trainer would keep
@@ -38,9 +43,6 @@ def _die_with_parent() -> None:
 
 
 def _artifacts(req: dict[str, Any]):
-    from rlvr_core.pipeline import stages
-    from rlvr_core.experiment.config import parse_config
-
     cfg = parse_config(req["config"], req.get("source", "<stage request>"))
     data = stages.DataArtifact(**req["data"]) if "data" in req else None
     base = stages.ModelArtifact(**req["base"]) if "base" in req else None
@@ -49,9 +51,6 @@ def _artifacts(req: dict[str, Any]):
 
 
 def run(stage: str, req: dict[str, Any]) -> dict[str, Any]:
-    from rlvr_core.pipeline import stages
-    from rlvr_core.core.progress import Progress
-
     cfg, data, base, cur = _artifacts(req)
     progress = Progress(True)
     if stage == "train":
@@ -86,8 +85,6 @@ def main(argv: list[str]) -> int:
         out = {"ok": True, "result": run(stage, req)}
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent, classified
-        from tasks.retry import is_transient
-
         out = {"ok": False, "error_type": f"{type(e).__module__}.{type(e).__name__}", "message": str(e),
                "transient": is_transient(e), "traceback": traceback.format_exc()}
         code = 1

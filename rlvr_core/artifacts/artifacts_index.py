@@ -12,6 +12,7 @@ the folder, rewritten whenever a stage adds files, and never read by the pipelin
 from __future__ import annotations
 
 import html
+import io
 import json
 import re
 import time
@@ -22,9 +23,9 @@ from urllib.parse import quote
 
 import typer
 
-from rlvr_core.artifacts.layout import RUN_FILE, find_run_folders, resolve_run
-from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join
-from rlvr_core.core import svgplot
+from rlvr_core.artifacts.layout import RUN_FILE, find_run_folders, resolve_run, sweep_prefix
+from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join, open_store
+from rlvr_core.core import settings, svgplot
 
 INDEX = "index.html"
 _LINKS_MARK = "rlvr-links: "
@@ -120,8 +121,6 @@ def write_run_index(store: ArtifactStore, run_prefix: str, links: dict[str, str]
 
 
 def _parquet(store: ArtifactStore, key: str, columns: list[str] | None = None) -> list[dict]:
-    import io
-
     import pyarrow.parquet as pq
 
     data = pq.read_table(io.BytesIO(store.get_bytes(key)))
@@ -214,8 +213,6 @@ def render_sweep_index(base: str, pivot: list[dict], swept_keys: list[str], metr
 
 def view_cache(store: ArtifactStore) -> Path:
     """Where `open` puts copies of remote artifacts: `$RLVR_HOME/cache/artifact-views/<bucket>/<prefix>`."""
-    from rlvr_core.core import settings
-
     if not isinstance(store, S3Store):
         raise TypeError(f"{store.uri}: only remote stores are copied into the view cache")
     return settings.paths().cache / "artifact-views" / store.bucket / store.prefix
@@ -270,8 +267,6 @@ def artifacts_open(
 ) -> None:
     """Open an artifact, or a run's or sweep's index.html (downloaded to a local cache when on S3).
     Exits 1, saying why, when there is no such key or the folder has no index.html."""
-    from rlvr_core.artifacts.storage import open_store
-
     try:
         path = local_view(open_store(artifact_uri), key, with_checkpoints=with_checkpoints)
     except FileNotFoundError as e:
@@ -287,8 +282,6 @@ def artifacts_index(
     artifact_uri: Optional[str] = typer.Option(None, help="artifact store root (default: RLVR_ARTIFACT_URI)"),
 ) -> None:
     """(Re)write a run folder's index.html from the files it holds now."""
-    from rlvr_core.artifacts.storage import open_store
-
     store = open_store(artifact_uri)
     try:
         key = write_run_index(store, run if store.list(run.strip("/")) else resolve_run(store, run))
@@ -302,9 +295,6 @@ def publish_sweep_index(config: dict, sweep_id: str, pivot: list[dict], swept_ke
                         links: dict[str, str] | None = None) -> str:
     """The sweep's index page in the store its trials wrote to (`config`: the sweep's resolved base config,
     whose storage and tracking.experiment the trials share); returns the page's URL."""
-    from rlvr_core.artifacts.layout import sweep_prefix
-    from rlvr_core.artifacts.storage import open_store
-
     store = open_store(config["storage"]["artifact_uri"], config["storage"].get("s3_endpoint_url"))
     key = write_sweep_index(store, sweep_prefix(config["tracking"]["experiment"], sweep_id), pivot=pivot,
                             swept_keys=swept_keys, metric=metric, links=links)

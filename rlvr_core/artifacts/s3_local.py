@@ -22,7 +22,9 @@ versioning history, tags, multipart uploads still in progress.
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -135,8 +137,6 @@ def _backend():
 
 def restore(store: DiskStore) -> tuple[int, int]:
     """Load every kept bucket and object into moto; returns (buckets, objects)."""
-    import datetime
-
     backend, n = _backend(), 0
     for bucket in store.buckets():
         backend.create_bucket(bucket, REGION)
@@ -174,8 +174,6 @@ def _sync_bucket(store: DiskStore, bucket: str) -> None:
 def _target(environ: dict[str, Any]) -> tuple[str, str]:
     """(bucket, key): path-style (`/bucket/key`, what boto3 sends to an IP endpoint such as 127.0.0.1) or
     virtual-hosted (`bucket.localhost:9000` + `/key`)."""
-    import ipaddress
-
     path = unquote(environ.get("PATH_INFO", "")).lstrip("/")
     host = environ.get("HTTP_HOST", "").rsplit(":", 1)[0]
     try:

@@ -1,1 +1,2 @@
-"""Plain helpers every layer uses: settings, registries, statistics, seeds, progress lines, hashes (manifest), pass@k, SVG plots. Imports nothing else from rlvr_core."""
+"""Plain helpers every layer uses: settings (paths, environment), registries, statistics, pass@k, seeds,
+progress lines, hashes and package versions (manifest), SVG plots. Imports nothing else from rlvr_core."""

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from rlvr_core.core.passk import pass_at_k
 from rlvr_core.core.registry import Registry
+from rlvr_core.data.loaders import normalize_id
 
 __all__ = ["pass_rate_table", "filter_by_pass_rate", "order_curriculum", "register_ordering", "get_ordering",
            "known_orderings", "reconcile_ids", "IdMismatchError", "DEFAULT_KS"]
@@ -211,8 +212,6 @@ def reconcile_ids(curriculum_ids: Iterable[str], dataset_ids: Iterable[str], tol
         raise ValueError(f"tolerance must be a count >= 0 or a fraction in (0, 1), got {tolerance!r}")
     allowed = math.floor(tolerance * len(cur)) if isinstance(tolerance, float) and tolerance < 1 else int(tolerance)
     if unmatched and len(unmatched) > allowed:
-        from rlvr_core.data.loaders import normalize_id
-
         norm_data = {normalize_id(d) for d in data}
         near = sum(normalize_id(u) in norm_data for u in unmatched)
         hint = (f"; {near} of them match after normalize_id (one side is not normalised)" if near else "")

@@ -39,6 +39,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from rlvr_core.artifacts.layout import resolve_run
+from rlvr_core.artifacts.storage import open_store
+from rlvr_core.core.passk import default_ks, pass_at_k, passk_curve
 from rlvr_core.eval.evaluate import (COMPARE_EXEMPT, METRICS_FILE, SAMPLES_FILE, BenchmarkResult, read_samples,
                                      samples_table)
 
@@ -142,10 +145,7 @@ def _read_tables(ref: str, store) -> tuple[Any, Any, str]:
                 return pq.read_table(samples), pq.read_table(metrics), str(p)
         raise FileNotFoundError(f"{p}: no {SAMPLES_FILE} and {METRICS_FILE} (a folder written by `rlvr eval --out`)")
     if store is None:
-        from rlvr_core.artifacts.storage import open_store
-
         store = open_store()
-    from rlvr_core.artifacts.layout import resolve_run
 
     try:  # a run folder, EXPERIMENT/RUN_ID or a bare run id (rlvr_core.artifacts.layout)
         prefix = resolve_run(store, ref)
@@ -225,8 +225,6 @@ def _per_problem(records: list[dict], bench: str, label: str, headline: str) -> 
 
 def _delta_block(pa_: dict[str, dict], pb: dict[str, dict], common: list[str], na: int, nb: int,
                  ks: list[int]) -> dict[str, Any]:
-    from rlvr_core.core.passk import pass_at_k
-
     block: dict[str, Any] = {}
     if all(pa_[p]["greedy"] is not None and pb[p]["greedy"] is not None for p in common) and common:
         a = [int(pa_[p]["greedy"]) for p in common]
@@ -248,8 +246,6 @@ def _delta_block(pa_: dict[str, dict], pb: dict[str, dict], common: list[str], n
 
 def compare_benchmark(a: EvalSource, b: EvalSource, bench: str) -> dict[str, Any]:
     """Every number of the comparison for one benchmark (see the module docstring)."""
-    from rlvr_core.core.passk import default_ks, passk_curve
-
     sa, sb = a.settings[bench], b.settings[bench]
     headline = f"{sa['verifier']}:{sa['verifier_mode']}" if sa.get("verifier_mode") else sa["verifier"]
     pa_, na = _per_problem(a.records, bench, headline, headline)

@@ -52,11 +52,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlvr_core.core.passk import pass_at_k, passk_curve
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.core.stats import wilson_interval
 from rlvr_core.experiment.benchmarks import (BenchmarkSpec, VerifierSpec, benchmark_data_hash, benchmark_hash,
                                              effective_stop, gold_for, load_benchmark_problems, parse_benchmark,
                                              parse_metric, prompt_template, resolved_benchmark, scoring_label, scorings)
+from rlvr_core.sampling import SamplingParams
+from rlvr_core.sampling.models import load_model, model_hashes
+from rlvr_core.sampling.vllm import VLLMEngine
+from rlvr_core.verifiers.pool import VerifierPool
+from rlvr_core.verifiers.registry import can_hang, default_workers
 
 __all__ = ["RunSettings", "BenchmarkResult", "EvalResult", "evaluate", "evaluate_spec", "compute_metrics",
            "override_spec", "continued_after_answer", "vote_key", "SAMPLES_FILE", "METRICS_FILE", "CURVES_FILE",
@@ -99,8 +105,6 @@ class RunSettings:
     verifier_timeout_s: float = 5.0
 
     def pool_workers(self, verifier: str) -> int:
-        from rlvr_core.verifiers.registry import default_workers
-
         return default_workers(verifier) if self.verifier_workers is None else self.verifier_workers
 
     @property
@@ -294,8 +298,6 @@ def _share_row(name: str, hits: int, total: int) -> dict[str, Any]:
 def _group_metrics(spec: BenchmarkSpec, pids: list[str], per: dict[str, dict], vote_verifier: str,
                    n_samples: int) -> list[dict[str, Any]]:
     """accuracy / pass@K / maj@K over the problems `pids` (metric names without scoring or breakdown)."""
-    from rlvr_core.core.passk import pass_at_k
-
     rows: list[dict[str, Any]] = []
     P = len(pids)
     for metric in spec.metrics:
@@ -328,8 +330,6 @@ def compute_metrics(spec: BenchmarkSpec, problems: Sequence[dict[str, Any]], rec
     records: rows as in samples.parquet (`greedy` marks the greedy completion; at temperature 0 the single
     greedy completion is also the one sample of pass@1). Problems are scored in the order given.
     """
-    from rlvr_core.core.passk import passk_curve
-
     g = spec.generation
     headline = scoring_label(spec.verifier)
     labels = [scoring_label(v) for v in scorings(spec)]
@@ -433,8 +433,6 @@ def _natural(s: str) -> tuple:
 # --------------------------------------------------------------------------------------------- sampling
 def _verify(spec_v: VerifierSpec, pairs: list[tuple[str, Any]], run: RunSettings):
     """Outcomes of one scoring for (completion, gold) pairs, and the verifier's version."""
-    from rlvr_core.verifiers.pool import VerifierPool
-
     options = dict(spec_v.options) | ({"mode": spec_v.mode} if spec_v.mode is not None else {})
     with VerifierPool(spec_v.name, options, workers=run.pool_workers(spec_v.name),
                       timeout_s=run.verifier_timeout_s) as pool:
@@ -459,8 +457,6 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
     identity: what was evaluated (model path and hashes), stored next to the settings but not compared.
     timings: if given, gets `generate_s` and `verify_s` added (the benchmark's throughput split).
     """
-    from rlvr_core.sampling import SamplingParams
-
     t0 = time.monotonic()
     problems = load_benchmark_problems(spec) if problems is None else problems
     template = prompt_template(spec)
@@ -562,13 +558,10 @@ def build_engine(checkpoint_dir: str | Path, run: RunSettings, *, chat: bool = F
 
     if run.engine == "hf":
         from rlvr_core.sampling.hf import HFEngine
-        from rlvr_core.sampling.models import load_model
 
         model, tok = load_model(checkpoint_dir, run.dtype)
         return HFEngine(model, tok, batch_size=run.batch_size, device=run.device, add_special_tokens=not chat), tok
     if run.engine == "vllm":
-        from rlvr_core.sampling.vllm import VLLMEngine
-
         tok = AutoTokenizer.from_pretrained(checkpoint_dir, local_files_only=True)
         kw = {**(llm_options or {}), "dtype": run.dtype}
         if run.tensor_parallel > 1:
@@ -593,8 +586,6 @@ def opened_engine(checkpoint_dir: str | Path, run: RunSettings, *, chat: bool = 
 def _check_verifier_workers(specs: Sequence[BenchmarkSpec], run: RunSettings) -> None:
     """In-process verification (`verifier_workers=0`) of a verifier that can hang is refused before any
     sampling, not after it."""
-    from rlvr_core.verifiers.registry import can_hang
-
     if run.verifier_workers != 0:
         return
     hangers = sorted({v.name for spec in specs for v in scorings(spec) if can_hang(v.name)})
@@ -617,8 +608,6 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
         they change the benchmark hash, so the results say they were overridden.
     llm_options: for the vllm engine (`build_engine`).
     """
-    from rlvr_core.sampling.models import model_hashes
-
     path = Path(checkpoint_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint {path} has no config.json (a Hugging Face model folder, e.g. an "

@@ -40,9 +40,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
+from rlvr_core.core.manifest import rows_sha256
 from rlvr_core.data.loaders import DEFAULT_FILES, DataFormatError, known_datasets, load_problems
+from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import PromptTemplate, few_shot, get_template, known_templates
-from rlvr_core.experiment.config import ConfigError, SyntheticDataConfig, _one_of, _Strict, config_hash
+from rlvr_core.experiment.config import ConfigError, SyntheticDataConfig, _Strict, _one_of, config_hash
+from rlvr_core.verifiers import get_verifier, known_verifiers
 
 __all__ = [
     "BenchmarkSpec", "DataSpec", "PromptSpec", "FewShotSpec", "FewShotExample", "GenerationSpec", "VerifierSpec",
@@ -154,8 +157,6 @@ class VerifierSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _known_verifier(cls, v: str) -> str:
-        from rlvr_core.verifiers import known_verifiers
-
         return _one_of(v, known_verifiers(), "verifier")
 
 
@@ -216,8 +217,6 @@ def scorings(spec: BenchmarkSpec) -> list[VerifierSpec]:
 
 @functools.lru_cache(maxsize=64)
 def _build(name: str, options_json: str):
-    from rlvr_core.verifiers import get_verifier
-
     return get_verifier(name, **json.loads(options_json))
 
 
@@ -379,8 +378,6 @@ def _few_shot_file(spec: BenchmarkSpec, root: Path) -> Path | None:
 
 
 def _synthetic_rows(spec: BenchmarkSpec, split: str) -> list[dict]:
-    from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-
     s = spec.data.synthetic or SyntheticDataConfig()
     # The test split does not depend on n_train (synthetic.py), so it is generated without the train split.
     gen = SyntheticSpec(n_train=s.n_train if split == "train" else 0, n_test=s.n_test, seed=s.seed,
@@ -544,8 +541,6 @@ def benchmark_data_hash(spec: BenchmarkSpec, root: str | Path | None = None,
     `benchmark_hash` covers the settings, not the bytes of the data file; store this one next to it so a
     changed data file is caught too. Pass `problems` when they are already loaded.
     """
-    from rlvr_core.core.manifest import rows_sha256
-
     rows = load_benchmark_problems(spec, root) if problems is None else problems
     shots = [{"question": q, "completion": a} for q, a in few_shot_examples(spec, root)]
     return config_hash({"problems": rows_sha256(rows), "shots": rows_sha256(shots)})

@@ -17,6 +17,11 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rlvr_core.data.curriculum import known_orderings
+from rlvr_core.data.templates import known_templates
+from rlvr_core.experiment.guards import health_config
+from rlvr_core.verifiers.registry import can_hang, default_workers, verifier_class
+
 
 class ConfigError(ValueError):
     """A config that cannot be used. `str()` is the one message a user needs: file, field path, why."""
@@ -102,8 +107,6 @@ class PromptConfig(_Strict):
     @field_validator("template")
     @classmethod
     def _known(cls, v: str) -> str:
-        from rlvr_core.data.templates import known_templates
-
         return _one_of(v, known_templates(), "template")
 
 
@@ -155,8 +158,6 @@ class CurriculumConfig(_Strict):
     @field_validator("strategy")
     @classmethod
     def _known(cls, v: str) -> str:
-        from rlvr_core.data.curriculum import known_orderings
-
         return _one_of(v, known_orderings(), "strategy")
 
 
@@ -276,9 +277,7 @@ class GRPOConfig(_Strict):
     @field_validator("health")
     @classmethod
     def _health_settings(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if v:  # (imports torch through rlvr_core.grpo; the defaults need no check)
-            from rlvr_core.experiment.guards import health_config
-
+        if v:  # the defaults need no check
             health_config(v)
         return v
 
@@ -298,8 +297,6 @@ class GRPOConfig(_Strict):
 
 
 def _known_verifier(name: str) -> str:
-    from rlvr_core.verifiers.registry import verifier_class
-
     try:
         verifier_class(name)
     except KeyError as exc:
@@ -310,8 +307,6 @@ def _known_verifier(name: str) -> str:
 def _resolve_workers(data: Any, verifier_key: str, workers_key: str) -> Any:
     """Fill an unset worker count with the verifier's default (0 = in-process for verifiers that cannot
     hang, else 2), so the resolved config stores the number that ran."""
-    from rlvr_core.verifiers.registry import default_workers
-
     if isinstance(data, dict) and data.get(workers_key) is None:
         name = data.get(verifier_key, "gsm8k")
         try:
@@ -322,8 +317,6 @@ def _resolve_workers(data: Any, verifier_key: str, workers_key: str) -> Any:
 
 
 def _refuse_in_process_hang(name: str, workers: int, field: str) -> None:
-    from rlvr_core.verifiers.registry import can_hang
-
     if workers == 0 and can_hang(name):
         raise ValueError(f"{field}=0 runs verifier {name!r} in-process, where nothing can stop a hang; "
                          f"{name!r} can hang (math, minerva, ifeval, code can), so use {field} >= 1")

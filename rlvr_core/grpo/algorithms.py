@@ -21,18 +21,16 @@ This module only re-exports; it holds no logic.
 
 from __future__ import annotations
 
-from rlvr_core.grpo.advantages import (DEFAULT_ADV_EPS, advantages_to_tokens, dr_grpo_advantages,
-                                       get_advantage, grpo_advantages, known_advantages,
-                                       lowprob_token_weights, overlong_penalty, register_advantage,
-                                       rloo_advantages, weight_negative_advantages)
-from rlvr_core.grpo.kl import (get_kl_estimator, kl_k1, kl_k2, kl_k3, known_kl_estimators,
-                               register_kl_estimator, token_kl)
-from rlvr_core.grpo.losses import (aggregate_loss, get_loss_agg, get_policy_loss, grpo_loss,
-                                   known_loss_aggs, known_policy_losses, mask_from_lengths,
-                                   ppo_clip_loss, register_loss_agg, register_policy_loss, truncated_is_weights)
-from rlvr_core.grpo.sampling_strategies import (AdaptiveSamplingState, Batcher, BoundedBuffer,
-                                                BufferClosed, DynamicSamplingResult,
-                                                filter_zero_variance_groups)
+from rlvr_core.grpo.advantages import (DEFAULT_ADV_EPS, advantages_to_tokens, dr_grpo_advantages, get_advantage,
+                                       grpo_advantages, known_advantages, lowprob_token_weights, overlong_penalty,
+                                       register_advantage, rloo_advantages, weight_negative_advantages)
+from rlvr_core.grpo.kl import (get_kl_estimator, kl_k1, kl_k2, kl_k3, known_kl_estimators, register_kl_estimator,
+                               token_kl)
+from rlvr_core.grpo.losses import (aggregate_loss, get_loss_agg, get_policy_loss, grpo_loss, known_loss_aggs,
+                                   known_policy_losses, mask_from_lengths, ppo_clip_loss, register_loss_agg,
+                                   register_policy_loss, truncated_is_weights)
+from rlvr_core.grpo.sampling_strategies import (AdaptiveSamplingState, Batcher, BoundedBuffer, BufferClosed,
+                                                DynamicSamplingResult, filter_zero_variance_groups)
 
 __all__ = [
     "DEFAULT_ADV_EPS", "advantages_to_tokens", "dr_grpo_advantages", "get_advantage", "grpo_advantages",

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from rlvr_core.experiment.config import GRPOConfig
-from rlvr_core.experiment.guards import GUARD_IDS, Firing, GuardError, HealthConfig, HealthMonitor, firing_dict
+from rlvr_core.experiment.guards import GUARD_IDS, Firing, HealthConfig, HealthMonitor, firing_dict
 from rlvr_core.grpo.distributed import DataParallel
 
 if TYPE_CHECKING:

@@ -21,6 +21,7 @@ to the state file or printed by `env`.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -221,7 +222,6 @@ def _pg_data(sdir: Path, user: str | None) -> Path:
     data = sdir / "postgres"
     if user is None or data.is_symlink() or subprocess.run(["test", "-x", str(sdir)], user=user).returncode == 0:
         return data
-    import hashlib
 
     target = Path("/var/tmp") / f"rlvr-postgres-{hashlib.sha256(str(sdir).encode()).hexdigest()[:16]}"
     target.mkdir(mode=0o700, exist_ok=True)

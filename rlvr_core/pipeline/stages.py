@@ -20,14 +20,27 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
+from rlvr_core.artifacts.export import MANIFEST_FILE, export_checkpoint, upload_export, verify_local_export
+from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core.manifest import file_sha256, rows_sha256
+from rlvr_core.core.passk import default_ks
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.data import gold_of
+from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pass_rate_table, reconcile_ids
+from rlvr_core.data.jsonl import read_jsonl, write_jsonl
+from rlvr_core.data.loaders import load_problems
+from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import get_template
+from rlvr_core.eval.evaluate import (RunSettings, curves_table, evaluate_spec, metrics_table, opened_engine,
+                                     samples_table)
+from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.pipeline.cache import cached_dir, mark_done, resumable_dir
+from rlvr_core.records.tracking import StepMetricsSink
 from rlvr_core.sampling.models import model_hashes
 from rlvr_core.sampling.verified import sample_and_verify
+from rlvr_core.sampling.vllm import llm_options
+from rlvr_core.verifiers.registry import default_mode
 
 # Bump when a stage's code changes what it produces, so stale cache entries are not reused.
 DATA_STAGE_VERSION = "1"
@@ -54,21 +67,14 @@ class DataArtifact:
         return f"{self.train_hash[:16]}-{self.test_hash[:16]}"
 
     def train_rows(self) -> list[dict]:
-        from rlvr_core.data.jsonl import read_jsonl
-
         return read_jsonl(self.train_path)
 
     def test_rows(self) -> list[dict]:
-        from rlvr_core.data.jsonl import read_jsonl
-
         return read_jsonl(self.test_path)
 
 
 def prepare_data(cfg: ExperimentConfig, progress: Progress = SILENT) -> DataArtifact:
     """Generate (synthetic) or read the train/test problems; returns paths and content hashes."""
-    from rlvr_core.data.jsonl import read_jsonl, write_jsonl
-    from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-
     d = cfg.data
     if d.source == "synthetic":
         spec = SyntheticSpec(n_train=d.synthetic.n_train, n_test=d.synthetic.n_test,
@@ -82,8 +88,6 @@ def prepare_data(cfg: ExperimentConfig, progress: Progress = SILENT) -> DataArti
         folder, hit = cached_dir("data", {"stage": DATA_STAGE_VERSION, "synthetic": asdict(spec)}, build)
         train_path, test_path = folder / "train.jsonl", folder / "test.jsonl"
     else:
-        from rlvr_core.data.loaders import load_problems
-
         train_path = Path(d.train_path)
         test_path = Path(d.test_path)
         # Real sets are read (and schema-checked) through the loaders; the cache holds the mapped rows.
@@ -175,8 +179,6 @@ def normalise_passk_columns(table: pa.Table) -> pa.Table:
 def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifact,
                     progress: Progress = SILENT) -> PassRateArtifact:
     """Sample n completions per training prompt, verify, and tabulate per-problem pass rates (cached)."""
-    from rlvr_core.data.curriculum import filter_by_pass_rate, pass_rate_table
-
     rows = data.train_rows()
     if cfg.passk.max_prompts:
         rows = rows[: cfg.passk.max_prompts]
@@ -187,8 +189,6 @@ def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtif
            "dtype": cfg.model.dtype, "engine": cfg.sampling.engine, **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")}}
 
     def build(tmp: Path) -> None:
-        from rlvr_core.eval.evaluate import opened_engine
-
         t0 = time.monotonic()
         with opened_engine(model.path, _run_settings(cfg), llm_options=_vllm_options(cfg)) as (engine, _):
             records = sample_and_verify(None, None, rows, progress=progress, stage="pass@k", engine=engine, **kw)
@@ -246,8 +246,6 @@ def curriculum_stage(cfg: ExperimentConfig, data: DataArtifact, passrates: PassR
     another version of the data fails here, naming how many ids and which, instead of silently
     training on a subset.
     """
-    from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, reconcile_ids
-
     c, pk = cfg.curriculum, cfg.passk
     key = {"stage": CURRICULUM_STAGE_VERSION, "table": passrates.table_id, "train": data.train_hash,
            "low": pk.low, "high": pk.high, "drop_never": pk.drop_never_solved, "drop_always": pk.drop_always_solved,
@@ -287,7 +285,6 @@ def _vllm_options(cfg: ExperimentConfig) -> dict | None:
     separately: in `RunSettings` for evaluation, and GRPO runs one engine per rank). None for hf."""
     if cfg.sampling.engine != "vllm":
         return None
-    from rlvr_core.sampling.vllm import llm_options
 
     return llm_options(cfg.sampling, tensor_parallel=False)
 
@@ -299,7 +296,6 @@ def _live_metrics(cfg: ExperimentConfig, run_id: str | None):
     if not run_id:
         yield None
         return
-    from rlvr_core.records.tracking import StepMetricsSink
 
     with StepMetricsSink(run_id, cfg.tracking.tracking_uri) as sink:
         yield sink
@@ -360,8 +356,6 @@ def export_stage(trained: TrainArtifact, base: ModelArtifact, store: Any, prefix
     The local export sits in the training stage's folder and is reused when its files still match its
     manifest; the upload is verified every time.
     """
-    from rlvr_core.artifacts.export import MANIFEST_FILE, export_checkpoint, file_sha256, upload_export, verify_local_export
-
     local = Path(trained.folder) / f"export-{dtype}"
     try:
         verify_local_export(local)
@@ -384,7 +378,6 @@ def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, A
     always; pass@k from `grpo.eval_samples` sampled completions per problem at `eval.temperature` when
     both are > 0. Always the hf engine on the trainer's own module: a vLLM engine would need a weight push
     for a handful of greedy problems (docs/engines.md)."""
-    from rlvr_core.eval.evaluate import evaluate_spec
     from rlvr_core.sampling.hf import HFEngine
 
     n = cfg.grpo.eval_samples
@@ -454,8 +447,6 @@ def experiment_manifest(cfg: ExperimentConfig, data: DataArtifact, model: ModelA
                         resolved_config: dict[str, Any], template_key: str, extra: dict[str, Any]) -> dict[str, Any]:
     """The run manifest of one experiment (demo or pipeline): config, data hashes, every seed, the base model
     and the template, plus `extra` (run ids, artifact ids)."""
-    from rlvr_core.core import manifest as manifest_mod
-
     return manifest_mod.build_manifest(
         config_hash=config_hash, resolved_config=resolved_config,
         datasets={"train": data.train_hash, "test": data.test_hash},
@@ -476,10 +467,6 @@ def held_out_spec(cfg: ExperimentConfig, *, n: int | None = None, greedy_only: b
     n: sampled completions (default eval.n_samples). greedy_only: the greedy completion alone (temperature 0).
     eval.temperature 0 is greedy-only as well (n samples at temperature 0 would all be the greedy one).
     """
-    from rlvr_core.experiment.benchmarks import load_benchmark, parse_benchmark
-    from rlvr_core.verifiers.registry import default_mode
-    from rlvr_core.core.passk import default_ks
-
     base = load_benchmark("synthetic").model_dump(mode="json")
     d = json.loads(json.dumps(base))
     template = get_template(cfg.prompt.template)
@@ -514,8 +501,6 @@ def held_out_problems(cfg: ExperimentConfig, data: DataArtifact, spec) -> list[d
     test rows; a mismatch means the generator changed under one of them. Other sources: the data stage's
     rows (already read through the loaders).
     """
-    from rlvr_core.experiment.benchmarks import load_benchmark_problems
-
     rows = data.test_rows()[: cfg.eval.max_problems or None]
     if spec.data.source != "synthetic":
         return rows
@@ -530,8 +515,6 @@ def held_out_problems(cfg: ExperimentConfig, data: DataArtifact, spec) -> list[d
 
 def _run_settings(cfg: ExperimentConfig, engine: str | None = None):
     """How a sampling stage produces completions: `sampling.engine` unless told otherwise."""
-    from rlvr_core.eval.evaluate import RunSettings
-
     engine = engine or cfg.sampling.engine
     tp = cfg.sampling.vllm_tensor_parallel_size if engine == "vllm" else 1
     return RunSettings(engine=engine, dtype=cfg.model.dtype, batch_size=cfg.sampling.batch_size, tensor_parallel=tp,
@@ -542,8 +525,6 @@ def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifa
                    checkpoint: str = "base", progress: Progress = SILENT) -> EvalArtifact:
     """Greedy accuracy (with Wilson 95% CI and n) and sampled pass@k on the held-out split, through the
     evaluator (`rlvr_core.eval.evaluate`) with `held_out_spec(cfg)`: the code path of `rlvr eval`."""
-    from rlvr_core.eval.evaluate import curves_table, evaluate_spec, metrics_table, opened_engine, samples_table
-
     spec = held_out_spec(cfg)
     problems = held_out_problems(cfg, data, spec)
     run = _run_settings(cfg)

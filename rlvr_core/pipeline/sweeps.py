@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rlvr_core.experiment.config import (ConfigError, ExperimentConfig, apply_overrides, config_hash, parse_config,
-                                         read_yaml_file)
+from rlvr_core.eval.compare import t_quantile
+from rlvr_core.experiment.config import (ConfigError, ExperimentConfig, apply_overrides, check_files, config_hash,
+                                         parse_config, read_yaml_file)
+from rlvr_core.records import warehouse
 
 SWEEP_METRICS = ("accuracy_greedy", "pass@1", "pass@2", "pass@4", "pass@8")
 
@@ -274,8 +277,6 @@ def is_sweep_file(data: Any) -> bool:
 
 def check_sweep_files(sw: Sweep) -> None:
     """The files every trial names (data, local models) exist here; a ConfigError names the sweep and field."""
-    from rlvr_core.experiment.config import check_files
-
     for t in sw.trials:
         check_files(parse_config(t.config, sw.source), f"{sw.source}: trial {t.trial_id} ({t.label})")
 
@@ -369,11 +370,6 @@ def sweep_pivot(sweep_id: str, swept_keys: list[str], metric: str = "accuracy_gr
                 path: str | Path | None = None) -> list[dict[str, Any]]:
     """The pivot with a 95% interval across seeds (Student t on the per-seed values); a cell with one seed
     has no spread to measure, so it gets that trial's own Wilson interval (`ci_kind` says which)."""
-    import math
-
-    from rlvr_core.records import warehouse
-    from rlvr_core.eval.compare import t_quantile
-
     rows = warehouse.query_records(pivot_sql(swept_keys), [metric, sweep_id], path)
     for r in rows:
         n = r["n_seeds"]

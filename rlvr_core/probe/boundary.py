@@ -29,8 +29,13 @@ import numpy as np
 import pyarrow as pa
 
 from rlvr_core.core.passk import default_ks, passk_curve
+from rlvr_core.probe import figures as fig
+from rlvr_core.probe.checkpoints import load_checkpoint_model
+from rlvr_core.probe.inputs import sequences_from_records, sequences_from_rows
+from rlvr_core.probe.report import _md_table, write_tables
 from rlvr_core.probe.tables import Checkpoint
 from rlvr_core.probe.task import TaskSettings
+from rlvr_core.probe.token_stats import teacher_forced_stats
 
 __all__ = ["BoundarySettings", "ACCURACY_EDGES", "accuracy_bins", "solvable_overlap", "response_perplexity",
            "run_boundary_analysis"]
@@ -65,8 +70,6 @@ def solvable_overlap(c_a: dict[str, int], c_b: dict[str, int]) -> dict[str, int]
 
 def response_perplexity(model_a, model_b, tokenizer, seqs) -> list[dict]:
     """Per sequence: source, n_tokens, ppl under A and under B (exp of minus the mean token log-prob)."""
-    from rlvr_core.probe.token_stats import teacher_forced_stats
-
     seqs = [s for s in seqs if s.response_ids]
     if not seqs:
         return []
@@ -83,11 +86,6 @@ def run_boundary_analysis(a: Checkpoint, b: Checkpoint, rows: list[dict], out_di
 
     Writes boundary_report.md, figures/*.png and boundary_*.parquet into out_dir; returns the summary.
     """
-    from rlvr_core.probe import figures as fig
-    from rlvr_core.probe.checkpoints import load_checkpoint_model
-    from rlvr_core.probe.inputs import sequences_from_records, sequences_from_rows
-    from rlvr_core.probe.report import _md_table, write_tables
-
     t0 = time.monotonic()
     say = progress or (lambda stage, msg: None)
     models = dict(models or {})

@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlvr_core.core.progress import SILENT
 from rlvr_core.data import gold_of
+from rlvr_core.sampling.verified import sample_and_verify
+from rlvr_core.verifiers.pool import VerifierPool
+from rlvr_core.verifiers.registry import default_workers
 
 __all__ = ["TaskSettings", "gold_of"]
 
@@ -31,9 +35,6 @@ class TaskSettings:
     def sample(self, model, tokenizer, rows: list[dict], *, n: int, temperature: float, stage: str = "probe",
                progress=None) -> list[dict]:
         """n verified completions per row (records of `sample_and_verify`)."""
-        from rlvr_core.core.progress import SILENT
-        from rlvr_core.sampling.verified import sample_and_verify
-
         return sample_and_verify(model, tokenizer, rows, template_id=self.template_id, n=n, temperature=temperature,
                                  top_p=self.top_p, max_new_tokens=self.max_new_tokens, seed=self.seed,
                                  batch_size=self.batch_size, verifier=self.verifier, verifier_mode=self.verifier_mode,
@@ -42,9 +43,6 @@ class TaskSettings:
 
     def verify_texts(self, texts: list[str], golds: list[Any]) -> list[bool]:
         """Correct / not for each (text, gold) pair, with the task's verifier."""
-        from rlvr_core.verifiers.registry import default_workers
-        from rlvr_core.verifiers.pool import VerifierPool
-
         options = {"mode": self.verifier_mode} if self.verifier_mode else {}
         workers = default_workers(self.verifier) if self.verifier_workers is None else self.verifier_workers
         with VerifierPool(self.verifier, options, workers=workers,

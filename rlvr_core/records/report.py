@@ -23,12 +23,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rlvr_core.artifacts.artifacts_index import write_run_index
+from rlvr_core.artifacts.layout import RUN_FILE, resolve_run
 from rlvr_core.artifacts.storage import ArtifactStore, join, open_store
 from rlvr_core.core import settings
+from rlvr_core.records import warehouse
 from rlvr_core.records import warehouse_queries as wq
 
-# Importing this module stays light (the CLI registers its commands at start-up): matplotlib, DuckDB and
-# pyarrow load when a report is built.
+# matplotlib loads only when a figure is drawn (`_plt`): the command line imports this module at start-up.
 
 REPORT_DIR = "reports"
 # The training metrics drawn when a run has them (all metrics are in the warehouse; these tell the story).
@@ -190,9 +192,6 @@ def _figure(path: Path | None, alt: str) -> str:
 def run_folder(store: ArtifactStore, run_id: str, warehouse_path: str | Path | None = None) -> str:
     """The run's folder in `store`: where the warehouse last ingested it from, else looked up by run id.
     ReportError when the store does not hold it (its files are gone, or this is another store)."""
-    from rlvr_core.records import warehouse
-    from rlvr_core.artifacts.layout import RUN_FILE, resolve_run
-
     rows = warehouse.query_records("SELECT run_prefix FROM ingest_log WHERE run_id = ?", [run_id], warehouse_path)
     prefix = rows[0]["run_prefix"] if rows else None
     if prefix and store.exists(join(prefix, RUN_FILE)):
@@ -280,7 +279,6 @@ def build_report(run_id: str, *, store: ArtifactStore | None = None, warehouse_p
         for f in sorted(figs.iterdir()):
             store.put_file(join(prefix, "figures", f.name), f)
         store.put_file(join(prefix, "index.html"), Path(tmp) / "index.html")
-    from rlvr_core.artifacts.artifacts_index import write_run_index
 
     write_run_index(store, folder)  # the run's own page now lists the report
     return store.url(join(prefix, "index.html"))

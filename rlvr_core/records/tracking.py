@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote
 
 from rlvr_core.core import settings
 
@@ -497,8 +498,6 @@ class Tracker:
 
     def compare_url(self, run_ids: list[str]) -> str:
         """MLflow's compare view of these runs (params side by side, parallel coordinates); no credentials."""
-        from urllib.parse import quote
-
         runs, exps = quote(json.dumps(sorted(run_ids))), quote(json.dumps([self.experiment_id]))
         base = self._ui_path("").split("#", 1)[0]
         base += "/" if base.startswith(("http://", "https://")) and not base.endswith("/") else ""

@@ -19,10 +19,10 @@ Schema changes are numbered migrations (`MIGRATIONS`), applied in order and reco
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import datetime as dt
 import decimal
 import fcntl
+import hashlib
 import io
 import json
 import math
@@ -35,6 +35,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlvr_core.artifacts.layout import find_run_folders
 from rlvr_core.artifacts.storage import ArtifactStore, join
 from rlvr_core.core import settings
 
@@ -676,8 +677,6 @@ def ingest_all(store: ArtifactStore, path: str | Path | None = None, force: bool
 def find_runs(store: ArtifactStore) -> list[str]:
     """Run folders in the store: every folder holding a run.json, at any depth below its experiment
     (`<experiment>/<run>/`, and sweep trials' `<experiment>/<sweep>/<trial>/`; docs/artifacts.md)."""
-    from rlvr_core.artifacts.layout import find_run_folders
-
     return find_run_folders(store)
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr_core.records import warehouse
+
 # The SQL lives beside the app that shows it (DESIGN.md: dashboards/ holds the app and its SQL);
 # RLVR_QUERIES_DIR points elsewhere, e.g. for an installed package without the repository.
 QUERIES_DIR = Path(os.environ.get("RLVR_QUERIES_DIR", Path(__file__).resolve().parents[2] / "dashboards" / "queries"))
@@ -161,16 +163,12 @@ def load(name: str, directory: Path | None = None) -> CannedQuery:
 
 def run(name: str, params: dict[str, Any] | None = None, path: str | Path | None = None) -> tuple[list[str], list[tuple]]:
     """Run a canned query read-only against the warehouse at `path` (default: the configured one)."""
-    from rlvr_core.records import warehouse
-
     q = load(name)
     return warehouse.query(q.sql, q.bind(params), path)
 
 
 def records(name: str, params: dict[str, Any] | None = None, path: str | Path | None = None) -> list[dict[str, Any]]:
     """Rows as JSON-safe dicts."""
-    from rlvr_core.records import warehouse
-
     q = load(name)
     return warehouse.query_records(q.sql, q.bind(params), path)
 

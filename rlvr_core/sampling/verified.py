@@ -22,7 +22,7 @@ def sample_and_verify(model, tokenizer, rows: list[dict], *, template_id: str, n
                       engine: Any = None) -> list[dict]:
     """n completions per problem, each verified against the problem's gold answer.
 
-    engine: a built sampling engine (`rlvr_core.evaluate.build_engine`); default an `HFEngine` on model
+    engine: a built sampling engine (`rlvr_core.eval.evaluate.build_engine`); default an `HFEngine` on model
     and tokenizer. verifier_workers None: the verifier's default (`verifiers.registry.default_workers`).
 
     Returns one record per sample: problem_id, sample_index, response, extracted, status, reward,

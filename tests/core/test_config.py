@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlvr_core.experiment.config import (ConfigError, ExperimentConfig, check_files, config_hash, demo_config, load_config,
-                                         parse_config)
+from rlvr_core.experiment.config import (ConfigError, ExperimentConfig, check_files, config_hash, demo_config,
+                                         load_config, parse_config)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -33,7 +33,7 @@ from rlvr_core.grpo import trainer as trainer_mod
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.sampling import SamplingParams
 from rlvr_core.sampling.hf import HFEngine
-from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier
+from rlvr_core.verifiers.base import _REGISTRY, Outcome, Status, register_verifier
 
 STATUS_CYCLE = (Status.CORRECT, Status.INCORRECT, Status.NO_ANSWER, Status.ERROR, Status.TIMEOUT)
 STATUS_COLS = [f"status/{s.value}" for s in STATUS_CYCLE]
