@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import typer
 
+from rlvr_cli.artifacts import artifacts_app
 from rlvr_cli.common import fail as _fail
 from rlvr_cli.common import parse_sets as _parse_sets
 from rlvr_cli.common import print_table as _print_table
@@ -22,7 +23,6 @@ from rlvr_cli.records import dashboard_command, ingest_command, query_command, r
 from rlvr_cli.stack import stack_app
 from rlvr_cli.sweep import sweep_app
 from rlvr_cli.verify import verify_command
-from rlvr_core.artifacts.artifacts_index import artifacts_index, artifacts_open
 from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core import settings
 from rlvr_core.core.progress import Progress
@@ -35,7 +35,6 @@ from rlvr_core.records import warehouse
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 config_app = typer.Typer(no_args_is_help=True, help="Validate and show experiment configs.")
 warehouse_app = typer.Typer(no_args_is_help=True, help="The DuckDB results warehouse.")
-artifacts_app = typer.Typer(no_args_is_help=True, help="Browse the artifact store (local folder or S3).")
 app.add_typer(config_app, name="config")
 app.add_typer(warehouse_app, name="warehouse")
 app.add_typer(artifacts_app, name="artifacts")
@@ -177,25 +176,6 @@ def warehouse_rebuild(artifact_uri: Optional[str] = typer.Option(None, help="art
     typer.echo(json.dumps(counts))
 
 
-@artifacts_app.command("ls")
-def artifacts_ls(prefix: str = typer.Argument("", help="key prefix, e.g. rlvr-demo/RUN_ID"),
-                 artifact_uri: Optional[str] = typer.Option(None, help="artifact store root")) -> None:
-    """List artifact keys under PREFIX."""
-    for key in open_store(artifact_uri).list(prefix):
-        typer.echo(key)
-
-
-@artifacts_app.command("get")
-def artifacts_get(key: str, dest: Path = typer.Argument(..., help="local file to write"),
-                  artifact_uri: Optional[str] = typer.Option(None, help="artifact store root")) -> None:
-    """Copy one artifact to a local file."""
-    try:
-        open_store(artifact_uri).get_file(key, dest)
-    except FileNotFoundError as e:
-        _fail(str(e), 1)
-    typer.echo(str(dest))
-
-
 app.command("verify", help="Verify a jsonl file of responses with a named verifier.")(verify_command)
 app.command("eval", help="Evaluate a checkpoint on benchmarks (docs/evaluation.md).")(eval_command)
 app.command("compare", help="Compare two evaluations: paired deltas, capability boundary.")(compare_command)
@@ -205,8 +185,6 @@ app.command("report")(report_command)
 app.command("dashboard")(dashboard_command)
 app.add_typer(probe_app, name="probe")  # tokens | report | dlogp | boundary (docs/probes.md)
 app.add_typer(stack_app, name="stack")
-artifacts_app.command("open")(artifacts_open)
-artifacts_app.command("index")(artifacts_index)
 
 
 def main() -> None:

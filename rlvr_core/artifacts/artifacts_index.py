@@ -1,4 +1,4 @@
-"""Browsing the artifact store: index pages of runs and sweeps, and `rlvr artifacts open|index`.
+"""Browsing the artifact store: index pages of runs and sweeps, and the local view `rlvr artifacts open` shows.
 
 Every run folder (`<experiment>/<run name>-<id>/` or `<experiment>/<sweep>/<trial>/`, rlvr_core.artifacts.layout,
 docs/artifacts.md) gets an `index.html` at its root listing its reports and files with *relative* links, so
@@ -16,12 +16,8 @@ import io
 import json
 import re
 import time
-import webbrowser
 from pathlib import Path
-from typing import Optional
 from urllib.parse import quote
-
-import typer
 
 from rlvr_core.artifacts.layout import RUN_FILE, find_run_folders, resolve_run, sweep_prefix
 from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join, open_store
@@ -256,39 +252,6 @@ def local_view(store: ArtifactStore, key: str, *, with_checkpoints: bool = False
         else:
             store.get_dir(key, path, skip=() if with_checkpoints else ("checkpoints/",))
     return path if is_file else path / INDEX
-
-
-def artifacts_open(
-    key: str = typer.Argument("", help="an artifact key, a run or sweep folder, or a run id, e.g. "
-                                       "rlvr-demo/demo-1a2b3c4d"),
-    print_only: bool = typer.Option(False, "--print", help="print the local path; do not start a browser"),
-    with_checkpoints: bool = typer.Option(False, "--with-checkpoints", help="also download checkpoints/ (S3)"),
-    artifact_uri: Optional[str] = typer.Option(None, help="artifact store root (default: RLVR_ARTIFACT_URI)"),
-) -> None:
-    """Open an artifact, or a run's or sweep's index.html (downloaded to a local cache when on S3).
-    Exits 1, saying why, when there is no such key or the folder has no index.html."""
-    try:
-        path = local_view(open_store(artifact_uri), key, with_checkpoints=with_checkpoints)
-    except FileNotFoundError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(1)
-    typer.echo(str(path))
-    if not print_only:
-        webbrowser.open(path.resolve().as_uri())
-
-
-def artifacts_index(
-    run: str = typer.Argument(..., help="run folder (EXPERIMENT/NAME-ID, EXPERIMENT/SWEEP/TRIAL) or run id"),
-    artifact_uri: Optional[str] = typer.Option(None, help="artifact store root (default: RLVR_ARTIFACT_URI)"),
-) -> None:
-    """(Re)write a run folder's index.html from the files it holds now."""
-    store = open_store(artifact_uri)
-    try:
-        key = write_run_index(store, run if store.list(run.strip("/")) else resolve_run(store, run))
-    except FileNotFoundError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(1)
-    typer.echo(store.url(key))
 
 
 def publish_sweep_index(config: dict, sweep_id: str, pivot: list[dict], swept_keys: list[str], metric: str,

@@ -91,7 +91,8 @@ def test_compare_names_the_run_it_cannot_find(store, tmp_path, monkeypatch):
 def test_open_resolves_run_ids_and_refuses_folders_without_an_index(store, tmp_path, rlvr_home, monkeypatch):
     """`rlvr artifacts open`: a run id opens its folder's page; a folder without index.html is a clear
     error with exit 1 (before: it printed a path to a page that did not exist)."""
-    from rlvr_core.artifacts.artifacts_index import artifacts_open, write_run_index
+    from rlvr_cli.artifacts import artifacts_open
+    from rlvr_core.artifacts.artifacts_index import write_run_index
 
     if hasattr(store, "endpoint_url"):
         monkeypatch.setenv("RLVR_S3_ENDPOINT_URL", store.endpoint_url)

@@ -113,7 +113,8 @@ def test_artifacts_open_prints_a_local_path(store, rlvr_home, monkeypatch):
     import typer
     from typer.testing import CliRunner
 
-    from rlvr_core.artifacts.artifacts_index import artifacts_open, write_run_index
+    from rlvr_cli.artifacts import artifacts_open
+    from rlvr_core.artifacts.artifacts_index import write_run_index
 
     endpoint = getattr(store, "endpoint_url", None)
     if endpoint:

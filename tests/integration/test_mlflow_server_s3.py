@@ -138,7 +138,7 @@ def test_artifacts_cli_browses_the_bucket(stack_demo, env_for):
     s = stack_demo["summary"]
     env = {**env_for(stack_demo["home"]), **stack_demo["state"]["env"]}
     run = f"team-stack/demo-{s['mlflow_run_id'][:8]}"
-    code = ("import sys, typer; from rlvr_cli.main import artifacts_ls; from rlvr_core.artifacts.artifacts_index import "
+    code = ("import sys, typer; from rlvr_cli.artifacts import artifacts_ls, "
             "artifacts_open; app = typer.Typer(); app.command('ls')(artifacts_ls); app.command('open')(artifacts_open); "
             "app(sys.argv[1:])")
     ls = subprocess.run([sys.executable, "-c", code, "ls", run], env=env, capture_output=True, text=True, timeout=120)
