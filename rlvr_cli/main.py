@@ -1,7 +1,8 @@
 """`rlvr`: the one command-line entry point, for users and for the tasks' subprocesses alike.
 
-Heavy imports (torch, prefect, mlflow) happen inside commands, so `rlvr config validate` answers in
-well under a second and a bad config fails before any of them load.
+torch, Prefect and MLflow load inside the commands that need them (tests/core/test_import_contract.py allows
+exactly those lazy imports), so `rlvr --help` and `rlvr config validate` load none of them, and a bad config
+fails before any of them load.
 """
 
 from __future__ import annotations
