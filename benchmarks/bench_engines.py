@@ -5,7 +5,7 @@ model, and for the per-run and per-step costs a trainer pays for vLLM (engine st
 measures all of them in one run, with the ratios vllm / hf taken from that same run.
 
 Models (built into `--work`, reused when already there):
-  demo  the demo's base model, built as `rlvr demo` builds it (rlvr_core.stages.prepare_base_model): the demo
+  demo  the demo's base model, built as `rlvr demo` builds it (rlvr_core.pipeline.stages.prepare_base_model): the demo
         config's warm start (rlvr_core.tiny.warmstart, 180 steps) on the demo's synthetic train split: tokenizer
         trained on it, Qwen2 of hidden 128, 4 layers, 4 heads; ~1.1M parameters; float32 (the demo's dtype).
   0.5b  Qwen2.5-0.5B's shape (Qwen2Config hidden 896, intermediate 4864, 24 layers, 14 heads, 2 KV heads, tied
@@ -14,7 +14,7 @@ Models (built into `--work`, reused when already there):
         in both engines), or the vocab sized to the tokenizer (`--big-vocab tokenizer`, ~358M). bfloat16.
 Prompts: the first P questions of the demo's synthetic train split rendered with template "qa"; SamplingParams
 n=G, temperature 1.0, top-p 1, no top-k, the template's stop strings, max_new_tokens; per-request seeds from
-rlvr_core.seeding.request_seed (the same in both engines; checked).
+rlvr_core.core.seeding.request_seed (the same in both engines; checked).
 
 Arms. Every engine runs in its own child process (an in-process vLLM sets the process's thread count and a
 torch.distributed group), one after the other; `--rounds N` repeats the sequence hf, vllm, vllm-compiled per model,
@@ -70,7 +70,7 @@ SMOKE_BIG = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, nu
 # ------------------------------------------------------------------------------------------------ shared
 def _demo_rows() -> list[dict]:
     """The demo's synthetic train split (configs/demo.yaml data.synthetic)."""
-    from rlvr_core.config import demo_config
+    from rlvr_core.experiment.config import demo_config
     from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
     s = demo_config().data.synthetic
@@ -80,7 +80,7 @@ def _demo_rows() -> list[dict]:
 
 def _workload(a: argparse.Namespace) -> tuple[list[str], list[str], Any]:
     from rlvr_core.sampling import SamplingParams
-    from rlvr_core.templates import get_template
+    from rlvr_core.data.templates import get_template
 
     t = get_template("qa")
     rows = _demo_rows()[:a.P]
@@ -116,8 +116,8 @@ def _set_threads(n: int) -> None:
 def build_demo(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The demo's base model: prepare_base_model's warm start with the demo config's spec and data."""
     _set_threads(a.threads)
-    from rlvr_core.config import demo_config
-    from rlvr_core.stages import warm_start_spec
+    from rlvr_core.experiment.config import demo_config
+    from rlvr_core.pipeline.stages import warm_start_spec
     from rlvr_core.tiny.model import count_params
     from rlvr_core.tiny.warmstart import WarmStartSpec, save_tiny, train_tiny
 
@@ -139,7 +139,7 @@ def build_big(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from rlvr_core.templates import get_template
+    from rlvr_core.data.templates import get_template
     from rlvr_core.tiny.model import count_params
     from rlvr_core.tiny.tokenizer import train_tokenizer
 
@@ -172,7 +172,7 @@ def run_hf(a: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr_core.sampling import HFEngine
+    from rlvr_core.sampling.hf import HFEngine
 
     tok = AutoTokenizer.from_pretrained(a.model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(a.model_dir, local_files_only=True, dtype=getattr(torch, a.dtype))
@@ -197,7 +197,7 @@ def _raw_n_g(eng, prompts: list[str], ids: list[str], params, step: int) -> int:
     import vllm
 
     from rlvr_core.sampling.vllm import _NO_LOGPROB_TEXT, to_vllm_sampling_kwargs
-    from rlvr_core.seeding import request_seed
+    from rlvr_core.core.seeding import request_seed
 
     reqs, sps = [], []
     for p, pid in zip(prompts, ids):

@@ -3,7 +3,7 @@
 Why: issue 6 asks how fast `rlvr eval` is (samples/s, generated tokens/s) on the synthetic benchmark and on
 GSM8K prompts, and how the time splits between generation and verification. Each workload is run by
 
-  evaluator (workers=2)  `rlvr_core.evaluate.evaluate_spec`: our batched decode loop (hf engine, per-request
+  evaluator (workers=2)  `rlvr_core.eval.evaluate.evaluate_spec`: our batched decode loop (hf engine, per-request
                          seeds), then every completion verified by each scoring (headline + side by side) in
                          verifier pools of 2 worker processes with a hard timeout (the default of `rlvr eval`)
   evaluator (workers=0)  the same, verifiers in-process (no timeout protection, no process start-up)
@@ -37,19 +37,20 @@ import time
 
 # torch is imported inside the functions, not here: the verifier pool's forkserver preloads this script's
 # module, and with torch loaded there its workers verify ~50x slower (docs/benchmarks/eval.md).
-from rlvr_core.benchmarks import (build_verifier, effective_stop, gold_for, load_benchmark, load_benchmark_problems,
-                                  parse_benchmark, prompt_template, scorings)
-from rlvr_core.evaluate import RunSettings, evaluate_spec
+from rlvr_core.eval.evaluate import RunSettings, evaluate_spec
+from rlvr_core.experiment.benchmarks import (build_verifier, effective_stop, gold_for, load_benchmark,
+                                             load_benchmark_problems, parse_benchmark, prompt_template, scorings)
 
 
 def demo_model():
-    from rlvr_core import stages
-    from rlvr_core.config import demo_config
+    from rlvr_core.pipeline import stages
+    from rlvr_core.experiment.config import demo_config
+    from rlvr_core.sampling.models import load_model
 
     cfg = demo_config()
     data = stages.prepare_data(cfg)
     base = stages.prepare_base_model(cfg, data)
-    return stages.load_model(base.path, cfg.model.dtype)
+    return load_model(base.path, cfg.model.dtype)
 
 
 def specs(problems: int, gsm8k_problems: int, gsm8k_tokens: int):
@@ -64,7 +65,7 @@ def specs(problems: int, gsm8k_problems: int, gsm8k_tokens: int):
 
 
 def ours(model, tok, spec, workers: int) -> dict:
-    from rlvr_core.sampling import HFEngine
+    from rlvr_core.sampling.hf import HFEngine
 
     engine = HFEngine(model, tok, batch_size=64)
     t: dict = {}

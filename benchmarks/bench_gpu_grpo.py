@@ -357,10 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     import pyarrow.parquet as pq
     import transformers
 
-    from rlvr_core.config import GRPOConfig, RewardConfig
+    from rlvr_core.experiment.config import GRPOConfig, RewardConfig
     from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
     from rlvr_core.grpo.trainer import train_grpo
-    from rlvr_core.templates import get_template
+    from rlvr_core.data.templates import get_template
 
     P, G = a.prompts_per_step, a.group_size
     kwargs: dict[str, Any] = {"engine": a.engine}

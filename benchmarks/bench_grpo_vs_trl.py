@@ -91,9 +91,9 @@ def run_ours(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from rlvr_core.config import GRPOConfig, RewardConfig
+    from rlvr_core.experiment.config import GRPOConfig, RewardConfig
     from rlvr_core.grpo.trainer import train_grpo
-    from rlvr_core.templates import get_template
+    from rlvr_core.data.templates import get_template
 
     rows = _load_rows()
     ids = [r["id"] for r in rows]  # curriculum "all": the training ids in data order
@@ -145,10 +145,10 @@ def run_trl(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     from trl import GRPOConfig as TRLGRPOConfig
     from trl import GRPOTrainer
 
-    from rlvr_core.config import GRPOConfig
+    from rlvr_core.experiment.config import GRPOConfig
     from rlvr_core.grpo.trainer import gold_of
     from rlvr_core.sampling.base import find_stop
-    from rlvr_core.templates import get_template
+    from rlvr_core.data.templates import get_template
     from rlvr_core.verifiers import get_verifier
     from rlvr_core.verifiers.base import safe_verify
 

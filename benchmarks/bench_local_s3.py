@@ -1,4 +1,4 @@
-"""What keeping objects on disk costs: the local stack's S3 (`rlvr_core.s3_local`) against plain
+"""What keeping objects on disk costs: the local stack's S3 (`rlvr_core.artifacts.s3_local`) against plain
 `moto_server` (in memory), both started here on 127.0.0.1, same client (boto3), same work.
 
     python benchmarks/bench_local_s3.py [--mb 64] [--small 300] [--rounds 3]
@@ -33,7 +33,7 @@ def start(kind: str, data: Path) -> tuple[subprocess.Popen, str]:
     if kind == "moto_server":
         argv = [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
     else:
-        argv = [sys.executable, "-m", "rlvr_core.s3_local", "--port", str(port), "--data", str(data)]
+        argv = [sys.executable, "-m", "rlvr_core.artifacts.s3_local", "--port", str(port), "--data", str(data)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):

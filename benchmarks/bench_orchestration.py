@@ -6,7 +6,7 @@
 Both arms start from an empty RLVR_HOME (nothing cached: data, base model, pass-rate table and training
 are all computed) and share only the compiled DeepSpeed op (TORCH_EXTENSIONS_DIR), so they do the same work:
 
-- direct: one Python process calls rlvr_core.stages in order (data → base model → pass-rate table →
+- direct: one Python process calls rlvr_core.pipeline.stages in order (data → base model → pass-rate table →
   curriculum → GRPO → export → evaluate) and records the run (artifact store folder, MLflow, warehouse
   ingest), no Prefect imported;
 - prefect: a real local stack (`flows/local_stack.py`: server + process worker on 127.0.0.1, not timed),
@@ -42,18 +42,19 @@ def _overrides(sets: list[str]) -> dict:
 
 def direct(overrides: dict) -> dict:
     """The stages in this process, timed one by one (run in a child process with its own RLVR_HOME)."""
-    from rlvr_core import settings
+    from rlvr_core.core import settings
 
     settings.configure_environment()
     t0 = time.perf_counter()
     import pyarrow.parquet as pq
 
-    from rlvr_core import stages, warehouse
-    from rlvr_core.config import dump_yaml, load_config
-    from rlvr_core.runrecord import upload_run_folder, write_run_folder
-    from rlvr_core.layout import run_prefix
-    from rlvr_core.storage import join, open_store
-    from rlvr_core.tracking import Tracker, flatten
+    from rlvr_core.pipeline import stages
+    from rlvr_core.records import warehouse
+    from rlvr_core.experiment.config import dump_yaml, load_config
+    from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
+    from rlvr_core.artifacts.layout import run_prefix
+    from rlvr_core.artifacts.storage import join, open_store
+    from rlvr_core.records.tracking import Tracker, flatten
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", overrides)
     times, t = {}, time.perf_counter()
@@ -73,7 +74,7 @@ def direct(overrides: dict) -> dict:
     store = open_store(None)
     tracker = Tracker(cfg.tracking.experiment)
     run_id = tracker.start_run(cfg.name, {"kind": "pipeline"})
-    prefix = run_prefix(cfg.tracking.experiment, cfg.name, run_id)  # the pipeline's folder name (rlvr_core.layout)
+    prefix = run_prefix(cfg.tracking.experiment, cfg.name, run_id)  # the pipeline's folder name (rlvr_core.artifacts.layout)
     ex = stages.export_stage(tr, base, store, join(prefix, "checkpoints", "final")); lap("export")
     ev = stages.evaluate_stage(cfg, data, ex.model, eval_id="trained", checkpoint=ex.uri); lap("evaluate")
     # The same run record as the pipeline flow's `record-run` task: the same tables, every step metric,
@@ -120,7 +121,7 @@ def through_prefect(overrides: dict, home: Path) -> dict:
             raise RuntimeError(f"pipeline run failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     finally:
         prefect_down(state)
-    from rlvr_core import warehouse
+    from rlvr_core.records import warehouse
 
     acc = warehouse.query_records("select value from eval_metrics where eval_id = 'trained' and metric = 'accuracy_greedy'",
                                   path=home / "warehouse.duckdb")

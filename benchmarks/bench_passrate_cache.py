@@ -21,8 +21,9 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-passk-") as home:
         os.environ["RLVR_HOME"] = home
-        from rlvr_core import settings, stages
-        from rlvr_core.config import parse_config
+        from rlvr_core.core import settings
+        from rlvr_core.pipeline import stages
+        from rlvr_core.experiment.config import parse_config
 
         settings.configure_environment()
         cfg = parse_config({"passk": {"max_prompts": args.prompts, "n_samples": args.samples,

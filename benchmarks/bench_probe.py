@@ -50,11 +50,11 @@ def _build(config: str, demo_base: str | None, device: str):
     if config == "demo":
         from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
         from rlvr_core.probe.inputs import sequences_from_rows
-        from rlvr_core.templates import get_template
+        from rlvr_core.data.templates import get_template
 
         rows = make_synthetic_dataset(SyntheticSpec())
         if demo_base:
-            from rlvr_core.stages import load_model
+            from rlvr_core.sampling.models import load_model
 
             a, tok = load_model(demo_base)
         else:

@@ -24,8 +24,8 @@ import time
 import torch
 
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
+from rlvr_core.data.templates import get_template
 from rlvr_core.sampling import SamplingParams, get_engine
-from rlvr_core.templates import get_template
 from rlvr_core.tiny.model import build_tiny_model
 from rlvr_core.tiny.tokenizer import train_tokenizer
 

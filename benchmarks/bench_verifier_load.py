@@ -106,7 +106,7 @@ def in_process(name: str, pairs, timeout_s: float) -> tuple[float, list[Outcome]
 _PLAIN = r"""
 import json, sys, time
 from math_verify import parse, verify
-from rlvr_core.verifiers.warm import MATH_EXAMPLES
+from rlvr_core.verifiers.math_verifier import MATH_EXAMPLES
 for g, a in MATH_EXAMPLES:  # warm, but not on the benchmark's own items
     verify(parse("\\boxed{" + g + "}"), parse(f"$\\boxed{{{a}}}$"))
 pairs = json.load(open(sys.argv[-1]))

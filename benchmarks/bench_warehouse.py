@@ -115,9 +115,9 @@ def main() -> None:
     ap.add_argument("--naive-rows", type=int, default=20_000, help="rows for the row-by-row INSERT peer")
     args = ap.parse_args()
 
-    from rlvr_core import warehouse
-    from rlvr_core import warehouse_queries as wq
-    from rlvr_core.storage import LocalStore
+    from rlvr_core.records import warehouse
+    from rlvr_core.records import warehouse_queries as wq
+    from rlvr_core.artifacts.storage import LocalStore
 
     with tempfile.TemporaryDirectory(prefix="bench-warehouse-") as tmp:
         root = Path(tmp)

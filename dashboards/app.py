@@ -3,7 +3,7 @@
     rlvr dashboard                      # or: streamlit run dashboards/app.py
     RLVR_WAREHOUSE=/path/w.duckdb rlvr dashboard --port 8502
 
-Every view runs a canned query from dashboards/queries/*.sql through rlvr_core.warehouse_queries, the
+Every view runs a canned query from dashboards/queries/*.sql through rlvr_core.records.warehouse_queries, the
 same SQL the tests check and the static report (`rlvr report RUN`) uses. Each query opens the
 warehouse read-only and closes it again, so `rlvr warehouse ingest` can take the writer lock between
 two page loads; while an ingest holds it, the page says so instead of failing.
@@ -16,8 +16,8 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
-from rlvr_core import settings
-from rlvr_core import warehouse_queries as wq
+from rlvr_core.core import settings
+from rlvr_core.records import warehouse_queries as wq
 
 st.set_page_config(page_title="rlvr · results warehouse", layout="wide")
 DB = settings.warehouse_path()

@@ -1,15 +1,15 @@
 """The `ablation-sweep` flow: a sweep file expands to trials; each trial is a `pipeline` flow run on the GPU
 work pool; results aggregate into an MLflow parent run, a Prefect table artifact and a warehouse pivot.
 
-    rlvr sweep run demo-2x2 --watch           (validates, submits, follows, prints the pivot: rlvr_core/sweep_cli.py)
+    rlvr sweep run demo-2x2 --watch           (validates, submits, follows, prints the pivot: rlvr_cli/sweep.py)
     prefect deployment run 'ablation-sweep/demo-2x2'
     prefect deployment run 'ablation-sweep/demo-2x2' --param sweep=configs/sweeps/my_sweep.yaml
 
 Order of work:
-1. Load and expand the sweep (`rlvr_core.sweeps`): every trial config is validated before anything runs.
+1. Load and expand the sweep (`rlvr_core.pipeline.sweeps`): every trial config is validated before anything runs.
 2. Shared stages once: for each distinct (data, model, sampling, pass@k) setting, one `pipeline` run with
    `stop_after="curriculum"` builds the data, base model and pass-rate table; they are content-addressed
-   (`rlvr_core.cache`), so every trial finds them instead of recomputing (trials must share the cache
+   (`rlvr_core.pipeline.cache`), so every trial finds them instead of recomputing (trials must share the cache
    folder: one machine, or `RLVR_HOME` on shared storage).
 3. Trials: `run_deployment("pipeline/…")` per trial, `max_parallel` at a time, each with the MLflow
    parent run id and its sweep/trial ids. A trial whose flow run crashed (its worker was lost: the
@@ -23,6 +23,8 @@ and field, not a traceback) as its state message; the MLflow parent run gets the
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,12 +34,19 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run
 
-from rlvr_core import layout, settings, warehouse
-from rlvr_core.config import config_hash
-from rlvr_core.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
-                              pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
-from rlvr_core.tracking import Tracker
+from flows.pipeline import pipeline_flow
+from rlvr_core.artifacts import layout
+from rlvr_core.artifacts.artifacts_index import publish_sweep_index
+from rlvr_core.artifacts.layout import sweep_prefix
+from rlvr_core.artifacts.storage import open_store
+from rlvr_core.core import settings
+from rlvr_core.experiment.config import config_hash
+from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
+                                       pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
+from rlvr_core.records import warehouse
+from rlvr_core.records.tracking import Tracker
 from tasks.retry import DeterministicError, TransientError
+from tasks.stage_process import ROOT
 from tasks.stages import RETRY
 
 # The config sections that decide the shared stages (data → base model → pass-rate table → curriculum).
@@ -60,8 +69,6 @@ def _check_flow_run(fr: Any, what: str) -> None:
 def shared_stages(config: dict[str, Any], deployment: str | None, timeout_s: float) -> str:
     """Data → base model → pass-rate table → curriculum once, on the GPU pool (or inline without a deployment)."""
     if deployment is None:
-        from flows.pipeline import pipeline_flow
-
         return pipeline_flow(config, stop_after="curriculum")["pass_rate_table_id"]
     fr = run_deployment(deployment, parameters={"config": config, "stop_after": "curriculum"},
                         timeout=timeout_s, as_subflow=True)
@@ -74,7 +81,6 @@ def run_trial(trial: Trial, sweep_id: str, parent_run_id: str, deployment: str |
     params = {"config": trial.config, "parent_run_id": parent_run_id, "sweep_id": sweep_id,
               "trial_id": trial.trial_id, "trial_label": trial.label}
     if deployment is None:  # inline (no server / worker): a subflow in this process
-        from flows.pipeline import pipeline_flow
 
         return pipeline_flow(**params)["mlflow_run_id"]
     fr = run_deployment(deployment, parameters=params, timeout=timeout_s, as_subflow=True,
@@ -95,8 +101,6 @@ def _load(sweep: str | dict[str, Any], sweep_source: str | None) -> tuple[Sweep,
         return parse_sweep(sweep, source), source
     path = find_sweep(sweep)
     if not path.is_absolute() and not path.exists():
-        from tasks.stage_process import ROOT
-
         path = ROOT / path
     return load_sweep(path), str(path)  # every trial validated; ConfigError names the file and field
 
@@ -171,10 +175,7 @@ def ui_link(tracker: Tracker, run_id: str) -> str | None:
 
 
 def sweep_location(sw: Sweep, sweep_id: str) -> str:
-    """The sweep's folder in the artifact store its trials write to (`<experiment>/<sweep id>/`, rlvr_core.layout)."""
-    from rlvr_core.layout import sweep_prefix
-    from rlvr_core.storage import open_store
-
+    """The sweep's folder in the artifact store its trials write to (`<experiment>/<sweep id>/`, rlvr_core.artifacts.layout)."""
     storage = sw.base_config["storage"]
     store = open_store(storage["artifact_uri"], storage.get("s3_endpoint_url"))
     return store.url(sweep_prefix(sw.base_config["tracking"]["experiment"], sweep_id)) + "/"
@@ -208,15 +209,12 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
     best = max(pivot, key=lambda r: r["mean"]) if pivot else None
     tracker.log_metrics(parent, {f"sweep/best_mean_{metric.replace('@', '_at_')}": best["mean"] if best else float("nan"),
                                  "sweep/cells": len(pivot), "sweep/trials": len(children)})
-    import json
-    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "pivot.json"
         p.write_text(json.dumps(pivot, indent=2, default=str))
         tracker.log_artifact(parent, p)
     # The sweep's folder in the artifact store: index.html (pivot, figure, a link per trial) and pivot.json.
-    from rlvr_core.artifacts_index import publish_sweep_index
 
     print("sweep index: " + publish_sweep_index(
         sw.base_config, sweep_id, pivot, sw.swept_keys, metric,

@@ -21,6 +21,8 @@ warehouse and the stage cache all live under `home`.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import os
 import signal
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -149,9 +152,6 @@ def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int
 
 def _setup(gpu_slots: int) -> None:
     """Runs in a child process with the stack's PREFECT_API_URL: pools, the GPU limit, the lost-worker automation."""
-    import asyncio
-    from datetime import timedelta
-
     from prefect.automations import Automation
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -235,8 +235,6 @@ def prefect_down(state: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m flows.local_stack")
     ap.add_argument("command", choices=["up", "down", "_setup"])
     ap.add_argument("--home", type=Path, default=Path(os.environ.get("RLVR_HOME", ".rlvr")))

@@ -26,15 +26,17 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
-from rlvr_core import manifest as manifest_mod
-from rlvr_core import layout, settings, stages
-from rlvr_core.config import ExperimentConfig, config_hash
-from rlvr_core.export import MANIFEST_FILE, verify_local_export
-from rlvr_core.progress import SILENT
-from rlvr_core.storage import ArtifactStore, join, open_store
-from rlvr_core.runrecord import record_run
-from rlvr_core.tracking import Tracker, flatten
 from flows.pipeline import resolve_config
+from rlvr_core.artifacts import layout
+from rlvr_core.artifacts.export import MANIFEST_FILE, verify_local_export
+from rlvr_core.artifacts.storage import ArtifactStore, join, open_store
+from rlvr_core.core import manifest as manifest_mod
+from rlvr_core.core import settings
+from rlvr_core.core.progress import SILENT
+from rlvr_core.experiment.config import ExperimentConfig, config_hash
+from rlvr_core.pipeline import stages
+from rlvr_core.records.runrecord import record_run
+from rlvr_core.records.tracking import Tracker, flatten
 from tasks import stages as t
 
 EXPERIMENT = "nightly-eval"
@@ -93,7 +95,7 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                                        max_results=1)
     run_id = (found[0].info.run_id if found
               else tracker.start_run(layout.mlflow_run_name("eval", checkpoint=prefix), tags))
-    # nightly-eval/eval_<checkpoint's run folder>-<run id[:8]>/ (rlvr_core.layout)
+    # nightly-eval/eval_<checkpoint's run folder>-<run id[:8]>/ (rlvr_core.artifacts.layout)
     run_prefix = layout.run_prefix(EXPERIMENT, "eval " + prefix.removesuffix("/checkpoints/final"), run_id)
     row = {"run_id": run_id, "experiment": EXPERIMENT, "name": f"eval {prefix}", "kind": "eval",
            "status": "FINISHED", "started_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),

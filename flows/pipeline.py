@@ -13,7 +13,7 @@ the shared stages and opens no MLflow run (the sweep uses it to compute the pass
 
 Tracking (docs/tracking.md): one MLflow run per pipeline (the resolved config as params, the headline
 numbers, the run folder as artifacts, system metrics) with one child run per stage (its config
-sections, its own metrics and tags). Recording goes through `rlvr_core.runrecord.record_run`, which
+sections, its own metrics and tags). Recording goes through `rlvr_core.records.runrecord.record_run`, which
 redacts, so nothing this flow records holds a secret.
 """
 
@@ -32,18 +32,21 @@ from prefect import flow
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.runtime import flow_run
 
-from rlvr_core import layout, settings, stages, warehouse
-from rlvr_core import manifest as manifest_mod
-from rlvr_core.compare import compare, from_tables, write_report
-from rlvr_core.config import ExperimentConfig, apply_overrides, load_config, parse_config
+from rlvr_core.artifacts import layout
+from rlvr_core.artifacts.storage import ArtifactStore, join, open_store
+from rlvr_core.core import settings
+from rlvr_core.core import manifest as manifest_mod
+from rlvr_core.core.progress import Progress
+from rlvr_core.data.templates import get_template
+from rlvr_core.eval.compare import compare, from_tables, write_report
+from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, load_config, parse_config
 from rlvr_core.grpo.trainer import ROLLOUTS_FILE
+from rlvr_core.pipeline import stages
 from rlvr_core.probe.report import ProbeSettings, run_rl_probe
 from rlvr_core.probe.tables import Checkpoint
 from rlvr_core.probe.task import TaskSettings
-from rlvr_core.progress import Progress
-from rlvr_core.storage import ArtifactStore, join, open_store
-from rlvr_core.templates import get_template
-from rlvr_core.tracking import Tracker, common_tags, config_params, redact, redact_text
+from rlvr_core.records import warehouse
+from rlvr_core.records.tracking import Tracker, common_tags, config_params, redact, redact_text
 from tasks import stages as t
 from tasks.stage_process import ROOT
 
@@ -147,7 +150,7 @@ def _open(cfg: ExperimentConfig, kind: str, parent_run_id: str | None, sweep_id:
                          "trial_label": trial_label}, parent_run_id)
     tracker = Tracker(cfg.tracking.experiment, tracking_uri, common=common)
     tracker.adopt(run_id)
-    # <experiment>/<sweep>/<trial>/ for a trial, <experiment>/<name>-<run id[:8]>/ otherwise (rlvr_core.layout)
+    # <experiment>/<sweep>/<trial>/ for a trial, <experiment>/<name>-<run id[:8]>/ otherwise (rlvr_core.artifacts.layout)
     prefix = layout.pipeline_prefix(cfg.tracking.experiment, cfg.name, run_id, sweep_id, trial_id, trial_label)
     return _Run(cfg, kind, run_id, name, tracker, open_store(cfg.storage.artifact_uri, cfg.storage.s3_endpoint_url),
                 prefix, redact(cfg.resolved()), chash, template.key, git, prefect_id,
@@ -239,7 +242,7 @@ class _Evals:
 
 
 def _record(cfg: ExperimentConfig, run: _Run, ev: _Evals, progress: Progress, t0: float) -> dict[str, Any]:
-    # Base vs trained on the same problems, paired (rlvr_core.compare): the delta's interval is much tighter
+    # Base vs trained on the same problems, paired (rlvr_core.eval.compare): the delta's interval is much tighter
     # than two independent accuracies' would be, and the solvable sets show whether RL widened or sharpened.
     comparison = None
     if ev.base_eval and ev.trained_eval:

@@ -24,10 +24,12 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from rlvr_core import settings
+from rlvr_core.artifacts.storage import open_store
+from rlvr_core.core import settings
+from rlvr_core.records import warehouse
+from tasks.retry import StageProcessError, killed_by_signal
 from tasks.stage_process import ROOT
 from tasks.stages import GPU_TAG, RETRY
-from tasks.retry import StageProcessError, killed_by_signal
 
 ANALYSES = ("report", "dlogp", "boundary")
 
@@ -39,7 +41,7 @@ def run_analysis(analysis: str, a: str, b: list[str], out: str, options: dict[st
     if analysis not in ANALYSES:  # a typo is a bad request, not worth a retry
         raise ValueError(f"unknown probe analysis {analysis!r}: use one of {ANALYSES}")
     bs = b if analysis == "report" else b[-1:]  # dlogp and boundary compare A with one checkpoint
-    cmd = [sys.executable, "-m", "rlvr_core.probe.cli", analysis, "--a", a, "--out", out]
+    cmd = [sys.executable, "-m", "rlvr_cli.probe", analysis, "--a", a, "--out", out]
     for x in bs:
         cmd += ["--b", x]
     for k, v in options.items():
@@ -65,9 +67,6 @@ def run_analysis(analysis: str, a: str, b: list[str], out: str, options: dict[st
 
 @task(name="ingest-probed-run", **RETRY)
 def ingest_run(run_prefix: str, artifact_uri: str | None) -> dict[str, int] | None:
-    from rlvr_core import warehouse
-    from rlvr_core.storage import open_store
-
     store = open_store(artifact_uri)
     if not store.exists(f"{run_prefix}/run.json"):
         return None  # published somewhere that is not a run folder: nothing to attach the tables to

@@ -1,4 +1,4 @@
-"""The Prefect side of `rlvr sweep run|status` (rlvr_core/sweep_cli.py imports this lazily: rlvr_core itself
+"""The Prefect side of `rlvr sweep run|status` (rlvr_cli/sweep.py imports this lazily: rlvr_core itself
 never imports Prefect).
 
 Everything goes through the Prefect API at PREFECT_API_URL, so it works against a remote team server as
@@ -26,10 +26,10 @@ from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import get_current_settings
 
-from rlvr_core.sweeps import one_line_error
+from rlvr_core.pipeline.sweeps import one_line_error
 
 FLOW = "ablation-sweep"
-# Row fields of the pivot artifact besides the swept keys (rlvr_core.sweeps.pivot_rows).
+# Row fields of the pivot artifact besides the swept keys (rlvr_core.pipeline.sweeps.pivot_rows).
 PIVOT_FIELDS = ("n_seeds", "mean", "ci_low", "ci_high", "ci", "per_seed", "seeds", "trials")
 
 

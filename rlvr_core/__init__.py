@@ -1,7 +1,10 @@
 """rlvr: an experiment pipeline for reinforcement learning with verifiable rewards.
 
-`rlvr_core` is the library: pure functions and small classes, never Prefect. The Prefect layer lives
-in `tasks/` (thin task wrappers) and `flows/` (pipelines composed of tasks).
+`rlvr_core` is the library: pure functions and small classes, never Prefect. Its subpackages are layers,
+bottom to top: core, artifacts, records, data, verifiers, experiment, sampling + tiny, grpo, eval + probe,
+pipeline; a module imports only its own layer and lower ones (tests/core/test_import_contract.py). The
+Prefect layer lives in `tasks/` (thin task wrappers) and `flows/` (pipelines composed of tasks); the
+`rlvr` command line in `rlvr_cli/`.
 """
 
 __version__ = "0.1.0"

@@ -18,6 +18,8 @@ import errno
 import signal
 from typing import Any
 
+from rlvr_core.experiment.config import ConfigError
+
 # Substrings of messages that mark collective-communication and network timeouts inside generic
 # RuntimeErrors (torch.distributed raises DistBackendError/RuntimeError with these texts).
 _TRANSIENT_TEXT = (
@@ -80,7 +82,6 @@ def is_transient(exc: BaseException) -> bool:
     if is_oom(exc):  # before RuntimeError: CUDA OOM is a RuntimeError subclass
         return False
     # Our own deterministic errors: configs and training guards.
-    from rlvr_core.config import ConfigError
 
     if isinstance(exc, ConfigError):
         return False

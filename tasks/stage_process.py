@@ -18,7 +18,7 @@ from typing import Any
 
 from prefect import get_run_logger
 
-from rlvr_core import settings
+from rlvr_core.core import settings
 from tasks.retry import StageProcessError, killed_by_signal
 
 ROOT = Path(__file__).resolve().parent.parent

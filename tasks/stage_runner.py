@@ -2,7 +2,7 @@
 
 Why a subprocess: GPU memory, DeepSpeed's process-group state and any leaked threads go away with the
 process, and a kill (pre-emption, a lost node) is visible to the parent as death by signal, which the
-retry policy treats as transient. A retried training stage resumes because `rlvr_core.stages.train_stage`
+retry policy treats as transient. A retried training stage resumes because `rlvr_core.pipeline.stages.train_stage`
 keys its folder on its inputs and `train_grpo` resumes from the last DeepSpeed checkpoint there.
 
 The request holds the resolved config and the input artifacts (dataclasses as dicts); the result file
@@ -22,6 +22,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rlvr_core.core.progress import Progress
+from rlvr_core.experiment.config import parse_config
+from rlvr_core.pipeline import stages
+from tasks.retry import is_transient
+
 
 def _die_with_parent() -> None:
     """If the task process that launched us dies (a killed flow run), stop too: an orphaned trainer would keep
@@ -38,9 +43,6 @@ def _die_with_parent() -> None:
 
 
 def _artifacts(req: dict[str, Any]):
-    from rlvr_core import stages
-    from rlvr_core.config import parse_config
-
     cfg = parse_config(req["config"], req.get("source", "<stage request>"))
     data = stages.DataArtifact(**req["data"]) if "data" in req else None
     base = stages.ModelArtifact(**req["base"]) if "base" in req else None
@@ -49,9 +51,6 @@ def _artifacts(req: dict[str, Any]):
 
 
 def run(stage: str, req: dict[str, Any]) -> dict[str, Any]:
-    from rlvr_core import stages
-    from rlvr_core.progress import Progress
-
     cfg, data, base, cur = _artifacts(req)
     progress = Progress(True)
     if stage == "train":
@@ -87,8 +86,6 @@ def main(argv: list[str]) -> int:
         out = {"ok": True, "result": run(stage, req)}
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent, classified
-        from tasks.retry import is_transient
-
         out = {"ok": False, "error_type": f"{type(e).__module__}.{type(e).__name__}", "message": str(e),
                "transient": is_transient(e), "traceback": traceback.format_exc()}
         code = 1

@@ -1,10 +1,10 @@
-"""The pipeline's Prefect tasks: one task per stage of `rlvr_core.stages`, plus opening and recording the run.
+"""The pipeline's Prefect tasks: one task per stage of `rlvr_core.pipeline.stages`, plus opening and recording the run.
 
 One retry rule for all of them (`RETRY`): transient failures only (`tasks.retry.retry_condition_fn`: a lost
 worker, a killed process, a dropped connection, an S3 hiccup), with exponential back-off and jitter. A
 guard firing, a bad input or an unrecognised error is not re-run. Every task is safe to repeat:
 
-- stage outputs are content-addressed by `rlvr_core.cache` (they survive processes and workers), so
+- stage outputs are content-addressed by `rlvr_core.pipeline.cache` (they survive processes and workers), so
   Prefect's own task cache stays off (NO_CACHE) for these side-effecting tasks;
 - a retried training stage resumes from its last checkpoint (its folder is keyed by its inputs);
 - export reuses a local export that still matches its manifest and verifies the upload from scratch;
@@ -29,12 +29,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from rlvr_core import stages
-from rlvr_core.config import ExperimentConfig
-from rlvr_core.progress import SILENT, Progress
-from rlvr_core.runrecord import record_run
-from rlvr_core.storage import ArtifactStore
-from rlvr_core.tracking import Tracker
+from rlvr_core.artifacts.storage import ArtifactStore
+from rlvr_core.core.progress import SILENT, Progress
+from rlvr_core.experiment.config import ExperimentConfig
+from rlvr_core.pipeline import stages
+from rlvr_core.records.runrecord import record_run
+from rlvr_core.records.tracking import Tracker
 from tasks.retry import retry_condition_fn
 from tasks.stage_process import run_stage_process, tmp_root
 
@@ -122,7 +122,7 @@ def record(store: ArtifactStore, prefix: str, tracker: Tracker, run_id: str, *, 
            tables: dict[str, pa.Table], metrics: dict[str, float], tags: dict[str, Any],
            texts: dict[str, str] | None = None, folders: dict[str, Path] | None = None,
            step_rows: list[dict[str, Any]] | None = None) -> dict[str, int]:
-    """`rlvr_core.runrecord.record_run`: artifact store, MLflow, index.html and warehouse; returns warehouse rows."""
+    """`rlvr_core.records.runrecord.record_run`: artifact store, MLflow, index.html and warehouse; returns warehouse rows."""
     return record_run(store, prefix, tracker, run_id, run=run, params=params, manifest=manifest, config=config,
                       summary=summary, tables=tables, metrics=metrics, tags=tags, texts=texts, folders=folders,
                       step_rows=step_rows)

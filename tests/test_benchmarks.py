@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlvr_core import benchmarks as B
-from rlvr_core.config import ConfigError, load_config
-from rlvr_core.templates import get_template
+from rlvr_core.data.templates import get_template
+from rlvr_core.experiment import benchmarks as B
+from rlvr_core.experiment.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = B.data_root()  # $RLVR_DATA_DIR, else ../shared/data
@@ -127,8 +127,8 @@ def test_ifeval_golds_are_verifiable():
 
 @needs_data
 def test_synthetic_is_the_demo_evaluation():
-    """synthetic.yaml = what the demo's evaluate stage does (configs/demo.yaml + rlvr_core/stages.py)."""
-    from rlvr_core import stages
+    """synthetic.yaml = what the demo's evaluate stage does (configs/demo.yaml + rlvr_core/pipeline/stages.py)."""
+    from rlvr_core.pipeline import stages
     from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
     cfg = load_config(ROOT / "configs" / "demo.yaml")

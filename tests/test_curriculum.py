@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rlvr_core.curriculum import (IdMismatchError, filter_by_pass_rate, known_orderings, order_curriculum,
-                                  pass_rate_table, reconcile_ids)
+from rlvr_core.data.curriculum import (IdMismatchError, filter_by_pass_rate, known_orderings, order_curriculum,
+                                       pass_rate_table, reconcile_ids)
 
 # problem -> (n, c, n_truncated); statuses: correct for the c correct ones, the rest alternate wrong/no_answer
 SPEC = {"b": (8, 0, 2), "a": (8, 3, 0), "c": (8, 8, 1), "d": (4, 1, 4), "e": (8, 5, 0)}

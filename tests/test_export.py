@@ -1,4 +1,4 @@
-"""Checkpoint export (rlvr_core.export): real DeepSpeed ZeRO checkpoints in, Hugging Face safetensors out,
+"""Checkpoint export (rlvr_core.artifacts.export): real DeepSpeed ZeRO checkpoints in, Hugging Face safetensors out,
 uploaded to a real S3 API (moto_server) and verified by checksum.
 
 The checkpoints come from `train_grpo` itself: 2 steps of the tiny 2-layer width-32 model of
@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from rlvr_core.config import GRPOConfig, RewardConfig  # noqa: E402
-from rlvr_core.export import (MANIFEST_FILE, ExportError, ExportVerificationError, export_checkpoint,  # noqa: E402
-                              link_export_to_mlflow, upload_export, verify_export)
+from rlvr_core.artifacts.export import (MANIFEST_FILE, ExportError, ExportVerificationError, export_checkpoint,  # noqa: E402
+                                        link_export_to_mlflow, upload_export, verify_export)
+from rlvr_core.experiment.config import GRPOConfig, RewardConfig  # noqa: E402
 from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier  # noqa: E402
 
 VERIFIER = "_test_parity"
@@ -125,7 +125,7 @@ def _sequences(model_dir: Path, rows) -> list[list[int]]:
     """Real prompts of the training template, each followed by a greedy completion of the model at model_dir."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr_core.templates import get_template
+    from rlvr_core.data.templates import get_template
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -281,7 +281,7 @@ def test_bf16_trained_checkpoint_exports_fp32_master_weights(runs, base, tmp_pat
 
 # --------------------------------------------------------------------------------------------- manifest
 def test_manifest_lists_every_file_with_size_and_sha256(runs, base, tmp_path):
-    from rlvr_core.manifest import build_manifest
+    from rlvr_core.core.manifest import build_manifest
 
     model_dir, _ = base
     run_manifest = build_manifest(config_hash="abc", resolved_config={"grpo": {"steps": 2}}, datasets={"train": "d0"},
@@ -312,7 +312,7 @@ def test_manifest_lists_every_file_with_size_and_sha256(runs, base, tmp_path):
 def test_upload_to_s3_verifies_and_a_corrupted_byte_fails_loudly(runs, base, tmp_path, s3_env):
     import boto3
 
-    from rlvr_core.storage import open_store
+    from rlvr_core.artifacts.storage import open_store
 
     endpoint, bucket = s3_env
     model_dir, _ = base
@@ -359,7 +359,7 @@ def test_upload_to_s3_verifies_and_a_corrupted_byte_fails_loudly(runs, base, tmp
 
 
 def test_upload_to_a_local_store_and_local_corruption_is_caught_before_upload(runs, base, tmp_path):
-    from rlvr_core.storage import LocalStore
+    from rlvr_core.artifacts.storage import LocalStore
 
     model_dir, _ = base
     res = export_checkpoint(runs["z2"] / "checkpoints", base_model_dir=model_dir, out_dir=tmp_path / "e")
@@ -380,7 +380,7 @@ def test_upload_to_a_local_store_and_local_corruption_is_caught_before_upload(ru
 
 
 def test_verify_without_an_export_names_the_missing_manifest(tmp_path):
-    from rlvr_core.storage import LocalStore
+    from rlvr_core.artifacts.storage import LocalStore
 
     with pytest.raises(ExportVerificationError, match="export_manifest.json: missing"):
         verify_export(LocalStore(tmp_path / "s"), "nothing/here")
@@ -459,7 +459,7 @@ def test_tied_weights_that_disagree_in_the_checkpoint_are_refused(runs, base):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlvr_core.export import _load_into_model
+    from rlvr_core.artifacts.export import _load_into_model
 
     model_dir, _ = base
     state = get_fp32_state_dict_from_zero_checkpoint(str(runs["z2"] / "checkpoints"))
@@ -482,8 +482,8 @@ def test_tied_weights_that_disagree_in_the_checkpoint_are_refused(runs, base):
 def test_link_export_to_mlflow_run(runs, base, tmp_path, rlvr_home):
     from mlflow.tracking import MlflowClient
 
-    from rlvr_core.storage import LocalStore
-    from rlvr_core.tracking import Tracker
+    from rlvr_core.artifacts.storage import LocalStore
+    from rlvr_core.records.tracking import Tracker
 
     model_dir, _ = base
     res = export_checkpoint(runs["z2"] / "checkpoints", base_model_dir=model_dir, out_dir=tmp_path / "e")

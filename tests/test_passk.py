@@ -6,7 +6,7 @@ from math import comb
 import numpy as np
 import pytest
 
-from rlvr_core.passk import default_ks, pass_at_k, passk_curve
+from rlvr_core.core.passk import default_ks, pass_at_k, passk_curve
 
 
 def humaneval_reference(n: int, c: int, k: int) -> float:

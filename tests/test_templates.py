@@ -4,8 +4,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rlvr_core.templates import (QA_FEWSHOT_EXAMPLES, PromptTemplate, check_template_for_model, few_shot,
-                                 get_template, known_templates)
+from rlvr_core.data.templates import (QA_FEWSHOT_EXAMPLES, PromptTemplate, check_template_for_model, few_shot,
+                                      get_template, known_templates)
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -4,7 +4,7 @@
 -- A configuration with one run has no spread to measure: it gets that run's own interval over problems (the
 -- evaluation's Wilson interval; none for pass@k), and `ci_kind` says which interval a row has.
 -- One row per (configuration, benchmark); the dashboard pivots benchmarks into columns, and the sweep pivot
--- (rlvr_core.sweeps.sweep_pivot) runs this query with the sweep's keys and reads the swept values from `cell`.
+-- (rlvr_core.pipeline.sweeps.sweep_pivot) runs this query with the sweep's keys and reads the swept values from `cell`.
 -- param experiment: text = NULL | only runs of this experiment (runs.experiment; NULL: all)
 -- param sweep: text = NULL | only the trials of this sweep (param sweep.id; NULL: all)
 -- param metric: text = accuracy_greedy | eval metric to compare
@@ -65,9 +65,9 @@ grouped AS (
     FROM per_trial p JOIN configs c ON c.run_id = p.run_id LEFT JOIN labels l ON l.run_id = p.run_id
     GROUP BY c.config, p.benchmark
 ),
--- t(0.975, df): exact (rlvr_core.compare.t_quantile) for df <= 30, from the list below; beyond, the Cornish–Fisher
+-- t(0.975, df): exact (rlvr_core.eval.compare.t_quantile) for df <= 30, from the list below; beyond, the Cornish–Fisher
 -- expansion around z = 1.959964, within 2e-6 of the exact quantile at df = 31 and closer above.
--- tests/dashboards/test_dashboard_queries.py checks the interval against rlvr_core.compare.paired_t_interval.
+-- tests/dashboards/test_dashboard_queries.py checks the interval against rlvr_core.eval.compare.paired_t_interval.
 with_t AS (
     SELECT *, n_seeds - 1 AS df, 1.959963984540054 AS z FROM grouped
 ),

@@ -3,7 +3,7 @@
 -- runs evaluated the same way, and whether the run collapsed. Numbers are ranked only against numbers
 -- produced with the same settings (benchmark, problems, samples, template, temperature, max tokens, …):
 -- `rlvr compare`'s rule, every setting but COMPARE_EXEMPT's (batch_size, verifier_workers;
--- rlvr_core/evaluate.py). settings_group names the group (a hash of those settings).
+-- rlvr_core/eval/evaluate.py). settings_group names the group (a hash of those settings).
 -- param metric: text = accuracy_greedy | eval metric to rank by (eval_metrics.metric)
 -- param benchmark: text = NULL | only this benchmark (NULL: all)
 -- param experiment: text = NULL | only runs of this experiment (NULL: all)

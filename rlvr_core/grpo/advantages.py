@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from rlvr_core.registry import ADVANTAGES
+from rlvr_core.core.registry import ADVANTAGES
 
 __all__ = [
     "AdvantageFn", "register_advantage", "get_advantage", "known_advantages",
@@ -111,7 +111,7 @@ def _group_stats(rewards: torch.Tensor, group_size: int | None, group_ids: torch
 # ---- registry ---------------------------------------------------------------------------------------------
 
 # fn(rewards, group_size=None, *, group_ids=None, eps=DEFAULT_ADV_EPS) -> advantages, same shape as rewards.
-# The built-in estimators below are named in rlvr_core/registry.py (torch-free, so the config checks
+# The built-in estimators below are named in rlvr_core/core/registry.py (torch-free, so the config checks
 # `grpo.advantage` without importing this module); register_advantage adds more at runtime.
 AdvantageFn = Callable[..., torch.Tensor]
 register_advantage = ADVANTAGES.register  # decorator: @register_advantage("my_estimator")

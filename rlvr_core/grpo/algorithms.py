@@ -9,7 +9,7 @@ function and an unknown value fails before any expensive work:
     loss aggregation    -> get_loss_agg(name)        "token-mean", "seq-mean-token-mean",
                                                      "seq-mean-token-sum-norm"            (losses.py)
 
-The registries and their built-in names are declared in rlvr_core/registry.py (torch-free: the config
+The registries and their built-in names are declared in rlvr_core/core/registry.py (torch-free: the config
 checks names against them).
 
 Plus the unregistered pieces: advantages_to_tokens, overlong_penalty, lowprob_token_weights,
@@ -24,18 +24,16 @@ This module only re-exports; it holds no logic.
 
 from __future__ import annotations
 
-from rlvr_core.grpo.advantages import (DEFAULT_ADV_EPS, advantages_to_tokens, dr_grpo_advantages,
-                                       get_advantage, grpo_advantages, known_advantages,
-                                       lowprob_token_weights, overlong_penalty, register_advantage,
-                                       rloo_advantages, weight_negative_advantages)
-from rlvr_core.grpo.kl import (get_kl_estimator, kl_k1, kl_k2, kl_k3, known_kl_estimators,
-                               register_kl_estimator, token_kl)
-from rlvr_core.grpo.losses import (aggregate_loss, get_loss_agg, get_policy_loss, grpo_loss,
-                                   known_loss_aggs, known_policy_losses, mask_from_lengths,
-                                   ppo_clip_loss, register_loss_agg, register_policy_loss, truncated_is_weights)
-from rlvr_core.grpo.sampling_strategies import (AdaptiveSamplingState, Batcher, BoundedBuffer,
-                                                BufferClosed, DynamicSamplingResult,
-                                                filter_zero_variance_groups)
+from rlvr_core.grpo.advantages import (DEFAULT_ADV_EPS, advantages_to_tokens, dr_grpo_advantages, get_advantage,
+                                       grpo_advantages, known_advantages, lowprob_token_weights, overlong_penalty,
+                                       register_advantage, rloo_advantages, weight_negative_advantages)
+from rlvr_core.grpo.kl import (get_kl_estimator, kl_k1, kl_k2, kl_k3, known_kl_estimators, register_kl_estimator,
+                               token_kl)
+from rlvr_core.grpo.losses import (aggregate_loss, get_loss_agg, get_policy_loss, grpo_loss, known_loss_aggs,
+                                   known_policy_losses, mask_from_lengths, ppo_clip_loss, register_loss_agg,
+                                   register_policy_loss, truncated_is_weights)
+from rlvr_core.grpo.sampling_strategies import (AdaptiveSamplingState, Batcher, BoundedBuffer, BufferClosed,
+                                                DynamicSamplingResult, filter_zero_variance_groups)
 
 __all__ = [
     "DEFAULT_ADV_EPS", "advantages_to_tokens", "dr_grpo_advantages", "get_advantage", "grpo_advantages",

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from rlvr_core.config import GRPOConfig
-from rlvr_core.export import LORA_CONFIG  # written beside the checkpoints: what export needs to merge adapters
+from rlvr_core.artifacts.export import LORA_CONFIG  # written beside the checkpoints: what export needs to merge adapters
+from rlvr_core.experiment.config import GRPOConfig
 
 __all__ = ["CHECKPOINTS", "FINAL_MODEL", "LORA_ADAPTER", "STEPS_FILE", "SUMMARY_FILE", "ROLLOUTS_FILE",
            "AHEAD_WEIGHTS", "RunState", "resume", "save_checkpoint", "write_rollouts", "write_lora_config",

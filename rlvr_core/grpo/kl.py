@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from rlvr_core.registry import KL_ESTIMATORS
+from rlvr_core.core.registry import KL_ESTIMATORS
 
 __all__ = ["KLEstimator", "register_kl_estimator", "get_kl_estimator", "known_kl_estimators",
            "kl_k1", "kl_k2", "kl_k3", "token_kl", "LOG_RATIO_CLAMP"]
@@ -47,7 +47,7 @@ def _diff(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return logp.to(dt) - ref_logp.to(dt)
 
 
-# The built-in estimators below are named in rlvr_core/registry.py (torch-free, so the config checks
+# The built-in estimators below are named in rlvr_core/core/registry.py (torch-free, so the config checks
 # `grpo.kl_estimator` without importing this module); register_kl_estimator adds more at runtime.
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 register_kl_estimator = KL_ESTIMATORS.register  # decorator

@@ -29,9 +29,9 @@ from typing import Callable
 
 import torch
 
+from rlvr_core.core.registry import LOSS_AGGS, POLICY_LOSSES
 from rlvr_core.grpo.advantages import advantages_to_tokens, lowprob_token_weights
 from rlvr_core.grpo.kl import LOG_RATIO_CLAMP, token_kl
-from rlvr_core.registry import LOSS_AGGS, POLICY_LOSSES
 
 __all__ = [
     "mask_from_lengths",
@@ -81,7 +81,7 @@ def _check(mask: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
 # number of sequences), or the loss becomes a mean of micro-batch means and the weighting above is lost.
 # Pass num_tokens / num_seqs for that; then the micro-batch losses add up to the full-batch loss.
 #
-# The built-in aggregations and policy losses below are named in rlvr_core/registry.py (torch-free, so the
+# The built-in aggregations and policy losses below are named in rlvr_core/core/registry.py (torch-free, so the
 # config checks `grpo.loss_agg` without importing this module); register_loss_agg and register_policy_loss
 # add more at runtime.
 

@@ -29,9 +29,11 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
-from rlvr_core.config import GRPOConfig
+from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.grpo.ahead import snapshot as _snapshot
+from rlvr_core.grpo.vllm_rollout import VLLMRolloutEngine
 from rlvr_core.sampling.base import SamplingEngine
+from rlvr_core.sampling.hf import HFEngine
 
 __all__ = ["RolloutEngine", "HFRolloutEngine", "make_rollout_engine", "known_rollout_engines",
            "check_rollout_engine"]
@@ -61,7 +63,7 @@ class RolloutEngine(Protocol):
 
 
 class HFRolloutEngine:
-    """The transformers engine (`rlvr_core.sampling.HFEngine`, rollout_batch_size sequences per decode batch)
+    """The transformers engine (`rlvr_core.sampling.hf.HFEngine`, rollout_batch_size sequences per decode batch)
     on a module of this process.
 
     The sampled module is the trainer's own: the live policy (the tensors DeepSpeed updates), or under ZeRO-3
@@ -73,8 +75,6 @@ class HFRolloutEngine:
     name = "hf"
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int, device: torch.device | str):
-        from rlvr_core.sampling import HFEngine
-
         self.model = model
         self.sampler = HFEngine(model, tokenizer, batch_size=batch_size, device=device)
 
@@ -110,8 +110,6 @@ class HFRolloutEngine:
 def _vllm_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, cfg: GRPOConfig, seed: int,
                       engine_options: dict | None = None, **_: Any) -> RolloutEngine:
     """A colocated vLLM engine per rank (vllm_rollout.py), sampling in the precision that trains."""
-    from rlvr_core.grpo.vllm_rollout import VLLMRolloutEngine
-
     options = {"dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(cfg.precision, "float32"), "seed": seed, **(engine_options or {})}
     return VLLMRolloutEngine(base_model_dir, tokenizer, **options)
 

@@ -40,8 +40,8 @@ from typing import Any, Callable
 
 import torch
 
-from rlvr_core.config import GRPOConfig
 from rlvr_core.data import gold_of
+from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.grpo.advantages import overlong_penalty
 from rlvr_core.grpo.ahead import AheadSampler
 from rlvr_core.grpo.distributed import DataParallel

@@ -10,7 +10,7 @@ only rank 0 writes it (and adds eval/* columns).
 Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
   * G-logprob-temp: at step 1 the trainer's log-probs of the sampled tokens must equal the rollout's
     (mean |diff| under a float tolerance) before any update, else GuardError naming both temperatures
-    (`check_logprob_temp`, called by the update).
+    (`update.check_logprob_temp`).
   * G-onpolicy-ratio: flagged when a step with staleness 0 has a first-epoch ratio that is not ~1 or clips,
     or a mean log-prob mismatch between rollout engine and trainer above the tolerance (an engine whose
     weights were not synced after an update shows up here).
@@ -30,29 +30,18 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from rlvr_core.config import GRPOConfig
+from rlvr_core.experiment.config import GRPOConfig
+from rlvr_core.experiment.guards import GUARD_IDS, Firing, HealthConfig, HealthMonitor, firing_dict
 from rlvr_core.grpo.distributed import DataParallel
-from rlvr_core.grpo.guards import GUARD_IDS, Firing, GuardError, HealthConfig, HealthMonitor, firing_dict
 
 if TYPE_CHECKING:
     from rlvr_core.grpo.rollouts import RolloutBatch
     from rlvr_core.grpo.update import UpdateResult
 
-__all__ = ["StepTimes", "check_logprob_temp", "step_flags", "step_row", "rollout_sample_rows", "StepGuards",
+__all__ = ["StepTimes", "step_flags", "step_row", "rollout_sample_rows", "StepGuards",
            "progress_line", "verifier_hang_line", "_summary"]
 
 STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang")
-
-
-def check_logprob_temp(cfg: GRPOConfig, *, step: int, n_tokens: int, diff: float, guard_tol: float) -> None:
-    """G-logprob-temp: at step 1, before any update, the trainer's log-probs of the sampled tokens must equal
-    the rollout engine's (mean |diff| <= guard_tol). No token trained: nothing to compare."""
-    if step == 0 and n_tokens and not diff <= guard_tol:
-        raise GuardError(
-            f"G-logprob-temp: trainer log-probs differ from the rollout's by {diff:.4g} (mean abs, "
-            f"tolerance {guard_tol:g}) on the same sampled tokens at step 1. The rollout engine "
-            f"returns raw log-probs (temperature 1; sampling temperature {cfg.temperature:g}); "
-            f"the trainer computed them at temperature {cfg.logprob_temperature:g}.")
 
 
 @dataclass

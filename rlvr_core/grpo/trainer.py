@@ -54,6 +54,7 @@ held-out split.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -64,21 +65,26 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import yaml
 
-from rlvr_core.config import GRPOConfig, RewardConfig
+from rlvr_core.core.settings import paths
+from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pass_rate_table
+from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
+from rlvr_core.data.templates import get_template
+from rlvr_core.experiment.config import GRPOConfig, RewardConfig
+from rlvr_core.experiment.guards import GuardError, health_config
 from rlvr_core.grpo.advantages import get_advantage, weight_negative_advantages
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE, RunState,
                                           _write_rows, resume, save_checkpoint, save_final_model, write_lora_config,
                                           write_rollouts)
 from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutdown
-from rlvr_core.grpo.guards import GuardError, health_config
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
 from rlvr_core.grpo.step_metrics import (StepGuards, StepTimes, _summary, progress_line, rollout_sample_rows,
                                          step_flags, step_row, verifier_hang_line)
-from rlvr_core.grpo.update import (Policy, build_batch, build_policy, ds_config, load_policy_model,
-                                   sequence_logprobs, train_inputs, update_policy)
+from rlvr_core.grpo.update import (Policy, build_batch, build_policy, ds_config, load_policy_model, sequence_logprobs,
+                                   train_inputs, update_policy)
 
 # Names that lived here before the phases got their own modules; callers and tests import them from here.
 # (get_advantage, grpo_loss and launch_world_size above are looked up in this module at call time, so a
@@ -86,6 +92,9 @@ from rlvr_core.grpo.update import (Policy, build_batch, build_policy, ds_config,
 from rlvr_core.grpo.checkpointing import AHEAD_WEIGHTS, LORA_ADAPTER, _read_rollouts  # noqa: E402,F401
 from rlvr_core.grpo.rollouts import STATUSES  # noqa: E402,F401
 from rlvr_core.grpo.update import _copy_partitioned, _engine, _grad_norm, with_lora  # noqa: E402,F401
+from rlvr_core.sampling.models import load_model
+from rlvr_core.sampling.verified import sample_and_verify
+from rlvr_core.verifiers.pool import VerifierPool
 
 __all__ = ["GRPOResult", "GuardError", "train_grpo", "ds_config", "build_batch", "sequence_logprobs",
            "gold_of", "rows_for_curriculum"]
@@ -111,8 +120,6 @@ def _ensure_launch_env() -> list[str]:
     """What a launcher (torchrun, deepspeed) would have exported, for a single process started without one:
     DeepSpeed needs all five variables or it falls back to MPI discovery (STACK.md). A launcher's values
     are never overwritten. Returns the launcher variables it added (see `train_grpo`)."""
-    from rlvr_core.settings import paths
-
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # The ~35 s op compile is paid once per cache; point it at the project's cache, not ~/.cache.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(paths().torch_extensions))
@@ -153,7 +160,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     `eval/<name>`. `engine` names the rollout engine (rollout_engine.py: "hf" or "vllm"), `engine_options`
     its settings (vllm: `vllm.LLM` overrides, see `rlvr_core.sampling.vllm.llm_options`). `on_step(row)` gets
     each finished step's row of steps.parquet on rank 0 (guard flags set), e.g. a
-    `rlvr_core.tracking.StepMetricsSink` that sends it to MLflow while training runs. Returns a GRPOResult;
+    `rlvr_core.records.tracking.StepMetricsSink` that sends it to MLflow while training runs. Returns a GRPOResult;
     `final_model_dir` exists only when all `cfg.steps` steps are done. `reward` says how completions are scored
     (verifier, mode, worker processes, time limit, what a timeout scores, the G-verifier-hang threshold).
 
@@ -255,8 +262,6 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
            reward: RewardConfig, max_new_tokens: int, seed: int, progress, stop_after_steps,
            evaluate, engine: str, engine_options: dict | None) -> _Run:
     """Check the request and start the verifier pool (before any work), then `_load` the rest."""
-    from rlvr_core.verifiers.pool import VerifierPool
-
     t_start = time.perf_counter()
     rows = rows_for_curriculum(train_rows, list(curriculum_ids))
     P = cfg.prompts_per_step
@@ -284,8 +289,6 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
           engine: str, engine_options: dict | None, t_start: float) -> _Run:
     """The expensive half of `_setup`: the policy under DeepSpeed, its resume state, the rollout side."""
     from transformers import AutoTokenizer
-
-    from rlvr_core.templates import get_template
 
     P = cfg.prompts_per_step
     added_env = _ensure_launch_env()
@@ -395,8 +398,6 @@ def _finish(run: _Run) -> GRPOResult:
 
 # --------------------------------------------------------------------------------------------- CLI
 def _main() -> None:
-    import argparse
-
     ap = argparse.ArgumentParser(description="Reproduce docs/grpo_training.md: curriculum, GRPO, greedy eval.")
     ap.add_argument("--base", type=Path, required=True, help="base model dir (python -m rlvr_core.tiny.warmstart)")
     ap.add_argument("--out", type=Path, required=True, help="output dir (resumed if it holds a checkpoint)")
@@ -415,12 +416,6 @@ def _main() -> None:
     main = int(os.environ.get("RANK", "0")) == 0
     torch.set_num_threads(a.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-    import yaml
-
-    from rlvr_core.curriculum import filter_by_pass_rate, order_curriculum, pass_rate_table
-    from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-    from rlvr_core.stages import load_model, sample_and_verify
 
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)}
     cfg = GRPOConfig(**{**GRPOConfig().model_dump(), **overrides})

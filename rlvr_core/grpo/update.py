@@ -41,16 +41,16 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from rlvr_core.config import GRPOConfig
+from rlvr_core.experiment.config import GRPOConfig
+from rlvr_core.experiment.guards import GuardError
 from rlvr_core.grpo.distributed import DataParallel, global_normalisers, reduce_loss_metrics
 from rlvr_core.grpo.losses import mask_from_lengths, truncated_is_weights
-from rlvr_core.grpo.step_metrics import check_logprob_temp
 
 if TYPE_CHECKING:
     from rlvr_core.grpo.rollouts import RolloutBatch
 
 __all__ = ["ds_config", "with_lora", "load_policy_model", "build_policy", "Policy", "build_batch",
-           "sequence_logprobs", "TrainInputs", "train_inputs", "UpdateResult", "update_policy"]
+           "sequence_logprobs", "TrainInputs", "train_inputs", "check_logprob_temp", "UpdateResult", "update_policy"]
 
 
 # ---------------------------------------------------------------------------------------- DeepSpeed config
@@ -303,6 +303,17 @@ def reference_logprobs(policy: Policy, cfg: GRPOConfig, batch: dict) -> torch.Te
         with torch.no_grad(), policy.module.disable_adapter():  # the base model, exactly
             return sequence_logprobs(policy.module, batch)[0]
     return None
+
+
+def check_logprob_temp(cfg: GRPOConfig, *, step: int, n_tokens: int, diff: float, guard_tol: float) -> None:
+    """G-logprob-temp: at step 1, before any update, the trainer's log-probs of the sampled tokens must equal
+    the rollout engine's (mean |diff| <= guard_tol). No token trained: nothing to compare."""
+    if step == 0 and n_tokens and not diff <= guard_tol:
+        raise GuardError(
+            f"G-logprob-temp: trainer log-probs differ from the rollout's by {diff:.4g} (mean abs, "
+            f"tolerance {guard_tol:g}) on the same sampled tokens at step 1. The rollout engine "
+            f"returns raw log-probs (temperature 1; sampling temperature {cfg.temperature:g}); "
+            f"the trainer computed them at temperature {cfg.logprob_temperature:g}.")
 
 
 @dataclass

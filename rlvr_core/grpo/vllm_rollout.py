@@ -23,6 +23,8 @@ from typing import Iterator
 
 import torch
 
+from rlvr_core.sampling.vllm import VLLMEngine
+
 __all__ = ["VLLMRolloutEngine", "engine_weights"]
 
 
@@ -67,8 +69,6 @@ class VLLMRolloutEngine:
     name = "vllm"
 
     def __init__(self, model_dir: str | Path, tokenizer, **llm_kwargs):
-        from rlvr_core.sampling.vllm import VLLMEngine
-
         self.sampler = VLLMEngine(model_dir, tokenizer=tokenizer, **llm_kwargs)
         self.pushes = 0  # weight pushes so far (a metric, and what tests count)
 

@@ -5,7 +5,7 @@ the base model?"): does RL solve new problems, or the same ones more often?
 
   * samples n completions per problem from each model (`TaskSettings.sample`: the evaluator's
     sampling and verifier; default n = 256 at temperature 1) and computes pass@k for k = 1, 2, 4, … n
-    with the unbiased estimator (`rlvr_core.passk`). RL typically wins at small k; if the base model
+    with the unbiased estimator (`rlvr_core.core.passk`). RL typically wins at small k; if the base model
     catches up or overtakes at large k, RL narrowed rather than widened what the model can solve.
   * the accuracy distribution: a histogram of per-problem accuracy c / n for each model (bins 0, (0, 0.1),
     [0.1, 0.2), …, [0.9, 1), 1: the exact 0 and 1 bins separate never- and always-solved problems);
@@ -28,9 +28,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rlvr_core.passk import default_ks, passk_curve
+from rlvr_core.core.passk import default_ks, passk_curve
+from rlvr_core.probe import figures as fig
+from rlvr_core.probe.checkpoints import load_checkpoint_model
+from rlvr_core.probe.inputs import sequences_from_records, sequences_from_rows
+from rlvr_core.probe.report import _md_table, write_tables
 from rlvr_core.probe.tables import Checkpoint
 from rlvr_core.probe.task import TaskSettings
+from rlvr_core.probe.token_stats import teacher_forced_stats
 
 __all__ = ["BoundarySettings", "ACCURACY_EDGES", "accuracy_bins", "solvable_overlap", "response_perplexity",
            "run_boundary_analysis"]
@@ -65,8 +70,6 @@ def solvable_overlap(c_a: dict[str, int], c_b: dict[str, int]) -> dict[str, int]
 
 def response_perplexity(model_a, model_b, tokenizer, seqs) -> list[dict]:
     """Per sequence: source, n_tokens, ppl under A and under B (exp of minus the mean token log-prob)."""
-    from rlvr_core.probe.token_stats import teacher_forced_stats
-
     seqs = [s for s in seqs if s.response_ids]
     if not seqs:
         return []
@@ -83,11 +86,6 @@ def run_boundary_analysis(a: Checkpoint, b: Checkpoint, rows: list[dict], out_di
 
     Writes boundary_report.md, figures/*.png and boundary_*.parquet into out_dir; returns the summary.
     """
-    from rlvr_core.probe import figures as fig
-    from rlvr_core.probe.checkpoints import load_checkpoint_model
-    from rlvr_core.probe.inputs import sequences_from_records, sequences_from_rows
-    from rlvr_core.probe.report import _md_table, write_tables
-
     t0 = time.monotonic()
     say = progress or (lambda stage, msg: None)
     models = dict(models or {})

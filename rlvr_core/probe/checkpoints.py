@@ -2,7 +2,7 @@
 
 A checkpoint is given on the command line as `PATH`, `NAME=PATH` or `NAME@STEP=PATH` (a Hugging Face
 model folder); `training_checkpoints(train_dir, base_model_dir, out_root)` exports every DeepSpeed
-checkpoint tag `step<N>` of a GRPO run (`train_dir/checkpoints`) with `rlvr_core.export` (verified,
+checkpoint tag `step<N>` of a GRPO run (`train_dir/checkpoints`) with `rlvr_core.artifacts.export` (verified,
 reused when already exported) so a probe can follow the run step by step.
 """
 
@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from rlvr_core.artifacts.export import export_checkpoint, verify_local_export
 from rlvr_core.probe.tables import Checkpoint
+from rlvr_core.sampling.models import load_model
 
 __all__ = ["parse_checkpoint", "training_checkpoints", "load_checkpoint_model"]
 
@@ -32,8 +34,6 @@ def parse_checkpoint(spec: str) -> Checkpoint:
 def training_checkpoints(train_dir: str | Path, base_model_dir: str | Path, out_root: str | Path, *,
                          dtype: str = "float32") -> list[Checkpoint]:
     """Every `step<N>` DeepSpeed tag of a GRPO run, exported to `out_root/step<N>` (sorted by step)."""
-    from rlvr_core.export import export_checkpoint, verify_local_export
-
     ckpt_dir = Path(train_dir) / "checkpoints"
     tags = sorted((int(m.group(1)), p.name) for p in ckpt_dir.iterdir() if p.is_dir() and (m := _STEP_TAG.match(p.name))) \
         if ckpt_dir.is_dir() else []
@@ -52,8 +52,6 @@ def training_checkpoints(train_dir: str | Path, base_model_dir: str | Path, out_
 
 def load_checkpoint_model(ck: Checkpoint, dtype: str = "float32", device: str = "cpu"):
     """(model, tokenizer) of a checkpoint folder, in eval mode on `device`."""
-    from rlvr_core.stages import load_model
-
     if ck.path is None:
         raise ValueError(f"checkpoint {ck.name!r} has no path")
     model, tok = load_model(ck.path, dtype)

@@ -37,10 +37,10 @@ from typing import Literal
 
 import torch
 
+from rlvr_core.core.seeding import request_seed
 from rlvr_core.probe.token_stats import token_stats_from_logits
 from rlvr_core.sampling.base import Sample, SamplingParams
 from rlvr_core.sampling.hf import HFEngine, _Row, left_padded, process_logits
-from rlvr_core.seeding import request_seed
 
 __all__ = ["Guide", "GuidedEngine", "extrapolated_logprobs", "CRITERIA"]
 

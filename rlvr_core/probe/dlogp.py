@@ -34,11 +34,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rlvr_core.core.stats import wilson_interval
+from rlvr_core.data.templates import get_template
+from rlvr_core.probe import figures as fig
+from rlvr_core.probe.checkpoints import load_checkpoint_model
 from rlvr_core.probe.decoding import Guide, GuidedEngine
+from rlvr_core.probe.report import _md_table, write_tables
 from rlvr_core.probe.tables import Checkpoint, token_table
 from rlvr_core.probe.task import TaskSettings, gold_of
 from rlvr_core.probe.token_stats import ProbeSequence, teacher_forced_stats
-from rlvr_core.stats import wilson_interval
+from rlvr_core.sampling.base import SamplingParams
 
 __all__ = ["DlogpSettings", "sample_guided", "ks_distance", "source_summary", "top_tokens", "calibrate_thresholds",
            "run_dlogp_analysis", "HIST_METRICS"]
@@ -74,9 +79,6 @@ CALIBRATED = ("dlogp", "entropy", "kl", "random")
 def sample_guided(model_a, model_b, tokenizer, rows: list[dict], guide: Guide, settings: DlogpSettings) -> list[dict]:
     """n guided samples per row, verified: records with problem_id, sample_index, response, token_ids,
     prompt_ids, correct, n_replaced, n_tokens."""
-    from rlvr_core.sampling.base import SamplingParams
-    from rlvr_core.templates import get_template
-
     task = settings.task
     t = get_template(task.template_id)
     eng = GuidedEngine(model_a, model_b, tokenizer, guide, batch_size=settings.batch_size)
@@ -175,10 +177,6 @@ def run_dlogp_analysis(a: Checkpoint, b: Checkpoint, rows: list[dict], out_dir: 
     """
     import torch
 
-    from rlvr_core.probe import figures as fig
-    from rlvr_core.probe.checkpoints import load_checkpoint_model
-    from rlvr_core.probe.report import write_tables
-
     t0 = time.monotonic()
     say = progress or (lambda stage, msg: None)
     models = dict(models or {})
@@ -241,8 +239,6 @@ def run_dlogp_analysis(a: Checkpoint, b: Checkpoint, rows: list[dict], out_dir: 
 
 def _write_markdown(out: Path, meta: dict, summary_rows: list[dict], tops: list[dict], repl: list[dict],
                     ext: list[dict]) -> None:
-    from rlvr_core.probe.report import _md_table
-
     a, b = meta["a"]["name"], meta["b"]["name"]
     s = meta["settings"]
     lines = [f"# Δlog p: direction of the update from `{a}` (A) to `{b}` (B)", "",

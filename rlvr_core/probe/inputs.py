@@ -10,7 +10,7 @@ then those of the text, which is what perplexity-style analyses want).
 Sources:
   * `sequences_from_rows`: the data set's worked solutions (`" " + row["answer"]`, the warm start's
     completion format), source "reference".
-  * `sequences_from_records`: records of `rlvr_core.stages.sample_and_verify` or rows of the
+  * `sequences_from_records`: records of `rlvr_core.sampling.verified.sample_and_verify` or rows of the
     `eval_samples` table (problem_id, sample_index, response), prompts rendered from the problem rows.
   * `sequences_from_rollouts`: rows of the trainer's rollouts.parquet (prompt_id, sample_index,
     prompt, completion), prompt text as sampled.
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from rlvr_core.data.templates import get_template
 from rlvr_core.probe.token_stats import ProbeSequence
-from rlvr_core.templates import get_template
 
 __all__ = ["encode_pair", "sequences_from_rows", "sequences_from_records", "sequences_from_rollouts"]
 

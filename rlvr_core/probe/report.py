@@ -29,10 +29,14 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlvr_core.probe import figures as fig
 from rlvr_core.probe.categories import CATEGORIES
+from rlvr_core.probe.checkpoints import load_checkpoint_model
+from rlvr_core.probe.inputs import sequences_from_records
 from rlvr_core.probe.spikes import SpikeRule
 from rlvr_core.probe.tables import SPIKE_METRICS, Checkpoint, ProbeTables, summarise, token_table
 from rlvr_core.probe.task import TaskSettings
+from rlvr_core.probe.token_stats import teacher_forced_stats
 
 __all__ = ["SELECTIONS", "ProbeSettings", "select_problems", "run_rl_probe", "write_report", "publish",
            "write_tables"]
@@ -87,10 +91,6 @@ def run_rl_probe(reference: Checkpoint, checkpoints: Sequence[Checkpoint], rows:
     Returns the tables and a summary dict (also written as summary.json).
     """
     import torch
-
-    from rlvr_core.probe.checkpoints import load_checkpoint_model
-    from rlvr_core.probe.inputs import sequences_from_records
-    from rlvr_core.probe.token_stats import teacher_forced_stats
 
     t0 = time.monotonic()
     if not checkpoints:
@@ -190,8 +190,6 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
 def write_report(tables: ProbeTables, out_dir: str | Path, meta: dict[str, Any],
                  settings: ProbeSettings = ProbeSettings()) -> Path:
     """report.md + figures/*.png + <table>.parquet + summary.json in out_dir; returns the report path."""
-    from rlvr_core.probe import figures as fig
-
     out = Path(out_dir)
     write_tables(tables.as_dict(), out)
     ck = tables.checkpoints.to_pydict()

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlvr_core import warehouse
+from rlvr_core.records import warehouse
 
 DEFAULT_METRICS = ("reward_mean", "kl_ref_mean", "entropy", "grad_norm", "clip_frac", "completion_len_mean")
 

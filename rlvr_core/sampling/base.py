@@ -19,7 +19,7 @@ __all__ = ["SamplingParams", "Sample", "SamplingEngine", "unique_fraction", "fin
 class SamplingParams:
     """Sampling settings shared by all engines.
 
-    n: samples per prompt (each its own request with its own seed, see `rlvr_core.seeding`).
+    n: samples per prompt (each its own request with its own seed, see `rlvr_core.core.seeding`).
     temperature: 0 means greedy (argmax); otherwise logits are divided by it before top-k/top-p.
     top_p: nucleus mass in (0, 1]; 1 disables it.  top_k: keep the k most likely tokens; 0 disables it.
     max_new_tokens: cap on generated tokens; hitting it gives finish_reason "length".

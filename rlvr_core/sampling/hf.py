@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlvr_core.core.seeding import request_seed
 from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids, find_stop
-from rlvr_core.seeding import request_seed
 
 __all__ = ["HFEngine", "process_logits"]
 
@@ -88,7 +88,7 @@ class HFEngine:
 
     model: a `PreTrainedModel` with a causal-LM head (moved to `device`, put in eval mode).
     tokenizer: its tokenizer; prompts are encoded with `add_special_tokens` (default True: BOS for models
-        that use one). Render chat prompts with their template first (see `rlvr_core.templates`) and pass
+        that use one). Render chat prompts with their template first (see `rlvr_core.data.templates`) and pass
         add_special_tokens=False so the BOS is not doubled.
     batch_size: requests (prompt x sample) decoded together.
     eos_token_ids: ids that end a sample; default: the model's generation_config eos ids plus the

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from rlvr_core.sampling.base import SamplingEngine
+from rlvr_core.sampling.vllm import VLLMEngine  # imports vllm only when an engine is built
 
 __all__ = ["get_engine", "register_engine", "known_engines"]
 
@@ -37,8 +38,6 @@ def _hf(**kwargs) -> SamplingEngine:
 
 
 def _vllm(**kwargs) -> SamplingEngine:
-    from rlvr_core.sampling.vllm import VLLMEngine  # the module itself imports vllm only in __init__
-
     return VLLMEngine(**kwargs)
 
 

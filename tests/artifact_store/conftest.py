@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr_core.storage import LocalStore, open_store
+from rlvr_core.artifacts.storage import LocalStore, open_store
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -1,4 +1,4 @@
-"""The artifact layout a person can browse (rlvr_core.layout, docs/artifacts.md), on a folder and on a real
+"""The artifact layout a person can browse (rlvr_core.artifacts.layout, docs/artifacts.md), on a folder and on a real
 S3 API (moto_server): readable, unique folder names; every reader (warehouse ingest, run-id lookups,
 `rlvr compare`, `rlvr artifacts open`) finds runs under the new names and under the old `<experiment>/<run_id>`."""
 
@@ -9,9 +9,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from rlvr_core import warehouse
-from rlvr_core.layout import find_run_folders, pipeline_prefix, resolve_run, run_prefix, slug, trial_prefix
-from rlvr_core.runrecord import upload_run_folder, write_run_folder
+from rlvr_core.artifacts.layout import find_run_folders, pipeline_prefix, resolve_run, run_prefix, slug, trial_prefix
+from rlvr_core.records import warehouse
+from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
 
 LEGACY = "0f" * 16           # an old run folder: rlvr-demo/<full run id>
 SINGLE = "a1b2c3d4" + "e" * 24
@@ -72,7 +72,7 @@ def test_readers_find_runs_in_both_layouts(store, tmp_path):
 
 def test_compare_names_the_run_it_cannot_find(store, tmp_path, monkeypatch):
     """Before: `bad artifact key ''` (the store's root URL was built from an empty key)."""
-    from rlvr_core.eval_cli import app
+    from rlvr_cli.eval import app
 
     if hasattr(store, "endpoint_url"):
         monkeypatch.setenv("RLVR_S3_ENDPOINT_URL", store.endpoint_url)
@@ -91,7 +91,8 @@ def test_compare_names_the_run_it_cannot_find(store, tmp_path, monkeypatch):
 def test_open_resolves_run_ids_and_refuses_folders_without_an_index(store, tmp_path, rlvr_home, monkeypatch):
     """`rlvr artifacts open`: a run id opens its folder's page; a folder without index.html is a clear
     error with exit 1 (before: it printed a path to a page that did not exist)."""
-    from rlvr_core.artifacts_index import artifacts_open, write_run_index
+    from rlvr_cli.artifacts import artifacts_open
+    from rlvr_core.artifacts.artifacts_index import write_run_index
 
     if hasattr(store, "endpoint_url"):
         monkeypatch.setenv("RLVR_S3_ENDPOINT_URL", store.endpoint_url)

@@ -1,4 +1,4 @@
-"""Index pages of runs and sweeps (rlvr_core.artifacts_index): self-contained (figures are inline SVG drawn
+"""Index pages of runs and sweeps (rlvr_core.artifacts.artifacts_index): self-contained (figures are inline SVG drawn
 from the run's own Parquet files), every file and trial linked relatively, the MLflow link kept when a later
 stage rewrites the page; and a page downloaded alone shows its figures in a real browser."""
 
@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlvr_core.artifacts_index import write_run_index, write_sweep_index
-from rlvr_core.layout import trial_prefix
-from rlvr_core.storage import LocalStore
+from rlvr_core.artifacts.artifacts_index import write_run_index, write_sweep_index
+from rlvr_core.artifacts.layout import trial_prefix
+from rlvr_core.artifacts.storage import LocalStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboards"))  # the shared browser helper
 from browser import page, screenshot  # noqa: E402

@@ -25,8 +25,9 @@ def test_prefect_runs_are_browsable_in_s3(rlvr_home, s3_env, monkeypatch, tmp_pa
 
     from flows.ablation_sweep import ablation_sweep_flow
     from flows.pipeline import pipeline_flow
-    from rlvr_core import settings, warehouse
-    from rlvr_core.storage import open_store
+    from rlvr_core.core import settings
+    from rlvr_core.records import warehouse
+    from rlvr_core.artifacts.storage import open_store
     from tasks.stage_process import ROOT
 
     endpoint, bucket = s3_env

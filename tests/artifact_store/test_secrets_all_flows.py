@@ -37,7 +37,8 @@ def test_pipeline_sweep_and_nightly_record_no_secret(rlvr_home, s3_env, monkeypa
     from flows.local_stack import stop_pid
     from flows.nightly_eval import nightly_eval_flow
     from flows.pipeline import pipeline_flow
-    from rlvr_core import settings, warehouse
+    from rlvr_core.core import settings
+    from rlvr_core.records import warehouse
     from tasks.stage_process import ROOT
 
     canaries = {"tracking password": f"trk-{uuid.uuid4().hex}", "S3 secret key": f"s3s-{uuid.uuid4().hex}"}
@@ -120,10 +121,10 @@ def test_the_recorder_redacts_whatever_a_caller_passes(rlvr_home, tmp_path):
     import duckdb
     import pyarrow as pa
 
-    from rlvr_core import settings
-    from rlvr_core.runrecord import record_run
-    from rlvr_core.storage import open_store
-    from rlvr_core.tracking import Tracker
+    from rlvr_core.core import settings
+    from rlvr_core.records.runrecord import record_run
+    from rlvr_core.artifacts.storage import open_store
+    from rlvr_core.records.tracking import Tracker
 
     uri, key = "http://rlvr:hunter2@mlflow.example:5000", "AKIA-secret-value"
     store = open_store(str(tmp_path / "store"))

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlvr_core.config import (ConfigError, ExperimentConfig, check_files, config_hash, demo_config, load_config,
-                              parse_config)
+from rlvr_core.experiment.config import (ConfigError, ExperimentConfig, check_files, config_hash, demo_config,
+                                         load_config, parse_config)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,7 +113,7 @@ def test_files_named_by_the_config_must_exist(tmp_path):
 
 
 def test_reward_section_follows_eval_unless_set_and_refuses_in_process_hangs():
-    from rlvr_core.config import ConfigError, parse_config
+    from rlvr_core.experiment.config import ConfigError, parse_config
 
     cfg = parse_config({"eval": {"verifier": "gsm8k", "verifier_mode": "strict"}})
     assert (cfg.reward.verifier, cfg.reward.mode, cfg.reward.workers) == ("gsm8k", "strict", 0)  # cannot hang
@@ -132,7 +132,7 @@ def test_reward_section_follows_eval_unless_set_and_refuses_in_process_hangs():
 def test_algorithm_names_are_checked_against_their_registries(tmp_path):
     """grpo.advantage, grpo.kl_estimator and grpo.loss_agg accept exactly the names their registries hold; a bad
     one fails naming the file, the field and the registered names."""
-    from rlvr_core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS
+    from rlvr_core.core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS
 
     for field, registry in (("advantage", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS), ("loss_agg", LOSS_AGGS)):
         for name in registry.names():
@@ -145,7 +145,7 @@ def test_algorithm_names_are_checked_against_their_registries(tmp_path):
 
 
 def test_a_name_registered_at_runtime_is_accepted_by_the_config(monkeypatch):
-    from rlvr_core.registry import ADVANTAGES
+    from rlvr_core.core.registry import ADVANTAGES
 
     monkeypatch.setattr(ADVANTAGES, "_items", dict(ADVANTAGES._items))  # the registration ends with this test
     with pytest.raises(ConfigError, match="unknown advantage estimator 'centred'"):
@@ -164,7 +164,7 @@ def test_validating_a_config_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from rlvr_core.config import parse_config; "
+    code = ("import sys; from rlvr_core.experiment.config import parse_config; "
             "parse_config({'grpo': {'enabled': True, 'advantage': 'rloo', 'kl_estimator': 'k1', "
             "'loss_agg': 'seq-mean-token-mean'}}); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -174,7 +174,7 @@ def test_validating_a_config_imports_no_torch():
 def test_every_config_field_has_help_text():
     from pydantic import BaseModel
 
-    from rlvr_core.config import ExperimentConfig
+    from rlvr_core.experiment.config import ExperimentConfig
 
     missing = []
 
@@ -190,7 +190,7 @@ def test_every_config_field_has_help_text():
 
 
 def test_mlflow_run_names_are_decided_in_one_place():
-    from rlvr_core.layout import mlflow_run_name
+    from rlvr_core.artifacts.layout import mlflow_run_name
 
     assert mlflow_run_name("demo", name="demo") == mlflow_run_name("pipeline", name="demo") == "demo"
     assert mlflow_run_name("sweep", sweep_id="lr-3f2a") == "lr-3f2a"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlvr_core.config import ConfigError, load_config
+from rlvr_core.experiment.config import ConfigError, load_config
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
@@ -36,7 +36,7 @@ def test_the_files_own_problems_stay_the_files(tmp_path):
 
 def test_cli_and_pipeline_blame_the_override(tmp_path, monkeypatch):
     from flows.pipeline import resolve_config
-    from rlvr_core.cli import app
+    from rlvr_cli.main import app
 
     monkeypatch.setenv("RLVR_HOME", str(tmp_path))
     res = CliRunner().invoke(app, ["config", "show", str(DEMO), "--set", "grpo.lrr=1"])

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_core.registry import Registry
+from rlvr_core.core.registry import Registry
 
 
 def test_registry_add_decorate_get_and_errors():
@@ -31,13 +31,14 @@ def test_an_item_given_as_a_target_is_imported_when_first_looked_up():
 
 
 def test_every_grpo_name_resolves_to_its_function_in_rlvr_core_grpo():
-    """The names declared in rlvr_core/registry.py (what the config accepts) resolve, through the lookups the
+    """The names declared in rlvr_core/core/registry.py (what the config accepts) resolve, through the lookups the
     trainer uses, to functions of rlvr_core.grpo; and importing rlvr_core.grpo registers no name of its own (a
     config is checked without importing it, so such a name would be refused)."""
     import subprocess
     import sys
 
-    from rlvr_core import grpo, registry
+    from rlvr_core import grpo
+    from rlvr_core.core import registry
 
     declared = {reg.kind: reg.names() for reg in (registry.ADVANTAGES, registry.KL_ESTIMATORS,
                                                   registry.LOSS_AGGS, registry.POLICY_LOSSES)}

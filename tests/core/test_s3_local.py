@@ -1,4 +1,4 @@
-"""The local stack's S3 (`rlvr_core.s3_local`): a real server process driven by boto3; what a client was told
+"""The local stack's S3 (`rlvr_core.artifacts.s3_local`): a real server process driven by boto3; what a client was told
 is written survives SIGKILL and a restart, what it deleted stays deleted, and a write that cannot be kept is
 refused instead of pretended."""
 
@@ -23,7 +23,7 @@ def _start(data: Path) -> tuple[subprocess.Popen, object]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "rlvr_core.s3_local", "--port", str(port), "--data", str(data)],
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr_core.artifacts.s3_local", "--port", str(port), "--data", str(data)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):

@@ -4,9 +4,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlvr_core import stages, warehouse
-from rlvr_core.config import parse_config
-from rlvr_core.curriculum import IdMismatchError, pass_rate_table
+from rlvr_core.data.curriculum import IdMismatchError, pass_rate_table
+from rlvr_core.experiment.config import parse_config
+from rlvr_core.pipeline import stages
+from rlvr_core.records import warehouse
 
 
 def test_pass_rate_columns_match_the_warehouse_schema():
@@ -57,7 +58,7 @@ def test_curriculum_refuses_ids_the_data_lacks(rlvr_home, tmp_path):
 
 
 def test_prepare_data_reads_real_gsm8k_through_the_loaders(rlvr_home):
-    from rlvr_core.benchmarks import data_root
+    from rlvr_core.experiment.benchmarks import data_root
 
     gsm8k = data_root() / "gsm8k"
     if not gsm8k.is_dir():

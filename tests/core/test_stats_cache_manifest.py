@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from rlvr_core.cache import cached_dir, mark_done, resumable_dir
-from rlvr_core.manifest import build_manifest, dir_sha256, git_state, rows_sha256
-from rlvr_core.stats import wilson_interval
+from rlvr_core.core.manifest import build_manifest, dir_sha256, git_state, rows_sha256
+from rlvr_core.core.stats import wilson_interval
+from rlvr_core.pipeline.cache import cached_dir, mark_done, resumable_dir
 
 
 def test_wilson_against_hand_worked_values():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_core.storage import LocalStore, S3Store, open_store
+from rlvr_core.artifacts.storage import LocalStore, S3Store, open_store
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -85,7 +85,7 @@ def test_run_index_links_every_file_relatively(store):
     import json
     import re
 
-    from rlvr_core.artifacts_index import write_run_index
+    from rlvr_core.artifacts.artifacts_index import write_run_index
 
     store.put_text("exp/r1/run.json", json.dumps({"experiment": "exp", "status": "FINISHED", "duration_s": 1.23456}))
     store.put_text("exp/r1/manifest.json", "{}")
@@ -113,7 +113,8 @@ def test_artifacts_open_prints_a_local_path(store, rlvr_home, monkeypatch):
     import typer
     from typer.testing import CliRunner
 
-    from rlvr_core.artifacts_index import artifacts_open, write_run_index
+    from rlvr_cli.artifacts import artifacts_open
+    from rlvr_core.artifacts.artifacts_index import write_run_index
 
     endpoint = getattr(store, "endpoint_url", None)
     if endpoint:

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from rlvr_core import warehouse
-from rlvr_core.cli import app
-from rlvr_core.sweeps import load_sweep, one_line_error, short_names, sweep_pivot
+from rlvr_cli.main import app
+from rlvr_core.pipeline.sweeps import load_sweep, one_line_error, short_names, sweep_pivot
+from rlvr_core.records import warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -33,7 +33,7 @@ def test_demo_sweep_trains_at_its_compared_lrs_with_three_seeds():
     import torch
     from deepspeed.runtime.lr_schedules import WarmupCosineLR
 
-    from rlvr_core.config import GRPOConfig
+    from rlvr_core.experiment.config import GRPOConfig
     from rlvr_core.grpo.update import ds_config
 
     sw = load_sweep(ROOT / "configs" / "sweeps" / "demo_2x2.yaml")
@@ -63,7 +63,7 @@ def test_bad_sweep_file_named_with_its_field(tmp_path, change, field):
     res = runner.invoke(app, ["config", "validate", str(p)])
     assert res.exit_code == 2 and f"{p}: {field}" in res.output, res.output
     # `rlvr sweep run` refuses it in one line before Prefect is even imported (nothing can be submitted).
-    proc = subprocess.run([sys.executable, "-c", "import sys; from rlvr_core.cli import app\n"
+    proc = subprocess.run([sys.executable, "-c", "import sys; from rlvr_cli.main import app\n"
                            "try:\n    app(['sweep', 'run', sys.argv[1]])\nexcept SystemExit as e:\n"
                            "    assert 'prefect' not in sys.modules; raise", str(p)],
                           capture_output=True, text=True, cwd=ROOT)
@@ -94,8 +94,8 @@ def test_one_line_error_from_prefect_state_messages():
         "trial t01 (lr=1e-05 seed=0) failed: GuardError: G-logprob-temp: differ"
     child = ("Flow run encountered an exception: StageProcessError: train failed in its process: GuardError: x\n"
              "Traceback (most recent call last):\n  File \"tasks/stage_runner.py\", line 86, in main\n"
-             "rlvr_core.grpo.guards.GuardError: G-logprob-temp: trainer log-probs differ")
-    assert one_line_error(child) == "rlvr_core.grpo.guards.GuardError: G-logprob-temp: trainer log-probs differ"
+             "rlvr_core.experiment.guards.GuardError: G-logprob-temp: trainer log-probs differ")
+    assert one_line_error(child) == "rlvr_core.experiment.guards.GuardError: G-logprob-temp: trainer log-probs differ"
     assert one_line_error(None) == ""
 
 
@@ -145,7 +145,7 @@ def test_show_prints_the_pivot_with_t_intervals_across_seeds(tmp_path):
 
 
 def test_set_changes_sweep_fields_grid_entries_or_every_trial(tmp_path):
-    from rlvr_core.sweeps import submitted_mapping
+    from rlvr_core.pipeline.sweeps import submitted_mapping
 
     sw, mapping = submitted_mapping(ROOT / "configs" / "sweeps" / "demo_2x2.yaml",
                                     {"seeds": [0, 1, 2, 3], "grid.grpo.loss_agg": ["token-mean"], "grpo.steps": 6})
@@ -153,13 +153,13 @@ def test_set_changes_sweep_fields_grid_entries_or_every_trial(tmp_path):
     assert sw.source.endswith("demo_2x2.yaml (with --set)")
     # What is submitted needs no file of this machine: the base is inlined, and it expands to the same trials.
     assert isinstance(mapping["base"], dict)
-    from rlvr_core.sweeps import parse_sweep
+    from rlvr_core.pipeline.sweeps import parse_sweep
 
     assert [t.config for t in parse_sweep(mapping, "submitted").trials] == [t.config for t in sw.trials]
 
 
 def test_show_finds_swept_keys_from_labels_even_single_valued():
-    from rlvr_core.sweeps import swept_keys_from_params
+    from rlvr_core.pipeline.sweeps import swept_keys_from_params
 
     # `--set grid.grpo.loss_agg=[token-mean]`: one value, still a column; `lr` is grpo.lr (it varies), not the
     # constant model.warm_start.lr; seed fields are not columns.

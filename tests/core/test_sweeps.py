@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlvr_core.config import ConfigError, load_config
-from rlvr_core.sweeps import find_sweep, load_sweep, parse_sweep
+from rlvr_core.experiment.config import ConfigError, load_config
+from rlvr_core.pipeline.sweeps import find_sweep, load_sweep, parse_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 

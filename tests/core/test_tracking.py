@@ -1,4 +1,4 @@
-"""MLflow conventions (rlvr_core.tracking) against a real MLflow sqlite store."""
+"""MLflow conventions (rlvr_core.records.tracking) against a real MLflow sqlite store."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from rlvr_core.tracking import (EXPERIMENT_KIND_TAG, STANDARD_TAGS, StepMetricsSink, Tracker, common_tags,
-                                config_params, is_secret_key, metric_key, redact, redact_url)
+from rlvr_core.records.tracking import (EXPERIMENT_KIND_TAG, STANDARD_TAGS, StepMetricsSink, Tracker, common_tags,
+                                        config_params, is_secret_key, metric_key, redact, redact_url)
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import multiprocessing as mp
 import pyarrow as pa
 import pytest
 
-from rlvr_core import warehouse
-from rlvr_core.runrecord import upload_run_folder, write_run_folder
-from rlvr_core.storage import LocalStore, open_store
+from rlvr_core.artifacts.storage import LocalStore, open_store
+from rlvr_core.records import warehouse
+from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
 
 
 def make_run(store, tmp_path, run_id: str, n_problems: int = 3):
@@ -329,13 +329,13 @@ def test_a_bad_run_in_a_batch_keeps_the_good_ones_before_it(tmp_path):
 
 # ----------------------------------------------------------------------------------- migration 9
 def test_evaluator_columns_survive_ingestion(tmp_path):
-    """Every column the evaluator writes (rlvr_core/evaluate.py) lands in the warehouse with its value, for a
+    """Every column the evaluator writes (rlvr_core/eval/evaluate.py) lands in the warehouse with its value, for a
     real evaluation of a tiny model (few warm-start steps: its answers are poor, which is fine here)."""
     import pyarrow.parquet as pq
 
-    from rlvr_core.benchmarks import load_benchmark
+    from rlvr_core.experiment.benchmarks import load_benchmark
     from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-    from rlvr_core.evaluate import CURVES_FILE, METRICS_FILE, SAMPLES_FILE, RunSettings, evaluate
+    from rlvr_core.eval.evaluate import CURVES_FILE, METRICS_FILE, SAMPLES_FILE, RunSettings, evaluate
     from rlvr_core.tiny.warmstart import WarmStartSpec, warm_start
 
     rows = make_synthetic_dataset(SyntheticSpec(n_train=64, n_test=4, seed=0))["train"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import sample_runs
 
-from rlvr_core import warehouse
-from rlvr_core.storage import LocalStore
+from rlvr_core.artifacts.storage import LocalStore
+from rlvr_core.records import warehouse
 
 
 @dataclass

@@ -20,9 +20,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from rlvr_core import warehouse
-from rlvr_core.runrecord import upload_run_folder, write_run_folder
-from rlvr_core.storage import ArtifactStore, join
+from rlvr_core.artifacts.storage import ArtifactStore, join
+from rlvr_core.records import warehouse
+from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
 
 EXPERIMENT = "ablate"
 LRS = ("1e-5", "3e-5")

@@ -1,6 +1,6 @@
 """Each dashboard page's canned query against a small warehouse built here, checked against values
 computed in Python from the raw sample data (sample_runs.py), not from SQL; t intervals against
-rlvr_core.compare.paired_t_interval (the one Python reference for them)."""
+rlvr_core.eval.compare.paired_t_interval (the one Python reference for them)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import json
 import pytest
 import sample_runs
 
-from rlvr_core import warehouse
-from rlvr_core import warehouse_queries as wq
-from rlvr_core.compare import paired_t_interval, t_quantile
+from rlvr_core.eval.compare import paired_t_interval, t_quantile
+from rlvr_core.records import warehouse
+from rlvr_core.records import warehouse_queries as wq
 
 
 def rec(sw, name, **params):
@@ -109,7 +109,7 @@ def test_ablation_pivot_groups_seeds_and_gives_student_t_intervals(sample_wareho
 
 
 def test_ablation_interval_is_the_paired_t_interval_from_2_to_60_seeds(tmp_path):
-    """The SQL's interval against rlvr_core.compare.paired_t_interval on the same values, for every n from 2 to
+    """The SQL's interval against rlvr_core.eval.compare.paired_t_interval on the same values, for every n from 2 to
     32 (the SQL's table of exact t values covers df 1-30; df 31 is the first of its Cornish-Fisher expansion)
     and for n = 45 and 60. Tolerances: bounds to 1e-9 from the table (its values are rounded to 1e-10);
     beyond it, the quantile itself to 2e-6 (what the SQL's comment claims for df = 31, closer above) and the
@@ -320,7 +320,7 @@ def _eval_run(store, run_id: str, value: float, **settings) -> None:
 
     import pyarrow as pa
 
-    from rlvr_core.runrecord import upload_run_folder, write_run_folder
+    from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
 
     full = {"benchmark": "synthetic", "n_problems": 40, "n": 4, "template": "plain", "temperature": 1.0,
             "max_new_tokens": 48, "seed": 0, "batch_size": 64, "verifier_workers": 2, **settings}
@@ -338,8 +338,8 @@ def test_leaderboard_never_ranks_different_settings_together(tmp_path):
     `rlvr compare` would refuse the pair; batch size and verifier workers (COMPARE_EXEMPT) are not."""
     import re
 
-    from rlvr_core.evaluate import COMPARE_EXEMPT
-    from rlvr_core.storage import LocalStore
+    from rlvr_core.eval.evaluate import COMPARE_EXEMPT
+    from rlvr_core.artifacts.storage import LocalStore
 
     store = LocalStore(tmp_path / "store")
     _eval_run(store, "small", 0.9)
@@ -357,6 +357,6 @@ def test_leaderboard_never_ranks_different_settings_together(tmp_path):
     assert rows["small"]["rank_in_group"] == 1 and rows["small"]["runs_in_group"] == 1
     assert (rows["big"]["n_problems"], rows["small"]["n_problems"], rows["short"]["max_new_tokens"],
             rows["hot"]["temperature"], rows["other-template"]["template"]) == (200, 40, 16, 0.6, "qwen-boxed")
-    # The query's exempt keys are exactly the comparison's (rlvr_core.evaluate.COMPARE_EXEMPT).
+    # The query's exempt keys are exactly the comparison's (rlvr_core.eval.evaluate.COMPARE_EXEMPT).
     sql = wq.load("leaderboard").sql
     assert set(re.findall(r'"(\w+)": null', sql)) == set(COMPARE_EXEMPT)

@@ -23,7 +23,7 @@ def _port_free(port: int) -> bool:
 def test_a_signal_to_the_dashboard_command_stops_streamlit(sample_warehouse, tmp_path, sig):
     port = free_port()
     env = {**os.environ, "RLVR_HOME": str(tmp_path / "home")}
-    cmd = [sys.executable, "-m", "rlvr_core.cli", "dashboard", "--port", str(port), "--warehouse", str(sample_warehouse.db)]
+    cmd = [sys.executable, "-m", "rlvr_cli.main", "dashboard", "--port", str(port), "--warehouse", str(sample_warehouse.db)]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     children: list[psutil.Process] = []
     try:

@@ -15,9 +15,10 @@ import typer
 from browser import free_port, page, screenshot, server
 from typer.testing import CliRunner
 
-from rlvr_core import report
-from rlvr_core import warehouse_queries as wq
-from rlvr_core.storage import LocalStore, open_store
+from rlvr_cli import records
+from rlvr_core.artifacts.storage import LocalStore, open_store
+from rlvr_core.records import report
+from rlvr_core.records import warehouse_queries as wq
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -98,8 +99,8 @@ def test_report_to_s3(sample_warehouse, s3_env):
 
 def test_report_and_dashboard_commands(sample_warehouse, store, monkeypatch):
     app = typer.Typer()
-    app.command("report")(report.report_command)
-    app.command("dashboard")(report.dashboard_command)
+    app.command("report")(records.report_command)
+    app.command("dashboard")(records.dashboard_command)
     monkeypatch.setenv("RLVR_WAREHOUSE", str(sample_warehouse.db))
     runner = CliRunner()
     ok = runner.invoke(app, ["report", sample_runs.COLLAPSED, "--artifact-uri", store.uri])

@@ -8,7 +8,7 @@ import pytest
 import sample_runs
 from typer.testing import CliRunner
 
-from rlvr_core.probe.cli import probe_app
+from rlvr_cli.probe import probe_app
 from rlvr_core.probe.runs_report import training_run_report
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_core.benchmarks import data_root
-from rlvr_core.data.loaders import (DataFormatError, known_datasets, last_boxed, load_hf_problems,
-                                    load_jsonl_problems, load_problems, make_id, normalize_id)
+from rlvr_core.data.loaders import (DataFormatError, known_datasets, last_boxed, load_hf_problems, load_jsonl_problems,
+                                    load_problems, make_id, normalize_id)
+from rlvr_core.experiment.benchmarks import data_root
 
 DATA = data_root()  # $RLVR_DATA_DIR, else ../shared/data
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")

@@ -188,8 +188,8 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     assert client.get_run(run).data.metrics["eval/synthetic/trained/accuracy_greedy"] == pytest.approx(
         s["trained_pass_at_1"])
     # The trained numbers come from the exported checkpoint, uploaded and verified in the artifact store.
-    from rlvr_core.export import verify_export
-    from rlvr_core.storage import open_store
+    from rlvr_core.artifacts.export import verify_export
+    from rlvr_core.artifacts.storage import open_store
 
     assert s["export"]["step"] == 3 and s["export"]["dtype"] == "float32"
     store = open_store(str(home / "artifacts"))

@@ -28,9 +28,10 @@ def test_demo_pipeline_on_prefect_server_and_s3(rlvr_home, s3_env, monkeypatch):
     monkeypatch.setenv("RLVR_S3_ENDPOINT_URL", endpoint)
 
     from flows.pipeline import pipeline_flow
-    from rlvr_core import settings, warehouse
-    from rlvr_core.config import parse_config
-    from rlvr_core.storage import open_store
+    from rlvr_core.core import settings
+    from rlvr_core.records import warehouse
+    from rlvr_core.experiment.config import parse_config
+    from rlvr_core.artifacts.storage import open_store
 
     settings.configure_environment()
     cfg = parse_config(TINY)
@@ -42,7 +43,7 @@ def test_demo_pipeline_on_prefect_server_and_s3(rlvr_home, s3_env, monkeypatch):
             assert client.read_flow(run.flow_id).name == "pipeline"  # the demo is the pipeline flow
 
     run_id = summary["mlflow_run_id"]
-    folder = f"demo-{run_id[:8]}"  # <experiment>/<run name>-<run id[:8]> (rlvr_core.layout)
+    folder = f"demo-{run_id[:8]}"  # <experiment>/<run name>-<run id[:8]> (rlvr_core.artifacts.layout)
     assert summary["artifact_uri"] == f"s3://{bucket}/team/real-services/{folder}"
     # The run folder really is in the bucket, run.json included (written last).
     s3 = boto3.client("s3", endpoint_url=endpoint)
@@ -57,7 +58,7 @@ def test_demo_pipeline_on_prefect_server_and_s3(rlvr_home, s3_env, monkeypatch):
     # MLflow: the demo is a parent run with one finished child per stage, all carrying the same standard tags.
     from mlflow.tracking import MlflowClient
 
-    from rlvr_core.tracking import STANDARD_TAGS
+    from rlvr_core.records.tracking import STANDARD_TAGS
 
     client = MlflowClient(tracking_uri=settings.mlflow_tracking_uri())
     parent = client.get_run(run_id)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def cli(home: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "RLVR_"))}
     env.update({"RLVR_HOME": str(home), "OMP_NUM_THREADS": "1"})
-    return subprocess.run([sys.executable, "-m", "rlvr_core.eval_cli", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rlvr_cli.eval", *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -40,7 +40,7 @@ def test_eval_prints_and_records(evals):
     home, out = evals
     s = out["weak"]["benchmarks"]["synthetic"]
     assert s["n"] == 16 and set(s["passk"]) == {"1", "2", "4"} and 0 <= s["accuracy_greedy"] <= 1
-    from rlvr_core.warehouse import query_records
+    from rlvr_core.records.warehouse import query_records
 
     rows = query_records("select count(*) as n, avg(case when status = 'correct' then 1.0 else 0 end) as acc "
                          "from eval_samples where greedy and run_id = ?", [out["weak"]["run"]["run_id"]],

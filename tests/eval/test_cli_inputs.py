@@ -17,7 +17,7 @@ import pytest
 def cli(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "RLVR_"))}
     base.update({"RLVR_HOME": str(home), "OMP_NUM_THREADS": "1", **(env or {})})
-    return subprocess.run([sys.executable, "-m", "rlvr_core.eval_cli", "eval", *args], env=base,
+    return subprocess.run([sys.executable, "-m", "rlvr_cli.eval", "eval", *args], env=base,
                           capture_output=True, text=True, timeout=600)
 
 

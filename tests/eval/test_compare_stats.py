@@ -7,8 +7,8 @@ import random
 import pytest
 from scipy import stats
 
-from rlvr_core.compare import (HIST_BINS, EvalSource, SettingsMismatch, compare, mcnemar_exact_p, paired_t_interval,
-                               pass_rate_histogram, t_quantile, to_markdown)
+from rlvr_core.eval.compare import (HIST_BINS, EvalSource, SettingsMismatch, compare, mcnemar_exact_p,
+                                    paired_t_interval, pass_rate_histogram, t_quantile, to_markdown)
 
 SETTINGS = {"benchmark": "toy", "template": "qa@1", "temperature": 1.0, "n": 2, "max_new_tokens": 48,
             "dtype": "float32", "parallelism": "single-process", "verifier": "gsm8k", "verifier_mode": "flexible",

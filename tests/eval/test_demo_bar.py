@@ -46,7 +46,7 @@ def demo(tmp_path_factory):
 
 def rlvr_eval(home: Path, checkpoint: str, eval_id: str) -> dict:
     out = home / f"eval-{eval_id}"
-    res = last_json(run(home, sys.executable, "-m", "rlvr_core.eval_cli", "eval", checkpoint, "--benchmark", "synthetic",
+    res = last_json(run(home, sys.executable, "-m", "rlvr_cli.eval", "eval", checkpoint, "--benchmark", "synthetic",
                         "--max-problems", "40", "--eval-id", eval_id, "--out", str(out), "--quiet", "--json"))
     return {**res["benchmarks"]["synthetic"], "out": out}
 
@@ -68,7 +68,7 @@ def test_eval_reproduces_the_demo_numbers_exactly(demo):
         theirs = [tuple(r[k] for k in key) for r in demo_rows if r["eval_id"] == eval_id]
         assert ours == theirs
     # The comparison accepts the demo's evaluation and ours as one setting (nothing differs) and finds no change.
-    cmp = last_json(run(home, sys.executable, "-m", "rlvr_core.eval_cli", "compare", f"{s['mlflow_run_id']}#base",
+    cmp = last_json(run(home, sys.executable, "-m", "rlvr_cli.eval", "compare", f"{s['mlflow_run_id']}#base",
                         str(home / "eval-base"), "--json"))
     d = cmp["benchmarks"]["synthetic"]["deltas"]
     assert cmp["settings_differ"] == {} and all(v["delta"] == 0 for v in d.values())
@@ -76,7 +76,7 @@ def test_eval_reproduces_the_demo_numbers_exactly(demo):
 
 def test_compare_the_demo_run_base_vs_trained(demo):
     home, s = demo
-    cmp = last_json(run(home, sys.executable, "-m", "rlvr_core.eval_cli", "compare", f"{s['mlflow_run_id']}#base",
+    cmp = last_json(run(home, sys.executable, "-m", "rlvr_cli.eval", "compare", f"{s['mlflow_run_id']}#base",
                         f"{s['mlflow_run_id']}#trained", "--json"))
     r = cmp["benchmarks"]["synthetic"]
     assert r["deltas"]["accuracy_greedy"]["delta"] == pytest.approx(s["delta_pass_at_1"])

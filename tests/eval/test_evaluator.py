@@ -10,11 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 from scipy.stats import binomtest
 
-from rlvr_core import stages, warehouse
-from rlvr_core.benchmarks import benchmark_hash, load_benchmark
-from rlvr_core.config import parse_config
-from rlvr_core.templates import get_template
-from rlvr_core.evaluate import CURVES_FILE, EVAL_FILE, METRICS_FILE, SAMPLES_FILE, RunSettings, evaluate
+from rlvr_core.data.templates import get_template
+from rlvr_core.eval.evaluate import CURVES_FILE, EVAL_FILE, METRICS_FILE, SAMPLES_FILE, RunSettings, evaluate
+from rlvr_core.experiment.benchmarks import benchmark_hash, load_benchmark
+from rlvr_core.experiment.config import parse_config
+from rlvr_core.pipeline import stages
+from rlvr_core.records import warehouse
+from rlvr_core.sampling.models import load_model
 
 FAST = RunSettings(verifier_workers=0)
 
@@ -100,7 +102,7 @@ def test_demo_stage_and_evaluator_are_one_code_path(tiny_checkpoints, synthetic_
     key = ["problem_id", "sample_index", "greedy", "response", "status"]
     assert art.samples.select(key).to_pylist() == res.samples_table().select(key).to_pylist()
     # The trainer's periodic evaluation goes through the same evaluator: same greedy accuracy and pass@k.
-    m, tok = stages.load_model(model.path)
+    m, tok = load_model(model.path)
     periodic = stages.held_out_eval(cfg, data)(m, tok)
     assert periodic["greedy_pass_at_1"] == b.summary["accuracy_greedy"] and periodic["greedy_pass_at_1_n"] == 10
     assert {k: periodic[f"pass_at_{k}"] for k in (1, 2, 4)} == b.curve

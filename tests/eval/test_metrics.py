@@ -8,9 +8,9 @@ from math import comb
 import pytest
 from scipy.stats import binomtest
 
-from rlvr_core.benchmarks import parse_benchmark
-from rlvr_core.evaluate import (compute_metrics, continued_after_answer, override_spec, read_samples, samples_table,
-                                vote_key)
+from rlvr_core.eval.evaluate import (compute_metrics, continued_after_answer, override_spec, read_samples,
+                                     samples_table, vote_key)
+from rlvr_core.experiment.benchmarks import parse_benchmark
 
 SPEC = {
     "name": "handmade", "version": "1",

@@ -39,7 +39,7 @@ def test_task_names_are_unique_and_share_one_retry_rule():
 def test_the_stages_run_in_one_flow():
     found = _objects(Flow)
     assert set(found) == {"pipeline", "ablation-sweep", "nightly-eval", "probe"}, sorted(found)
-    from rlvr_core import cli
+    from rlvr_cli import main as cli
 
     # `rlvr demo` runs the pipeline flow itself (no second copy of the orchestration).
     assert "pipeline_flow" in cli.demo.__code__.co_names or "pipeline_flow" in cli.demo.__code__.co_varnames

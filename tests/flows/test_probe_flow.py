@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-    from rlvr_core.templates import get_template
+    from rlvr_core.data.templates import get_template
     from rlvr_core.tiny.tokenizer import train_tokenizer
 
     rows = make_synthetic_dataset(SyntheticSpec(n_train=300, n_test=40))
@@ -32,7 +32,7 @@ def test_probe_flow_runs_each_analysis_and_publishes(rlvr_home, checkpoints, tmp
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.probe import probe_flow
-    from rlvr_core.storage import open_store
+    from rlvr_core.artifacts.storage import open_store
 
     base, rl = checkpoints
     small = {"max_problems": 6, "max_new_tokens": 12}

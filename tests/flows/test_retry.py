@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from rlvr_core.config import ConfigError
+from rlvr_core.experiment.config import ConfigError
 from tasks.retry import StageProcessError, is_transient, killed_by_signal
 
 

@@ -70,7 +70,7 @@ def mlflow_client(state):
 
 
 def wh(state, sql, params=None):
-    from rlvr_core import warehouse
+    from rlvr_core.records import warehouse
 
     return warehouse.query_records(sql, params, Path(state["home"]) / "warehouse.duckdb")
 
@@ -149,7 +149,7 @@ def test_the_sweep_in_a_browser(stack):
     """What a person sees (Debian's chromium): the experiment link opens MLflow's runs table (not the GenAI
     page) with the sweep's parent run; the compare view of the sweep's trials shows their names and the
     swept params; the sweep's index page and a trial's index page, opened as files, draw their figures."""
-    from rlvr_core.tracking import UI_QUERY, Tracker
+    from rlvr_core.records.tracking import UI_QUERY, Tracker
     from tests.dashboards.browser import page, screenshot
 
     parent, children = sweep_runs(stack, "demo-2x2")

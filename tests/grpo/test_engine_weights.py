@@ -8,7 +8,7 @@ import copy
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlvr_core.config import GRPOConfig
+from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.grpo.vllm_rollout import engine_weights
 
 

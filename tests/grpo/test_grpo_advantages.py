@@ -12,9 +12,8 @@ import statistics
 import pytest
 import torch
 
-from rlvr_core.grpo import (advantages_to_tokens, dr_grpo_advantages, get_advantage, grpo_advantages,
-                            known_advantages, lowprob_token_weights, overlong_penalty, rloo_advantages,
-                            weight_negative_advantages)
+from rlvr_core.grpo import (advantages_to_tokens, dr_grpo_advantages, get_advantage, grpo_advantages, known_advantages,
+                            lowprob_token_weights, overlong_penalty, rloo_advantages, weight_negative_advantages)
 
 
 def _naive(rewards: list[list[float]], kind: str, eps: float = 1e-6) -> list[list[float]]:

@@ -1,4 +1,4 @@
-"""Training-health detectors (rlvr_core.grpo.guards): G-collapse, G-entropy, G-reward-hacking, G-kl-explosion.
+"""Training-health detectors (rlvr_core.experiment.guards): G-collapse, G-entropy, G-reward-hacking, G-kl-explosion.
 
 Planted failures reproduce the numbers of the seed incidents (shared/seeds/001_*, 002_*; BUGZOO rows), healthy
 rows come from a real run of the trainer (embedded below) and from seeded synthetic runs with the real run's
@@ -12,10 +12,10 @@ import random
 
 import pytest
 
-from rlvr_core.grpo.guards import (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_IDS, GUARD_KL_EXPLOSION,
-                                   GUARD_REWARD_HACKING, CollapseConfig, EntropyConfig, Firing, HealthConfig,
-                                   HealthMonitor, RewardHackingConfig, check_health, detect_collapse,
-                                   detect_entropy, detect_kl_explosion, detect_reward_hacking, health_flags)
+from rlvr_core.experiment.guards import (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_IDS, GUARD_KL_EXPLOSION,
+                                         GUARD_REWARD_HACKING, CollapseConfig, EntropyConfig, Firing, HealthConfig,
+                                         HealthMonitor, RewardHackingConfig, check_health, detect_collapse,
+                                         detect_entropy, detect_kl_explosion, detect_reward_hacking, health_flags)
 
 # --------------------------------------------------------------------------------------------------------------
 # A real healthy run: docs/grpo_training.md run k3 (demo base model, P x G 16 x 8, lr 3e-4 warm-up 10, beta 0.1
@@ -672,8 +672,8 @@ def test_health_flags_and_config():
 
 
 def test_health_settings_come_from_the_yaml_config():
-    from rlvr_core.config import ConfigError, parse_config
-    from rlvr_core.grpo.guards import health_config
+    from rlvr_core.experiment.config import ConfigError, parse_config
+    from rlvr_core.experiment.guards import health_config
     from rlvr_core.grpo.step_metrics import StepGuards
 
     rows = healthy_rows(160, 1, reward=0.65, grad=0.45)

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from rlvr_core.grpo import (aggregate_loss, get_policy_loss, grpo_loss, known_loss_aggs, kl_k3,
-                            lowprob_token_weights, mask_from_lengths, ppo_clip_loss)
+from rlvr_core.grpo import (aggregate_loss, get_policy_loss, grpo_loss, kl_k3, known_loss_aggs, lowprob_token_weights,
+                            mask_from_lengths, ppo_clip_loss)
 
 EL, EH = 0.2, 0.28
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

@@ -10,8 +10,7 @@ import threading
 import pytest
 import torch
 
-from rlvr_core.grpo import (AdaptiveSamplingState, Batcher, BoundedBuffer, BufferClosed,
-                            filter_zero_variance_groups)
+from rlvr_core.grpo import AdaptiveSamplingState, Batcher, BoundedBuffer, BufferClosed, filter_zero_variance_groups
 
 SHORT = 0.05
 

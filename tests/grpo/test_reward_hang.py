@@ -15,7 +15,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from rlvr_core.config import GRPOConfig, RewardConfig
+from rlvr_core.experiment.config import GRPOConfig, RewardConfig
 from rlvr_core.grpo.trainer import train_grpo
 from rlvr_core.verifiers import get_verifier
 from rlvr_core.verifiers.pool import _KILL_MARGIN_S
@@ -79,8 +79,9 @@ def test_grpo_step_with_a_hanging_answer_finishes_and_loses_nothing_else(planted
 
 
 def test_pass_rate_sampling_with_a_hanging_answer(planted):
-    from rlvr_core.curriculum import pass_rate_table
-    from rlvr_core.stages import load_model, sample_and_verify
+    from rlvr_core.data.curriculum import pass_rate_table
+    from rlvr_core.sampling.models import load_model
+    from rlvr_core.sampling.verified import sample_and_verify
 
     model_dir, rows, _, hang_id = planted
     model, tok = load_model(model_dir)

@@ -21,10 +21,10 @@ import torch
 
 from test_trainer import VERIFIER, _cfg, tiny  # noqa: F401  (tiny: the fixture, used by name)
 
-from rlvr_core.config import GRPOConfig, RewardConfig
+from rlvr_core.experiment.config import GRPOConfig, RewardConfig
 from rlvr_core.grpo import trainer as trainer_mod
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths, truncated_is_weights
-from rlvr_core.sampling import HFEngine
+from rlvr_core.sampling.hf import HFEngine
 
 SHIFT = 0.3  # planted: the engine reports every sampled token's log-prob this much too high
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from rlvr_core.config import GRPOConfig, RewardConfig  # noqa: E402
+from rlvr_core.experiment.config import GRPOConfig, RewardConfig  # noqa: E402
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths  # noqa: E402
 from rlvr_core.grpo.trainer import (GuardError, build_batch, rows_for_curriculum, sequence_logprobs,  # noqa: E402
                                     train_grpo)

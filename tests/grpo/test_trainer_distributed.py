@@ -26,7 +26,7 @@ import torch
 from test_trainer import VERIFIER, _cfg, _params, _train, tiny  # noqa: F401  (tiny: the fixture, used by name)
 import test_trainer_options  # noqa: F401,E402  (registers the _test_status and _test_sparse verifiers)
 
-from rlvr_core.config import RewardConfig
+from rlvr_core.experiment.config import RewardConfig
 from rlvr_core.grpo import trainer as trainer_mod
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths
 
@@ -225,7 +225,7 @@ def _worker(spec_path: str) -> None:
     """One rank of the 2-process run: every configuration of the spec, then a clean exit of the group."""
     from rlvr_core.grpo.distributed import shutdown
     from rlvr_core.grpo.trainer import train_grpo
-    from rlvr_core.sampling import HFEngine
+    from rlvr_core.sampling.hf import HFEngine
 
     torch.set_num_threads(1)
     spec = json.loads(Path(spec_path).read_text())

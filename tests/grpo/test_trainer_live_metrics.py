@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from test_trainer import _cfg, _train, tiny  # noqa: F401  (tiny: the fixture, used by name)
-from rlvr_core.tracking import StepMetricsSink, Tracker
+from rlvr_core.records.tracking import StepMetricsSink, Tracker
 
 
 class Killed(Exception):

@@ -14,8 +14,8 @@ import torch
 
 from test_trainer import _cfg, _train, tiny  # noqa: F401  (tiny: the fixture, used by name)
 
-from rlvr_core.config import ConfigError, parse_config
-from rlvr_core.export import export_checkpoint
+from rlvr_core.artifacts.export import export_checkpoint
+from rlvr_core.experiment.config import ConfigError, parse_config
 from rlvr_core.grpo.trainer import LORA_ADAPTER, build_batch, sequence_logprobs
 
 RANK, ALPHA = 4, 8.0

@@ -27,12 +27,13 @@ import torch
 
 from test_trainer import _cfg, _params, tiny  # noqa: F401  (tiny: the fixture, used by name)
 
-from rlvr_core.config import GRPOConfig, RewardConfig
+from rlvr_core.data.templates import get_template
+from rlvr_core.experiment.config import GRPOConfig, RewardConfig
 from rlvr_core.grpo import trainer as trainer_mod
 from rlvr_core.grpo.losses import grpo_loss
-from rlvr_core.sampling import HFEngine, SamplingParams
-from rlvr_core.templates import get_template
-from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier
+from rlvr_core.sampling import SamplingParams
+from rlvr_core.sampling.hf import HFEngine
+from rlvr_core.verifiers.base import _REGISTRY, Outcome, Status, register_verifier
 
 STATUS_CYCLE = (Status.CORRECT, Status.INCORRECT, Status.NO_ANSWER, Status.ERROR, Status.TIMEOUT)
 STATUS_COLS = [f"status/{s.value}" for s in STATUS_CYCLE]
@@ -460,7 +461,7 @@ def stale(tiny, tmp_path_factory):
 
 
 def test_staleness_one_samples_each_step_with_the_weights_one_update_behind(stale, tiny, tmp_path):
-    from rlvr_core.export import export_checkpoint
+    from rlvr_core.artifacts.export import export_checkpoint
 
     res, _ = stale
     cfg = _cfg(**STALE)

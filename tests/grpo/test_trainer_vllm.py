@@ -169,7 +169,7 @@ def _worker(spec_path: str) -> None:
     """Train every run of the spec with engine="vllm" (each rank, under a launcher)."""
     import test_trainer_options  # noqa: F401  (registers the _test_status verifier)
 
-    from rlvr_core.config import RewardConfig
+    from rlvr_core.experiment.config import RewardConfig
     from rlvr_core.grpo.distributed import shutdown
     from rlvr_core.grpo.trainer import GuardError, train_grpo
     from rlvr_core.grpo.vllm_rollout import VLLMRolloutEngine

@@ -1,6 +1,6 @@
 """A real team stack on 127.0.0.1 for the integration tests, started the way users start it.
 
-`rlvr stack up` (run as `python -m rlvr_core.stack`, so the test does not depend on the CLI's
+`rlvr stack up` (run as `python -m rlvr_cli.stack`, so the test does not depend on the CLI's
 registration) starts the S3 server and `mlflow server` (sqlite backend, `--serve-artifacts` proxying to
 s3://rlvr/mlflow on that S3); one tiny demo with two GRPO steps then runs through the real `rlvr` CLI
 against it, with distinctive S3 credentials, an MLflow token and a password in the tracking URI, so
@@ -52,7 +52,7 @@ def clean_env(home: Path) -> dict[str, str]:
 
 
 def stack_cmd(home: Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlvr_core.stack", *args], env=clean_env(home), cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "rlvr_cli.stack", *args], env=clean_env(home), cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -103,7 +103,7 @@ def s3_client(endpoint: str):
     """A boto3 client with the stack's own (dummy) credentials: moto accepts any."""
     import boto3
 
-    from rlvr_core.stack import LOCAL_S3_KEY, LOCAL_S3_SECRET
+    from rlvr_core.pipeline.stack import LOCAL_S3_KEY, LOCAL_S3_SECRET
 
     return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=LOCAL_S3_KEY,
                         aws_secret_access_key=LOCAL_S3_SECRET, region_name="us-east-1")

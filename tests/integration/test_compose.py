@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from rlvr_core import stack
+from rlvr_core.pipeline import stack
 
 COMPOSE = Path(__file__).resolve().parents[2] / "infra" / "compose"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "stack.md"

@@ -1,4 +1,4 @@
-"""Per-step training metrics while MLflow is unreachable (rlvr_core.tracking.StepMetricsSink): the trainer
+"""Per-step training metrics while MLflow is unreachable (rlvr_core.records.tracking.StepMetricsSink): the trainer
 is never held up, the failure is warned once, nothing is lost and nothing is sent twice once a real
 `mlflow server` answers again."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_core.tracking import StepMetricsSink, Tracker
+from rlvr_core.records.tracking import StepMetricsSink, Tracker
 
 pytestmark = pytest.mark.slow
 

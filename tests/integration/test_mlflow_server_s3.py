@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from rlvr_core.tracking import STANDARD_TAGS
+from rlvr_core.records.tracking import STANDARD_TAGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -110,7 +110,7 @@ def test_artifacts_go_through_the_server_into_the_bucket(stack_demo, bucket):
     obj = bucket.get_object(Bucket="rlvr", Key=f"mlflow/{exp_id}/{run_id}/artifacts/manifest.json")["Body"].read()
     assert obj == r.content
     # … and to the run folder in the artifact store (RLVR_ARTIFACT_URI=s3://rlvr/artifacts).
-    # (The folder is named `<run name>-<run id[:8]>`, rlvr_core.layout; MLflow's copy keeps MLflow's own ids.)
+    # (The folder is named `<run name>-<run id[:8]>`, rlvr_core.artifacts.layout; MLflow's copy keeps MLflow's own ids.)
     assert s["artifact_uri"] == f"s3://rlvr/artifacts/team-stack/demo-{run_id[:8]}"
     assert bucket.get_object(Bucket="rlvr", Key=f"artifacts/team-stack/demo-{run_id[:8]}/manifest.json")["Body"].read() == obj
 
@@ -138,7 +138,7 @@ def test_artifacts_cli_browses_the_bucket(stack_demo, env_for):
     s = stack_demo["summary"]
     env = {**env_for(stack_demo["home"]), **stack_demo["state"]["env"]}
     run = f"team-stack/demo-{s['mlflow_run_id'][:8]}"
-    code = ("import sys, typer; from rlvr_core.cli import artifacts_ls; from rlvr_core.artifacts_index import "
+    code = ("import sys, typer; from rlvr_cli.artifacts import artifacts_ls, "
             "artifacts_open; app = typer.Typer(); app.command('ls')(artifacts_ls); app.command('open')(artifacts_open); "
             "app(sys.argv[1:])")
     ls = subprocess.run([sys.executable, "-c", code, "ls", run], env=env, capture_output=True, text=True, timeout=120)

@@ -84,7 +84,7 @@ def _write_everything(state: dict, tmp: Path, monkeypatch) -> dict:
     """An MLflow run with an artifact, a checkpoint folder and a report in the artifact store."""
     import mlflow
 
-    from rlvr_core.storage import open_store
+    from rlvr_core.artifacts.storage import open_store
 
     env = _point_at(state, monkeypatch)
     client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
@@ -109,7 +109,7 @@ def _write_everything(state: dict, tmp: Path, monkeypatch) -> dict:
 def _read_everything(state: dict, written: dict, tmp: Path, monkeypatch) -> None:
     import mlflow
 
-    from rlvr_core.storage import open_store
+    from rlvr_core.artifacts.storage import open_store
 
     env = _point_at(state, monkeypatch)
     tmp.mkdir()

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from rlvr_core import stack
+from rlvr_core.pipeline import stack
 
 
 def _sleeper() -> subprocess.Popen:

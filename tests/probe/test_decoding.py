@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from rlvr_core.data.templates import get_template
 from rlvr_core.probe.decoding import Guide, GuidedEngine, extrapolated_logprobs
 from rlvr_core.probe.dlogp import calibrate_thresholds, ks_distance
 from rlvr_core.sampling.base import SamplingParams
 from rlvr_core.sampling.hf import HFEngine
-from rlvr_core.templates import get_template
 
 PARAMS = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, stop=get_template("qa").stop, seed=7)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from rlvr_core.data.templates import get_template
 from rlvr_core.probe.inputs import encode_pair, sequences_from_records, sequences_from_rollouts, sequences_from_rows
 from rlvr_core.probe.token_stats import ProbeSequence, teacher_forced_stats
-from rlvr_core.templates import get_template
 
 
 def test_sources(tokenizer, rows):

@@ -9,14 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from rlvr_cli.probe import probe_app
+from rlvr_core.artifacts.storage import LocalStore
 from rlvr_core.probe.boundary import BoundarySettings, accuracy_bins, run_boundary_analysis, solvable_overlap
-from rlvr_core.probe.cli import probe_app
 from rlvr_core.probe.dlogp import DlogpSettings, run_dlogp_analysis
 from rlvr_core.probe.report import ProbeSettings, publish, run_rl_probe, select_problems
 from rlvr_core.probe.tables import (CATEGORIES_SCHEMA, CHECKPOINTS_SCHEMA, PROBLEMS_SCHEMA, TOKENS_SCHEMA,
                                     TURNING_POINTS_SCHEMA, Checkpoint)
 from rlvr_core.probe.task import TaskSettings
-from rlvr_core.storage import LocalStore
 
 from tests.probe.conftest import perturbed
 

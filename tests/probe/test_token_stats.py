@@ -16,8 +16,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlvr_core.probe.inputs import sequences_from_rows
 from rlvr_core.probe.token_stats import (STAT_FIELDS, HeadMismatchError, ProbeSequence, full_vocab_reference,
-                                         teacher_forced_stats, token_stats_from_hidden, token_stats_from_logits,
-                                         linear_head)
+                                         linear_head, teacher_forced_stats, token_stats_from_hidden,
+                                         token_stats_from_logits)
 
 
 def _flat(results, name):

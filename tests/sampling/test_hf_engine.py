@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from rlvr_core.core.seeding import request_seed
 from rlvr_core.sampling import SamplingParams, get_engine, unique_fraction
 from rlvr_core.sampling.hf import HFEngine, process_logits
-from rlvr_core.seeding import request_seed
 
 PROMPTS = ["Question: Natalia sold 48 clips in April. How many in May?\nAnswer:",
            "Problem:\nFind $x$.\n\nSolution:",

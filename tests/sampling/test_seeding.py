@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_core.seeding import request_seed
+from rlvr_core.core.seeding import request_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = dict(run_seed=1234, prompt_id="gsm8k/test/00017", step=3, sample_index=5, epoch=1)
@@ -20,7 +20,7 @@ def test_same_inputs_same_seed_and_range():
 
 def test_stable_across_processes():
     # Python's str hash is salted per process; a hash-based seed would differ here.
-    code = ("from rlvr_core.seeding import request_seed;"
+    code = ("from rlvr_core.core.seeding import request_seed;"
             "print(request_seed(1234, 'gsm8k/test/00017', 3, 5, epoch=1))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "random", "PYTHONPATH": str(ROOT)}, cwd=ROOT)

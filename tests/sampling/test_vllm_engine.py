@@ -91,7 +91,7 @@ def _worker(out_path: Path) -> None:
     from conftest import build_tokenizer
     from transformers import AutoTokenizer
 
-    from rlvr_core.sampling import HFEngine
+    from rlvr_core.sampling.hf import HFEngine
     from rlvr_core.sampling.vllm import VLLMEngine
 
     torch.set_num_threads(1)

@@ -35,7 +35,7 @@ def test_registry_names_both_engines():
 
 
 def test_importing_sampling_does_not_import_vllm_or_torch():
-    code = ("import sys, rlvr_core.sampling, rlvr_core.sampling.vllm, rlvr_core.passk, rlvr_core.seeding;"
+    code = ("import sys, rlvr_core.sampling, rlvr_core.sampling.vllm, rlvr_core.core.passk, rlvr_core.core.seeding;"
             "print('vllm' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "False"]

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-from rlvr_core.templates import get_template
+from rlvr_core.data.templates import get_template
 from rlvr_core.tiny.model import build_tiny_model, count_params
 from rlvr_core.tiny.tokenizer import train_tokenizer
 

@@ -10,15 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-from rlvr_core.tiny.warmstart import (
-    WARMSTART_FILE,
-    WarmStartSpec,
-    evaluate_base,
-    extract_final,
-    save_tiny,
-    train_tiny,
-    warm_start,
-)
+from rlvr_core.tiny.warmstart import (WARMSTART_FILE, WarmStartSpec, evaluate_base, extract_final, save_tiny,
+                                      train_tiny, warm_start)
 
 SPEC = WarmStartSpec(steps=30, batch_size=16, lr=3e-3, seed=0, hidden_size=64, num_layers=2, heads=2, warmup_steps=5)
 

@@ -5,7 +5,7 @@ import json
 import typer
 from typer.testing import CliRunner
 
-from rlvr_core.verifiers.cli import InputError, read_rows, verify_command
+from rlvr_cli.verify import InputError, read_rows, verify_command
 
 app = typer.Typer()
 app.command("verify")(verify_command)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rlvr_core.benchmarks import data_root
+from rlvr_core.experiment.benchmarks import data_root
 
 DATA = data_root()
 

@@ -1,0 +1,1 @@
+"""The `rlvr` command line: typer commands over rlvr_core and the Prefect flows."""

@@ -1,0 +1,264 @@
+"""Browsing the artifact store: index pages of runs and sweeps, and the local view `rlvr artifacts open` shows.
+
+Every run folder (`<experiment>/<run name>-<id>/` or `<experiment>/<sweep>/<trial>/`, rlvr_core.artifacts.layout,
+docs/artifacts.md) gets an `index.html` at its root listing its reports and files with *relative* links, so
+the page works wherever the folder is: opened from a laptop's store, from a copy downloaded out of S3, or
+from a static web server in front of the bucket. Its figures (training reward, pass@k) are inline SVG, so
+the page shows them even when it is opened alone. A sweep folder gets one too (`write_sweep_index`): the
+pivot with its intervals, a figure, and a link to each trial's page. Pages are browsing aids derived from
+the folder, rewritten whenever a stage adds files, and never read by the pipeline.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import re
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from rlvr_core.artifacts.layout import RUN_FILE, find_run_folders, resolve_run, sweep_prefix
+from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join, open_store
+from rlvr_core.core import settings, svgplot
+
+INDEX = "index.html"
+_LINKS_MARK = "rlvr-links: "
+# Folders of a run, in the order the page shows them; anything else follows alphabetically.
+SECTIONS = ("reports", "evals", "passk", "curriculum", "train", "probes", "checkpoints")
+_RUN_FIELDS = ("experiment", "name", "kind", "status", "started_at", "finished_at", "duration_s", "config_hash",
+               "git_sha", "model_id", "dataset_hash", "mlflow_run_id", "prefect_flow_run_id")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _fmt(v) -> str:
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def _link(rel: str, text: str | None = None) -> str:
+    return f'<a href="{html.escape(quote(rel))}">{html.escape(text or rel)}</a>'
+
+
+_STYLE = ("<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}td,th{padding:0 1em 0 0;text-align:left}"
+          "td.n{text-align:right;color:#555}h2{margin-top:1.5em}svg{margin:.5em 1em .5em 0}</style>")
+
+
+def render_index(run_prefix: str, sizes: dict[str, int], run: dict | None = None,
+                 links: dict[str, str] | None = None, figures: list[str] | None = None) -> str:
+    """The index page of one run folder. `sizes` maps keys *relative to the run folder* to bytes;
+    `figures` are inline SVG elements (shown whether or not the files beside the page are there)."""
+    files = {k: v for k, v in sizes.items() if k != INDEX}
+    groups: dict[str, list[str]] = {}
+    for rel in sorted(files):
+        groups.setdefault(rel.split("/", 1)[0] if "/" in rel else "", []).append(rel)
+    order = [""] + [s for s in SECTIONS if s in groups] + sorted(g for g in groups if g and g not in SECTIONS)
+    reports = [r for r in groups.get("reports", []) if r.endswith((".html", ".md", ".pdf", ".png", ".svg"))]
+    title = html.escape(f"rlvr run {run_prefix}")
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>",
+           f"<link rel=icon href='data:,'>{_STYLE}</head><body>", f"<h1>{title}</h1>"]
+    if run:
+        out.append("<table>" + "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(_fmt(run[k]))}</td></tr>"
+                                       for k in _RUN_FIELDS if run.get(k) not in (None, "")) + "</table>")
+    if links:
+        out.append("<p>" + " · ".join(f'<a href="{html.escape(u)}">{html.escape(name)}</a>'
+                                      for name, u in links.items()) + "</p>")
+        # Kept for the next rewrite; '-' escaped so the JSON never holds a comment's "--".
+        out.append(f"<!-- {_LINKS_MARK}" + json.dumps(links).replace("-", "\\u002d") + " -->")
+    if figures:
+        out.append("<h2>Figures</h2>" + "".join(figures))
+    if reports:
+        out.append("<h2>Reports</h2><ul>" + "".join(f"<li>{_link(r)}</li>" for r in reports) + "</ul>")
+    for g in order:
+        out.append(f"<h2>{html.escape(g + '/') if g else 'Files'}</h2><table>")
+        out += [f"<tr><td>{_link(rel)}</td><td class='n'>{_size(files[rel])}</td></tr>" for rel in groups[g]]
+        out.append("</table>")
+    out.append(f"<p><small>{len(files)} files, {_size(sum(files.values()))}; written "
+               f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC</small></p></body></html>\n")
+    return "\n".join(out)
+
+
+def _previous_links(store: ArtifactStore, base: str) -> dict[str, str] | None:
+    """The links the folder's current index.html was written with (kept when a later stage rewrites it)."""
+    try:
+        page = store.get_text(join(base, INDEX))
+    except (OSError, ValueError):
+        return None
+    m = re.search(rf"<!-- {_LINKS_MARK}(.*?) -->", page)
+    try:
+        return json.loads(m.group(1)) if m else None
+    except ValueError:
+        return None
+
+
+def write_run_index(store: ArtifactStore, run_prefix: str, links: dict[str, str] | None = None) -> str:
+    """(Re)write `<run_prefix>/index.html` from what the store holds now; returns its key. Without `links`,
+    the links of the page it replaces are kept (a report written later does not drop the MLflow link)."""
+    base = run_prefix.strip("/")
+    sizes = {k[len(base) + 1:]: n for k, n in store.sizes(base).items()}
+    if not sizes:
+        raise FileNotFoundError(f"no run folder {base!r} in {store.uri}")
+    if links is None and INDEX in sizes:
+        links = _previous_links(store, base)
+    run = None
+    if "run.json" in sizes:
+        try:
+            run = json.loads(store.get_text(join(base, "run.json")))
+        except (ValueError, OSError):
+            run = None  # an index without the header beats no index
+    return store.put_text(join(base, INDEX), render_index(base, sizes, run, links, run_figures(store, base, sizes)))
+
+
+def _parquet(store: ArtifactStore, key: str, columns: list[str] | None = None) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    data = pq.read_table(io.BytesIO(store.get_bytes(key)))
+    return data.select([c for c in columns if c in data.column_names] if columns else data.column_names).to_pylist()
+
+
+def run_figures(store: ArtifactStore, base: str, sizes: dict[str, int]) -> list[str]:
+    """Inline SVG of the run's training reward and pass@k curves, from its own Parquet files (when present)."""
+    figs = []
+    try:
+        if "train/steps.parquet" in sizes:
+            rows = _parquet(store, join(base, "train/steps.parquet"), ["step", "reward_mean"])
+            series = {"reward_mean": [(r["step"], r.get("reward_mean")) for r in rows]}
+            figs.append(svgplot.line_chart(series, title="training reward (mean per step)", xlabel="step",
+                                           ylabel="reward"))
+        if "passk_curves.parquet" in sizes:
+            rows = _parquet(store, join(base, "passk_curves.parquet"), ["source", "scoring", "k", "value"])
+            series: dict[str, list] = {}
+            for r in rows:
+                name = str(r.get("source")) + (f" ({r['scoring']})" if r.get("scoring") else "")
+                series.setdefault(name, []).append((r["k"], r["value"]))
+            figs.append(svgplot.line_chart(dict(list(series.items())[:8]), title="pass@k", xlabel="k",
+                                           ylabel="pass@k", log2_x=True, y_range=(0.0, 1.0)))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # a page without a figure beats no page; the files stay listed below
+    return [f for f in figs if f]
+
+
+def _json_or_none(store: ArtifactStore, key: str) -> dict | None:
+    try:
+        v = json.loads(store.get_text(key))
+        return v if isinstance(v, dict) else None
+    except (ValueError, OSError):
+        return None
+
+
+def write_sweep_index(store: ArtifactStore, sweep_prefix: str, *, pivot: list[dict], swept_keys: list[str],
+                      metric: str, links: dict[str, str] | None = None) -> str:
+    """(Re)write `<sweep_prefix>/index.html` and `pivot.json`: the pivot (one row per cell, mean and 95%
+    interval across seeds) as a table and a figure, and every trial folder below with a link to its page."""
+    base = sweep_prefix.strip("/")
+    store.put_text(join(base, "pivot.json"), json.dumps(pivot, indent=2, default=str))
+    trials = []
+    for folder in find_run_folders(store, base):
+        summary = _json_or_none(store, join(folder, "summary.json")) or {}
+        trials.append({"folder": folder[len(base) + 1:], "run": _json_or_none(store, join(folder, RUN_FILE)) or {},
+                       "summary": summary, "has_index": store.exists(join(folder, INDEX))})
+    return store.put_text(join(base, INDEX), render_sweep_index(base, pivot, swept_keys, metric, trials, links))
+
+
+def render_sweep_index(base: str, pivot: list[dict], swept_keys: list[str], metric: str, trials: list[dict],
+                       links: dict[str, str] | None = None) -> str:
+    title = html.escape(f"rlvr sweep {base}")
+    by_trial = {t["summary"].get("trial_id"): t for t in trials if t["summary"].get("trial_id")}
+
+    def trial_link(tid: str) -> str:
+        t = by_trial.get(tid)
+        return _link(t["folder"] + "/" + INDEX, tid) if t and t["has_index"] else html.escape(str(tid))
+
+    fig = svgplot.interval_chart(
+        [(" ".join(f"{k.rsplit('.', 1)[-1]}={r.get(k)}" for k in swept_keys) or "all", r["mean"], r.get("ci_low"),
+          r.get("ci_high")) for r in pivot], title=f"{metric}: mean and 95% CI per cell", ylabel=metric)
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>",
+           f"<link rel=icon href='data:,'>{_STYLE}</head><body>", f"<h1>{title}</h1>"]
+    if links:
+        out.append("<p>" + " · ".join(f'<a href="{html.escape(u)}">{html.escape(n)}</a>' for n, u in links.items())
+                   + "</p>")
+    out.append(f"<h2>Pivot: {html.escape(metric)} by cell</h2>" + fig + "<table><tr>"
+               + "".join(f"<th>{html.escape(c)}</th>" for c in [*swept_keys, "seeds", "mean", "95% CI", "interval",
+                                                                  "per seed", "trials"]) + "</tr>")
+    for r in pivot:
+        ci = (f"{r['ci_low']:.3f}–{r['ci_high']:.3f}" if r.get("ci_low") is not None and r.get("ci_high") is not None
+              else "–")
+        cells = [*(html.escape(str(r.get(k))) for k in swept_keys), str(r.get("n_seeds")), f"{r['mean']:.4f}", ci,
+                 html.escape(str(r.get("ci_kind", ""))), ", ".join(f"{v:.3f}" for v in r.get("per_seed") or []),
+                 ", ".join(trial_link(t) for t in r.get("trial_ids") or [])]
+        out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    out.append("</table><p>" + _link("pivot.json") + " (the same rows as JSON)</p><h2>Trials</h2><table>"
+               "<tr><th>trial</th><th>what differs</th><th>status</th><th>" + html.escape(metric) + "</th></tr>")
+    for t in sorted(trials, key=lambda t: t["folder"]):
+        s, v = t["summary"], t["summary"].get(metric)
+        name = _link(t["folder"] + "/" + INDEX, t["folder"]) if t["has_index"] else html.escape(t["folder"])
+        out.append(f"<tr><td>{name}</td><td>{html.escape(str(s.get('trial_label') or ''))}</td>"
+                   f"<td>{html.escape(str(t['run'].get('status') or ''))}</td>"
+                   f"<td class='n'>{_fmt(v) if v is not None else '–'}</td></tr>")
+    out.append(f"</table><p><small>{len(trials)} trials; written {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())}"
+               " UTC</small></p></body></html>\n")
+    return "\n".join(out)
+
+
+def view_cache(store: ArtifactStore) -> Path:
+    """Where `open` puts copies of remote artifacts: `$RLVR_HOME/cache/artifact-views/<bucket>/<prefix>`."""
+    if not isinstance(store, S3Store):
+        raise TypeError(f"{store.uri}: only remote stores are copied into the view cache")
+    return settings.paths().cache / "artifact-views" / store.bucket / store.prefix
+
+
+class NoIndexError(FileNotFoundError):
+    """A folder exists but has no index.html to open."""
+
+
+def find_key(store: ArtifactStore, key: str) -> tuple[str, bool]:
+    """(key, is_file) for an artifact or a folder; a run id (or EXP/RUN_ID) that names no key is looked up
+    as a run (rlvr_core.artifacts.layout.resolve_run). FileNotFoundError when neither exists."""
+    key = key.strip("/")
+    if key and store.exists(key):
+        return key, True
+    if store.list(key):
+        return key, False
+    try:
+        return resolve_run(store, key), False
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no artifact, folder or run {key!r} in {store.uri}") from None
+
+
+def local_view(store: ArtifactStore, key: str, *, with_checkpoints: bool = False) -> Path:
+    """A local path showing `key`: a file, or a folder's index page.
+
+    Local stores answer with the path in place; S3 keys are downloaded to `view_cache` (a folder is
+    copied whole, checkpoints/ only with `with_checkpoints`, so its index's relative links work).
+    A folder without an index.html raises NoIndexError saying how to get one."""
+    key, is_file = find_key(store, key)
+    if not is_file and not store.exists(join(key, INDEX)):
+        is_run = bool(key) and store.exists(join(key, RUN_FILE))
+        hint = f"write one with: rlvr artifacts index {key}" if is_run else f"list it with: rlvr artifacts ls {key}"
+        raise NoIndexError(f"{store.url(key) if key else store.uri}: a folder without {INDEX}; {hint.rstrip()}")
+    if isinstance(store, LocalStore):
+        path = store.root / key if key else store.root
+    else:
+        path = view_cache(store) / key
+        if is_file:
+            store.get_file(key, path)
+        else:
+            store.get_dir(key, path, skip=() if with_checkpoints else ("checkpoints/",))
+    return path if is_file else path / INDEX
+
+
+def publish_sweep_index(config: dict, sweep_id: str, pivot: list[dict], swept_keys: list[str], metric: str,
+                        links: dict[str, str] | None = None) -> str:
+    """The sweep's index page in the store its trials wrote to (`config`: the sweep's resolved base config,
+    whose storage and tracking.experiment the trials share); returns the page's URL."""
+    store = open_store(config["storage"]["artifact_uri"], config["storage"].get("s3_endpoint_url"))
+    key = write_sweep_index(store, sweep_prefix(config["tracking"]["experiment"], sweep_id), pivot=pivot,
+                            swept_keys=swept_keys, metric=metric, links=links)
+    return store.url(key)

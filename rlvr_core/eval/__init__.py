@@ -1,0 +1,2 @@
+"""Evaluation: benchmarks sampled and scored (evaluate), and two evaluations compared with paired statistics
+(compare)."""

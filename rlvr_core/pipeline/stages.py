@@ -1,0 +1,543 @@
+"""The pipeline's stages as plain functions: files and configs in, files and small summaries out.
+
+Prefect wraps each of these in a task (`tasks/`), but nothing here knows about Prefect, so the same
+stage runs from a flow, a subprocess, a notebook or a test. Stages that are pure functions of their
+inputs (data, base model, pass-rate table) are content-addressed in the stage cache
+(`rlvr_core.pipeline.cache`): re-running with the same inputs reuses the folder instead of recomputing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.parquet as pq
+
+from rlvr_core.artifacts.export import MANIFEST_FILE, export_checkpoint, upload_export, verify_local_export
+from rlvr_core.core import manifest as manifest_mod
+from rlvr_core.core.manifest import file_sha256, rows_sha256
+from rlvr_core.core.passk import default_ks
+from rlvr_core.core.progress import SILENT, Progress
+from rlvr_core.data import gold_of
+from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pass_rate_table, reconcile_ids
+from rlvr_core.data.jsonl import read_jsonl, write_jsonl
+from rlvr_core.data.loaders import load_problems
+from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
+from rlvr_core.data.templates import get_template
+from rlvr_core.eval.evaluate import (RunSettings, curves_table, evaluate_spec, metrics_table, opened_engine,
+                                     samples_table)
+from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark
+from rlvr_core.experiment.config import ExperimentConfig
+from rlvr_core.pipeline.cache import cached_dir, mark_done, resumable_dir
+from rlvr_core.records.tracking import StepMetricsSink
+from rlvr_core.sampling.models import model_hashes
+from rlvr_core.sampling.verified import sample_and_verify
+from rlvr_core.sampling.vllm import llm_options
+from rlvr_core.verifiers.registry import default_mode
+
+# Bump when a stage's code changes what it produces, so stale cache entries are not reused.
+DATA_STAGE_VERSION = "1"
+WARMSTART_STAGE_VERSION = "1"
+PASSRATE_STAGE_VERSION = "1"
+CURRICULUM_STAGE_VERSION = "1"
+GRPO_STAGE_VERSION = "1"
+SYNTHETIC_BENCHMARK_VERSION = "2"  # 2: 32 samples per problem (pass@k to 32); 1 had 8
+
+
+# ----------------------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class DataArtifact:
+    train_path: str
+    test_path: str
+    train_hash: str
+    test_hash: str
+    n_train: int
+    n_test: int
+    cached: bool
+
+    @property
+    def dataset_hash(self) -> str:
+        return f"{self.train_hash[:16]}-{self.test_hash[:16]}"
+
+    def train_rows(self) -> list[dict]:
+        return read_jsonl(self.train_path)
+
+    def test_rows(self) -> list[dict]:
+        return read_jsonl(self.test_path)
+
+
+def prepare_data(cfg: ExperimentConfig, progress: Progress = SILENT) -> DataArtifact:
+    """Generate (synthetic) or read the train/test problems; returns paths and content hashes."""
+    d = cfg.data
+    if d.source == "synthetic":
+        spec = SyntheticSpec(n_train=d.synthetic.n_train, n_test=d.synthetic.n_test,
+                             seed=d.synthetic.seed, difficulty=d.synthetic.difficulty)
+
+        def build(tmp: Path) -> None:
+            splits = make_synthetic_dataset(spec)
+            write_jsonl(splits["train"], tmp / "train.jsonl")
+            write_jsonl(splits["test"], tmp / "test.jsonl")
+
+        folder, hit = cached_dir("data", {"stage": DATA_STAGE_VERSION, "synthetic": asdict(spec)}, build)
+        train_path, test_path = folder / "train.jsonl", folder / "test.jsonl"
+    else:
+        train_path = Path(d.train_path)
+        test_path = Path(d.test_path)
+        # Real sets are read (and schema-checked) through the loaders; the cache holds the mapped rows.
+        def build(tmp: Path) -> None:
+            write_jsonl(load_problems(d.source, train_path), tmp / "train.jsonl")
+            write_jsonl(load_problems(d.source, test_path), tmp / "test.jsonl")
+
+        key = {"stage": DATA_STAGE_VERSION, "source": d.source,
+               "train": file_sha256(train_path), "test": file_sha256(test_path)}
+        folder, hit = cached_dir("data", key, build)
+        train_path, test_path = folder / "train.jsonl", folder / "test.jsonl"
+    train, test = read_jsonl(train_path), read_jsonl(test_path)
+    progress("data", f"{len(train)} train / {len(test)} test problems ({'cached' if hit else 'built'})")
+    return DataArtifact(str(train_path), str(test_path), rows_sha256(train), rows_sha256(test),
+                        len(train), len(test), hit)
+
+
+# ---------------------------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class ModelArtifact:
+    path: str
+    model_id: str
+    model_hash: str
+    tokenizer_hash: str
+    cached: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def warm_start_spec(cfg: ExperimentConfig):
+    from rlvr_core.tiny.warmstart import WarmStartSpec
+
+    m = cfg.model
+    return WarmStartSpec(steps=m.warm_start.steps, batch_size=m.warm_start.batch_size, lr=m.warm_start.lr,
+                         seed=m.warm_start.seed, vocab_size=m.tiny.vocab_size, hidden_size=m.tiny.hidden_size,
+                         num_layers=m.tiny.num_layers, heads=m.tiny.num_heads)
+
+
+def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Progress = SILENT) -> ModelArtifact:
+    """Warm-start the tiny base model (cached on data + spec), or point at a local HF model."""
+    if cfg.model.source == "hf":
+        path = Path(cfg.model.path).expanduser().resolve()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model.path {path} has no config.json (a local Hugging Face model directory)")
+        mh, th = model_hashes(path)
+        return ModelArtifact(str(path), path.name, mh, th, cached=True)
+
+    from rlvr_core.tiny.warmstart import warm_start
+
+    spec = warm_start_spec(cfg)
+    template = get_template(cfg.prompt.template)
+    key = {"stage": WARMSTART_STAGE_VERSION, "data": data.train_hash, "spec": asdict(spec), "template": template.key}
+    report = progress.counter("warm-start", "step")
+
+    def build(tmp: Path) -> None:
+        warm_start(data.train_rows(), tmp, spec, template_id=template.id,
+                   progress=lambda step, total, loss: report(step, total, loss))
+
+    folder, hit = cached_dir("base_model", key, build)
+    info = json.loads((folder / "warmstart.json").read_text()) if (folder / "warmstart.json").exists() else {}
+    mh, th = model_hashes(folder)
+    progress("warm-start", f"base model {folder.name} ({'cached' if hit else 'trained'})")
+    return ModelArtifact(str(folder), f"tiny-{folder.name}", mh, th, hit, info)
+
+
+def _sampling_kwargs(cfg: ExperimentConfig, *, n: int, temperature: float, max_new_tokens: int) -> dict[str, Any]:
+    """Sampling settings for the pass-rate stage, scored as training scores (`reward:`)."""
+    return dict(template_id=cfg.prompt.template, n=n, temperature=temperature, top_p=cfg.sampling.top_p,
+                max_new_tokens=max_new_tokens, seed=cfg.sampling.seed, batch_size=cfg.sampling.batch_size,
+                verifier=cfg.reward.verifier, verifier_mode=cfg.reward.mode,
+                verifier_workers=cfg.reward.workers, verifier_timeout_s=cfg.reward.timeout_s)
+
+
+# -------------------------------------------------------------------------------------- pass rates
+@dataclass(frozen=True)
+class PassRateArtifact:
+    table_path: str
+    samples_path: str
+    table_id: str
+    cached: bool
+    summary: dict[str, Any]
+
+
+def normalise_passk_columns(table: pa.Table) -> pa.Table:
+    """`pass@4` → `pass_at_4`, `status_correct` → `n_correct`: the warehouse's SQL-friendly names."""
+    return table.rename_columns([("n_" + c.removeprefix("status_") if c.startswith("status_") else c).replace("@", "_at_")
+                                 for c in table.column_names])
+
+
+def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifact,
+                    progress: Progress = SILENT) -> PassRateArtifact:
+    """Sample n completions per training prompt, verify, and tabulate per-problem pass rates (cached)."""
+    rows = data.train_rows()
+    if cfg.passk.max_prompts:
+        rows = rows[: cfg.passk.max_prompts]
+    kw = _sampling_kwargs(cfg, n=cfg.passk.n_samples, temperature=cfg.sampling.temperature,
+                          max_new_tokens=cfg.sampling.max_new_tokens)
+    key = {"stage": PASSRATE_STAGE_VERSION, "data": rows_sha256(rows), "model": model.model_hash,
+           "tokenizer": model.tokenizer_hash, "template": get_template(cfg.prompt.template).key,
+           "dtype": cfg.model.dtype, "engine": cfg.sampling.engine, **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")}}
+
+    def build(tmp: Path) -> None:
+        t0 = time.monotonic()
+        with opened_engine(model.path, _run_settings(cfg), llm_options=_vllm_options(cfg)) as (engine, _):
+            records = sample_and_verify(None, None, rows, progress=progress, stage="pass@k", engine=engine, **kw)
+        pq.write_table(pa.Table.from_pylist(records), tmp / "samples.parquet")
+        table = normalise_passk_columns(pass_rate_table(records, ks=cfg.passk.ks))
+        pq.write_table(table, tmp / "pass_rate_table.parquet")
+        # What produced the table travels with it: a table without its settings is not reusable.
+        manifest = {**key, "model_id": model.model_id, "n_problems": len(rows),
+                    "verifier_version": records[0]["verifier_version"] if records else None,
+                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "duration_s": round(time.monotonic() - t0, 3)}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+    folder, hit = cached_dir("pass_rate_table", key, build)
+    table = pq.read_table(folder / "pass_rate_table.parquet")
+    kept = filter_by_pass_rate(table, low=cfg.passk.low, high=cfg.passk.high,
+                               drop_never=cfg.passk.drop_never_solved, drop_always=cfg.passk.drop_always_solved)
+    samples = pq.read_table(folder / "samples.parquet", columns=["unique_frac", "finish_reason"])
+    cols = table.to_pydict()
+    n_problems = table.num_rows
+    summary = {
+        "n_problems": n_problems,
+        "n_samples": cfg.passk.n_samples,
+        "n_kept": kept.num_rows,
+        "never_solved": sum(1 for c in cols["c"] if c == 0),
+        "always_solved": sum(1 for c, n in zip(cols["c"], cols["n"]) if c == n),
+        "mean_pass_rate": sum(cols["pass_rate"]) / max(n_problems, 1),
+        "mean_unique_frac": sum(samples.column("unique_frac").to_pylist()) / max(samples.num_rows, 1),
+        "truncation_share": samples.column("finish_reason").to_pylist().count("length") / max(samples.num_rows, 1),
+    }
+    for k in cfg.passk.ks:
+        col = f"pass_at_{k}"
+        if col in cols:
+            summary[f"pass@{k}"] = sum(cols[col]) / max(n_problems, 1)
+    progress("pass@k", f"{n_problems} prompts, mean pass rate {summary['mean_pass_rate']:.3f}, "
+             f"kept {kept.num_rows} ({'cached' if hit else 'sampled'})")
+    return PassRateArtifact(str(folder / "pass_rate_table.parquet"), str(folder / "samples.parquet"),
+                            folder.name, hit, summary)
+
+
+# -------------------------------------------------------------------------------------- curriculum
+@dataclass(frozen=True)
+class CurriculumArtifact:
+    path: str
+    curriculum_id: str
+    n_prompts: int
+    cached: bool
+
+
+def curriculum_stage(cfg: ExperimentConfig, data: DataArtifact, passrates: PassRateArtifact,
+                     progress: Progress = SILENT) -> CurriculumArtifact:
+    """Filter the pass-rate table by its bounds and order the kept prompts; the trainer reads the result.
+
+    The table's ids are reconciled with the training set's first (G-id-mismatch): a table measured on
+    another version of the data fails here, naming how many ids and which, instead of silently
+    training on a subset.
+    """
+    c, pk = cfg.curriculum, cfg.passk
+    key = {"stage": CURRICULUM_STAGE_VERSION, "table": passrates.table_id, "train": data.train_hash,
+           "low": pk.low, "high": pk.high, "drop_never": pk.drop_never_solved, "drop_always": pk.drop_always_solved,
+           "strategy": c.strategy, "seed": c.seed, "id_tolerance": c.id_tolerance}
+
+    def build(tmp: Path) -> None:
+        table = pq.read_table(passrates.table_path)
+        matched = reconcile_ids(table.column("problem_id").to_pylist(), [r["id"] for r in data.train_rows()],
+                                tolerance=c.id_tolerance)
+        table = table.filter(pa.compute.is_in(table.column("problem_id"), value_set=pa.array(matched, pa.string())))
+        kept = filter_by_pass_rate(table, low=pk.low, high=pk.high, drop_never=pk.drop_never_solved,
+                                   drop_always=pk.drop_always_solved)
+        ordered = order_curriculum(kept, c.strategy, seed=c.seed)
+        out = pa.table({"position": ordered.column("order"), "problem_id": ordered.column("problem_id"),
+                        "pass_rate": ordered.column("pass_rate"), "n": ordered.column("n"), "c": ordered.column("c")})
+        pq.write_table(out, tmp / "curriculum.parquet")
+        (tmp / "manifest.json").write_text(json.dumps({**key, "n_prompts": out.num_rows}, indent=2, sort_keys=True))
+
+    folder, hit = cached_dir("curriculum", key, build)
+    n = pq.read_metadata(folder / "curriculum.parquet").num_rows
+    progress("curriculum", f"{n} prompts ordered {c.strategy} ({'cached' if hit else 'built'})")
+    return CurriculumArtifact(str(folder / "curriculum.parquet"), folder.name, n, hit)
+
+
+# ----------------------------------------------------------------------------------------- training
+@dataclass(frozen=True)
+class TrainArtifact:
+    model: ModelArtifact  # the trained policy, exported with save_pretrained
+    steps_path: str  # Parquet, one row per optimisation step
+    folder: str
+    cached: bool
+    summary: dict[str, Any]
+
+
+def _vllm_options(cfg: ExperimentConfig) -> dict | None:
+    """vLLM engine settings from `sampling` (memory share or KV cache size; the tensor-parallel size travels
+    separately: in `RunSettings` for evaluation, and GRPO runs one engine per rank). None for hf."""
+    if cfg.sampling.engine != "vllm":
+        return None
+
+    return llm_options(cfg.sampling, tensor_parallel=False)
+
+
+@contextlib.contextmanager
+def _live_metrics(cfg: ExperimentConfig, run_id: str | None):
+    """The trainer's `on_step` for MLflow run `run_id` (None: no live metrics); flushed at the end, also when
+    training fails, so the steps before a crash or a guard stop are in MLflow."""
+    if not run_id:
+        yield None
+        return
+
+    with StepMetricsSink(run_id, cfg.tracking.tracking_uri) as sink:
+        yield sink
+
+
+def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, curriculum: CurriculumArtifact,
+                progress: Progress = SILENT, mlflow_run_id: str | None = None) -> TrainArtifact:
+    """GRPO on the curriculum, starting from the base model.
+
+    With `mlflow_run_id` each step's metrics reach that run (in `cfg.tracking`'s store) while training runs
+    (`StepMetricsSink`); the caller still records steps.parquet afterwards, which logs only what is missing.
+
+    The output folder is keyed by every input (base model hash, curriculum, GRPO settings, template,
+    verifier, seed) and used in place, so a killed or retried run resumes from its last checkpoint
+    there; finished runs with the same inputs are reused.
+    """
+    from rlvr_core.grpo.trainer import train_grpo
+
+    key = {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
+           "grpo": cfg.grpo.model_dump(mode="json"), "template": get_template(cfg.prompt.template).key,
+           "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
+           "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine}
+    folder, done = resumable_dir("grpo", key)
+    if not done:
+        ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
+        with _live_metrics(cfg, mlflow_run_id) as on_step:
+            result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
+                                reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
+                                progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
+                                engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step)
+        (folder / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str))
+        final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
+        (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))
+        mark_done(folder)
+    paths = json.loads((folder / "result.json").read_text())
+    final = Path(paths["final_model_dir"])
+    mh, th = model_hashes(final)
+    summary = json.loads((folder / "summary.json").read_text())
+    progress("grpo", f"trained model {folder.name} ({'cached' if done else 'trained'})")
+    return TrainArtifact(ModelArtifact(str(final), f"grpo-{folder.name}", mh, th, done), paths["steps_path"],
+                         str(folder), done, summary)
+
+
+@dataclass(frozen=True)
+class ExportArtifact:
+    model: ModelArtifact  # the exported, verified folder (from_pretrained-loadable)
+    uri: str  # where it was uploaded and verified in the artifact store
+    step: int
+    dtype: str
+    manifest_sha256: str
+
+
+def export_stage(trained: TrainArtifact, base: ModelArtifact, store: Any, prefix: str, *, dtype: str = "float32",
+                 run_manifest: dict[str, Any] | None = None, progress: Progress = SILENT) -> ExportArtifact:
+    """Export the training run's last DeepSpeed checkpoint to safetensors, upload it under `prefix`
+    and verify every checksum there (G-lost-ckpt: a checkpoint only counts once exported and verified).
+
+    The local export sits in the training stage's folder and is reused when its files still match its
+    manifest; the upload is verified every time.
+    """
+    local = Path(trained.folder) / f"export-{dtype}"
+    try:
+        verify_local_export(local)
+        progress("export", f"reusing the verified export in {local}")
+    except Exception:  # noqa: BLE001 — absent, partial or damaged: export again
+        export_checkpoint(Path(trained.folder) / "checkpoints", base_model_dir=base.path, out_dir=local,
+                          dtype=dtype, run_manifest=run_manifest, overwrite=True)
+    manifest = json.loads((local / MANIFEST_FILE).read_text())
+    upload_export(local, store, prefix)
+    mh, th = model_hashes(local)
+    progress("export", f"step {manifest['step']} {dtype} exported, uploaded and verified at {store.url(prefix)}")
+    return ExportArtifact(ModelArtifact(str(local), f"{trained.model.model_id}-export", mh, th, trained.cached),
+                          store.url(prefix), int(manifest["step"]), dtype, file_sha256(local / MANIFEST_FILE))
+
+
+def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, Any], dict[str, float]]:
+    """The trainer's periodic evaluation (every `grpo.eval_every` steps and after the last; G-no-eval,
+    G-reward-hacking): the evaluator (`rlvr_core.eval.evaluate`) on the same held-out benchmark as
+    `evaluate_stage`, so the curve's last point is the trained model's `accuracy_greedy`. Greedy accuracy
+    always; pass@k from `grpo.eval_samples` sampled completions per problem at `eval.temperature` when
+    both are > 0. Always the hf engine on the trainer's own module: a vLLM engine would need a weight push
+    for a handful of greedy problems (docs/engines.md)."""
+    from rlvr_core.sampling.hf import HFEngine
+
+    n = cfg.grpo.eval_samples
+    spec = held_out_spec(cfg, n=n if n else None, greedy_only=not n)
+    problems = held_out_problems(cfg, data, spec)
+    run = _run_settings(cfg, engine="hf")
+
+    def evaluate(model: Any, tokenizer: Any) -> dict[str, float]:
+        engine = HFEngine(model, tokenizer, batch_size=cfg.sampling.batch_size)
+        res = evaluate_spec(engine, tokenizer, spec, run=run, problems=problems, eval_id="periodic")
+        # `<name>_n` lets the G-reward-hacking guard tell a real drop from binomial noise.
+        out = {"greedy_pass_at_1": res.summary["accuracy_greedy"], "greedy_pass_at_1_n": float(len(problems))}
+        if n:
+            out.update({f"pass_at_{k}": v for k, v in res.curve.items()})
+        return out
+
+    return evaluate
+
+
+def steps_long(steps_path: str | Path) -> pa.Table:
+    """Per-step metrics as (step, metric, value) rows: the warehouse schema stays fixed as metrics grow."""
+    table = pq.read_table(steps_path)
+    cols = table.to_pydict()
+    steps = cols.get("step", list(range(table.num_rows)))
+    out = {"step": [], "metric": [], "value": []}
+    for name, values in cols.items():
+        if name == "step":
+            continue
+        for step, v in zip(steps, values):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            out["step"].append(int(step))
+            out["metric"].append(name)
+            out["value"].append(float(v))
+    return pa.table(out, schema=pa.schema([("step", pa.int64()), ("metric", pa.string()), ("value", pa.float64())]))
+
+
+def record_tables(cfg: ExperimentConfig, model: ModelArtifact, passrates: PassRateArtifact,
+                  curriculum: CurriculumArtifact) -> dict[str, pa.Table]:
+    """The pass-rate table and the curriculum as the run folder stores them: each row carries the settings
+    that produced it (table id, model hash, template, temperature, max tokens, verifier; curriculum id and
+    strategy), so the warehouse rows keep their context."""
+    pr_table = pq.read_table(passrates.table_path)
+    context = {"table_id": passrates.table_id, "model_hash": model.model_hash,
+               "prompt_template": get_template(cfg.prompt.template).key, "temperature": cfg.sampling.temperature,
+               "max_new_tokens": cfg.sampling.max_new_tokens, "verifier": cfg.reward.verifier}
+    for name, value in context.items():
+        pr_table = pr_table.append_column(name, pa.array([value] * pr_table.num_rows))
+    cur_table = pq.read_table(curriculum.path)
+    cur_table = cur_table.append_column("curriculum_id", pa.array([curriculum.curriculum_id] * cur_table.num_rows))
+    cur_table = cur_table.append_column("strategy", pa.array([cfg.curriculum.strategy] * cur_table.num_rows))
+    return {"passk/pass_rate_table.parquet": pr_table, "curriculum/curriculum.parquet": cur_table}
+
+
+# -------------------------------------------------------------------------------------- evaluation
+@dataclass(frozen=True)
+class EvalArtifact:
+    samples: pa.Table
+    metrics: pa.Table
+    curve: dict[int, float]
+    summary: dict[str, Any]
+    curves: pa.Table | None = None  # pass@k for k = 1..n per scoring (warehouse `passk_curves` columns)
+    result: Any = None  # the evaluator's BenchmarkResult (records, settings), for comparisons
+
+
+def experiment_manifest(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifact, *, config_hash: str,
+                        resolved_config: dict[str, Any], template_key: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """The run manifest of one experiment (demo or pipeline): config, data hashes, every seed, the base model
+    and the template, plus `extra` (run ids, artifact ids)."""
+    return manifest_mod.build_manifest(
+        config_hash=config_hash, resolved_config=resolved_config,
+        datasets={"train": data.train_hash, "test": data.test_hash},
+        seeds={"experiment": cfg.seed, "sampling": cfg.sampling.seed, "data": cfg.data.synthetic.seed,
+               "warm_start": cfg.model.warm_start.seed, "curriculum": cfg.curriculum.seed},
+        model={"id": model.model_id, "hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
+               "path": model.path, "source": cfg.model.source, "kind": cfg.model.kind, "dtype": cfg.model.dtype},
+        template=template_key, extra=extra)
+
+
+def held_out_spec(cfg: ExperimentConfig, *, n: int | None = None, greedy_only: bool = False):
+    """The experiment's held-out evaluation as a benchmark spec, so it runs through the evaluator.
+
+    Synthetic data: configs/benchmarks/synthetic.yaml with the config's data, template, decoding and
+    verifier written into it; with the demo's defaults it is that file exactly (same benchmark hash), so
+    `rlvr eval CHECKPOINT --benchmark synthetic` reproduces the demo's numbers. Other data sources: the
+    same settings on the config's test file (benchmark `<source>_heldout`, zero-shot).
+    n: sampled completions (default eval.n_samples). greedy_only: the greedy completion alone (temperature 0).
+    eval.temperature 0 is greedy-only as well (n samples at temperature 0 would all be the greedy one).
+    """
+    base = load_benchmark("synthetic").model_dump(mode="json")
+    d = json.loads(json.dumps(base))
+    template = get_template(cfg.prompt.template)
+    if cfg.data.source == "synthetic":
+        d["data"]["synthetic"] = cfg.data.synthetic.model_dump(mode="json")
+    else:
+        d["name"] = f"{cfg.data.source}_heldout"
+        d["description"] = f"the held-out split of the experiment's {cfg.data.source} data"
+        d["data"] = {"source": cfg.data.source, "split": "test", "path": str(Path(cfg.data.test_path).resolve())}
+    d["data"]["max_problems"] = cfg.eval.max_problems
+    d["prompt"] = {"template": template.id, "model_kind": template.kind}
+    n = cfg.eval.n_samples if n is None else n
+    greedy_only = greedy_only or cfg.eval.temperature == 0
+    d["generation"] = {"temperature": 0.0 if greedy_only else cfg.eval.temperature, "top_p": cfg.sampling.top_p,
+                       "max_new_tokens": cfg.eval.max_new_tokens, "n": 1 if greedy_only else n,
+                       "greedy": not greedy_only, "seed": cfg.sampling.seed}
+    verifier = {"name": cfg.eval.verifier, "mode": cfg.eval.verifier_mode or default_mode(cfg.eval.verifier)}
+    d["verifier"] = verifier
+    # The file's side-by-side scorings (gsm8k strict next to flexible) where they are another mode of the
+    # same verifier; none for other verifiers.
+    d["side_by_side"] = [v for v in base["side_by_side"]
+                         if v["name"] == verifier["name"] and v.get("mode") != verifier["mode"]]
+    d["metrics"] = ["accuracy"] + [f"pass@{k}" for k in default_ks(d["generation"]["n"])]
+    d["breakdown"] = []
+    return parse_benchmark(d, "<held-out evaluation of the experiment config>", check_data=False)
+
+
+def held_out_problems(cfg: ExperimentConfig, data: DataArtifact, spec) -> list[dict]:
+    """The spec's problems, checked against the data stage's held-out rows (same ids, same order).
+
+    Synthetic: the benchmark generates them itself (as `rlvr eval` does) and they must be the data stage's
+    test rows; a mismatch means the generator changed under one of them. Other sources: the data stage's
+    rows (already read through the loaders).
+    """
+    rows = data.test_rows()[: cfg.eval.max_problems or None]
+    if spec.data.source != "synthetic":
+        return rows
+    problems = load_benchmark_problems(spec)
+    if [p["id"] for p in problems] != [r["id"] for r in rows] or any(
+            p["question"] != r["question"] or p["answer"] != gold_of(r)
+            for p, r in zip(problems, rows)):
+        raise ValueError(f"the synthetic benchmark's problems differ from the data stage's test rows "
+                         f"({data.test_path}): the generator and the cached data disagree")
+    return problems
+
+
+def _run_settings(cfg: ExperimentConfig, engine: str | None = None):
+    """How a sampling stage produces completions: `sampling.engine` unless told otherwise."""
+    engine = engine or cfg.sampling.engine
+    tp = cfg.sampling.vllm_tensor_parallel_size if engine == "vllm" else 1
+    return RunSettings(engine=engine, dtype=cfg.model.dtype, batch_size=cfg.sampling.batch_size, tensor_parallel=tp,
+                       verifier_workers=cfg.eval.verifier_workers, verifier_timeout_s=cfg.eval.verifier_timeout_s)
+
+
+def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifact, *, eval_id: str = "base",
+                   checkpoint: str = "base", progress: Progress = SILENT) -> EvalArtifact:
+    """Greedy accuracy (with Wilson 95% CI and n) and sampled pass@k on the held-out split, through the
+    evaluator (`rlvr_core.eval.evaluate`) with `held_out_spec(cfg)`: the code path of `rlvr eval`."""
+    spec = held_out_spec(cfg)
+    problems = held_out_problems(cfg, data, spec)
+    run = _run_settings(cfg)
+    identity = {"model_path": model.path, "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash}
+    with opened_engine(model.path, run, llm_options=_vllm_options(cfg)) as (engine, tok):
+        res = evaluate_spec(engine, tok, spec, run=run, problems=problems, eval_id=eval_id,
+                            checkpoint=checkpoint, identity=identity, progress=progress)
+    s = res.summary
+    summary = {"accuracy_greedy": s["accuracy_greedy"], "accuracy_greedy_ci": s["accuracy_greedy_ci"], "n": s["n"],
+               "passk": s["passk"],
+               **{k: s[k] for k in ("truncation_share", "verifier_error_share", "verifier_timeout_share",
+                                    "no_answer_share", "continuation_after_answer_share")},
+               "benchmark": spec.name, "benchmark_version": spec.version, "benchmark_hash": s["benchmark_hash"],
+               "duration_s": s["duration_s"]}
+    return EvalArtifact(samples_table(res.samples), metrics_table(res.metrics), res.curve, summary,
+                        curves_table(res.curves), res)
