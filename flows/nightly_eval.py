@@ -37,6 +37,7 @@ from rlvr_core.experiment.config import ExperimentConfig, config_hash
 from rlvr_core.pipeline import stages
 from rlvr_core.records.runrecord import record_run
 from rlvr_core.records.tracking import Tracker, flatten
+from rlvr_core.sampling.models import model_hashes
 from tasks import stages as t
 
 EXPERIMENT = "nightly-eval"
@@ -79,7 +80,7 @@ def fetch_checkpoint(store: ArtifactStore, prefix: str) -> stages.ModelArtifact:
             store.get_file(join(prefix, f["path"]), local / f["path"])
         store.get_file(join(prefix, MANIFEST_FILE), local / MANIFEST_FILE)
         verify_local_export(local)
-    mh, th = stages.model_hashes(local)
+    mh, th = model_hashes(local)
     return stages.ModelArtifact(str(local), f"ckpt-{_ckpt_hash(prefix)}", mh, th, True)
 
 

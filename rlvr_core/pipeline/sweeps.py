@@ -259,7 +259,7 @@ def find_sweep(name_or_path: str, root: Path | None = None) -> Path:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml"):
         return p
-    folder = root or Path(__file__).resolve().parent.parent / "configs" / "sweeps"
+    folder = root or Path(__file__).resolve().parents[2] / "configs" / "sweeps"
     for cand in (folder / f"{name_or_path}.yaml", folder / f"{name_or_path.replace('-', '_')}.yaml"):
         if cand.is_file():
             return cand

@@ -53,7 +53,7 @@ def test_every_grpo_name_resolves_to_its_function_in_rlvr_core_grpo():
     assert grpo.registries() == {"advantage": declared["advantage estimator"],
                                  "policy_loss": declared["policy loss"], "loss_agg": declared["loss aggregation"],
                                  "kl_estimator": declared["KL estimator"]}
-    code = ("from rlvr_core import registry as r\n"
+    code = ("from rlvr_core.core import registry as r\n"
             "names = lambda: [x.names() for x in (r.ADVANTAGES, r.KL_ESTIMATORS, r.LOSS_AGGS, r.POLICY_LOSSES)]\n"
             "before = names()\nimport rlvr_core.grpo\nprint(before == names())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

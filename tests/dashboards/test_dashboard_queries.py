@@ -12,6 +12,7 @@ import json
 import pytest
 import sample_runs
 
+from rlvr_cli import records
 from rlvr_core.eval.compare import paired_t_interval, t_quantile
 from rlvr_core.records import warehouse
 from rlvr_core.records import warehouse_queries as wq
@@ -273,15 +274,15 @@ def test_bad_queries_and_parameters_are_named(sample_warehouse, tmp_path):
 
 
 def test_warehouse_commands(sample_warehouse, tmp_path, monkeypatch):
-    """`rlvr warehouse query --canned … --param …` and `rlvr warehouse ingest --all`, as cli.py registers them."""
+    """`rlvr warehouse query --canned … --param …` and `rlvr warehouse ingest --all`, as rlvr_cli.main registers them."""
     import json
 
     import typer
     from typer.testing import CliRunner
 
     app = typer.Typer()
-    app.command("query")(wq.query_command)
-    app.command("ingest")(wq.ingest_command)
+    app.command("query")(records.query_command)
+    app.command("ingest")(records.ingest_command)
     runner = CliRunner()
     monkeypatch.setenv("RLVR_WAREHOUSE", str(sample_warehouse.db))
     out = runner.invoke(app, ["query", "--canned", "collapsed_runs", "--json"])
