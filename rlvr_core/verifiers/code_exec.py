@@ -211,6 +211,10 @@ class CodeVerifier:
             if code is None:
                 return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, "no code in response")
             program = code + "\n\n" + tests
+        if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+            # The kernel would reap the program at once and subprocess would read exit status 0: every
+            # program would "pass". Refuse (an `error` outcome) rather than score that.
+            raise RuntimeError("SIGCHLD is ignored in this process: the program's exit status cannot be read")
         scratch = tempfile.mkdtemp(prefix="rlvr-code-")
         try:
             Path(scratch, "program.py").write_text(program + "\n")
