@@ -20,7 +20,7 @@ needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not foun
 
 # Rows per set, from the table in ../shared/data/README.md (synthetic: the demo's n_test).
 EXPECTED_ROWS = {"gsm8k": 1319, "math500": 500, "minerva_math": 272, "aime24": 30, "amc23": 40, "svamp": 1000,
-                 "aqua": 254, "mmlu_stem": 3018, "ifeval": 541, "synthetic": 200}
+                 "aqua": 254, "mmlu_stem": 3018, "ifeval": 541, "humaneval": 164, "synthetic": 200}
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +85,7 @@ def test_data_loads_with_expected_rows_and_verifier_fields(name):
         assert set(p) == {"id", "question", "answer", "solution", "meta"}
         assert B.problem_issue(spec, p) is None
         gold = B.gold_for(spec, p)
-        assert gold and (isinstance(gold, str) or spec.verifier.name == "ifeval")
+        assert gold and (isinstance(gold, str) or spec.verifier.name in ("ifeval", "code"))
         for field in spec.breakdown:
             assert p["meta"][field] is not None
 

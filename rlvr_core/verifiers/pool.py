@@ -189,6 +189,22 @@ def _parsed_golds(verifier: Any) -> list[tuple[str, bytes]]:
     return out
 
 
+# The spares this worker forked and has not reaped yet.
+_SPARE_PIDS: set[int] = set()
+
+
+def _reap_spares(signum: int | None = None, frame: Any = None) -> None:
+    """SIGCHLD handler of a worker: reap the spares it forked that have exited, and no other child (a child
+    a verifier started is waited for by the verifier, which must get its real exit status)."""
+    for pid in list(_SPARE_PIDS):
+        try:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _SPARE_PIDS.discard(pid)
+
+
 def _fork_spare(conn: Connection, verifier: Any) -> None:
     """Fork a copy of this (warm) worker as a spare and hand the parent a pipe to it.
 
@@ -197,12 +213,15 @@ def _fork_spare(conn: Connection, verifier: Any) -> None:
     from scratch verifies the rest of the batch up to twice as slowly; a fork of a sibling starts
     with all of that. The child talks over a new socket pair whose parent end is passed over
     `conn` as a file descriptor (SCM_RIGHTS). It is not the pool's child: the pool kills it by pid,
-    and this worker reaps it (SIGCHLD ignored), so no zombie is left even after this worker dies.
+    and this worker reaps it (`_reap_spares` on SIGCHLD), so no zombie is left even after this worker dies.
+    SIGCHLD is not simply ignored: then the kernel reaps *every* child of the worker at once, and a verifier
+    that runs a program and reads its exit status (the code verifier) reads 0, "passed", for any program.
     """
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, _reap_spares)
     ours, theirs = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # the spare: keep only its own end; the worker's pipe belongs to the worker
+        _SPARE_PIDS.clear()  # its siblings are not its children
         try:
             ours.close()
             conn.close()
@@ -211,6 +230,8 @@ def _fork_spare(conn: Connection, verifier: Any) -> None:
             _serve(link, verifier)
         finally:
             os._exit(0)
+    _SPARE_PIDS.add(pid)
+    _reap_spares()  # in case it already exited before its pid was recorded
     theirs.close()
     conn.send(("forked", pid))
     reduction.send_handle(conn, ours.fileno(), os.getppid())
