@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -116,13 +114,5 @@ def open_run(experiment: str, tracking_uri: str | None, name: str, tags: dict[st
     return tracker.start_run(name, tags, parent_run_id=parent_run_id)
 
 
-@task(name="record-run", **RETRY)
-def record(store: ArtifactStore, prefix: str, tracker: Tracker, run_id: str, *, run: dict[str, Any],
-           params: dict[str, Any], manifest: dict[str, Any], config: dict[str, Any], summary: dict[str, Any],
-           tables: dict[str, pa.Table], metrics: dict[str, float], tags: dict[str, Any],
-           texts: dict[str, str] | None = None, folders: dict[str, Path] | None = None,
-           step_rows: list[dict[str, Any]] | None = None) -> dict[str, int]:
-    """`rlvr_core.records.runrecord.record_run`: artifact store, MLflow, index.html and warehouse; returns warehouse rows."""
-    return record_run(store, prefix, tracker, run_id, run=run, params=params, manifest=manifest, config=config,
-                      summary=summary, tables=tables, metrics=metrics, tags=tags, texts=texts, folders=folders,
-                      step_rows=step_rows)
+# The run's one recorder (artifact store, MLflow, index.html, warehouse), as a retried task; returns warehouse rows.
+record = task(name="record-run", **RETRY)(record_run)

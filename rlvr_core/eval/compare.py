@@ -42,10 +42,9 @@ import pyarrow.parquet as pq
 from rlvr_core.artifacts.layout import resolve_run
 from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core.passk import default_ks, pass_at_k, passk_curve
-from rlvr_core.eval.evaluate import (COMPARE_EXEMPT, METRICS_FILE, SAMPLES_FILE, BenchmarkResult, read_samples,
-                                     samples_table)
+from rlvr_core.eval.evaluate import COMPARE_EXEMPT, METRICS_FILE, SAMPLES_FILE, read_samples
 
-__all__ = ["EvalSource", "SettingsMismatch", "load_eval", "from_result", "compare", "compare_benchmark",
+__all__ = ["EvalSource", "SettingsMismatch", "load_eval", "compare", "compare_benchmark",
            "from_tables", "settings_diff", "paired_t_interval", "t_quantile", "mcnemar_exact_p", "pass_rate_histogram",
            "to_markdown", "write_report", "HIST_BINS"]
 
@@ -120,13 +119,6 @@ class EvalSource:
     @property
     def benchmarks(self) -> list[str]:
         return list(self.settings)
-
-
-def from_result(result: BenchmarkResult | list[BenchmarkResult], label: str) -> EvalSource:
-    """An in-memory evaluation (e.g. the demo's base and trained models) as a comparison side."""
-    results = result if isinstance(result, list) else [result]
-    records = read_samples(samples_table([r for b in results for r in b.samples]))
-    return EvalSource(label, "<in memory>", records, {b.spec.name: b.settings for b in results})
 
 
 def _split_ref(ref: str) -> tuple[str, str | None]:

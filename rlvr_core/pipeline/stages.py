@@ -440,7 +440,6 @@ class EvalArtifact:
     curve: dict[int, float]
     summary: dict[str, Any]
     curves: pa.Table | None = None  # pass@k for k = 1..n per scoring (warehouse `passk_curves` columns)
-    result: Any = None  # the evaluator's BenchmarkResult (records, settings), for comparisons
 
 
 def experiment_manifest(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifact, *, config_hash: str,
@@ -540,4 +539,4 @@ def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifa
                "benchmark": spec.name, "benchmark_version": spec.version, "benchmark_hash": s["benchmark_hash"],
                "duration_s": s["duration_s"]}
     return EvalArtifact(samples_table(res.samples), metrics_table(res.metrics), res.curve, summary,
-                        curves_table(res.curves), res)
+                        curves_table(res.curves))

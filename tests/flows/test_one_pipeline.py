@@ -15,13 +15,16 @@ from tasks.retry import retry_condition_fn
 
 
 def _objects(kind: type) -> dict[str, list[tuple[str, object]]]:
-    """name -> [(module, object)] for every Prefect Task/Flow defined in flows/ and tasks/."""
+    """name -> [(module, object)] for every distinct Prefect Task/Flow object that flows/ and tasks/ hold (a task
+    imported into another module is the same object and counted once; a second task of the same name is not)."""
     found: dict[str, list[tuple[str, object]]] = {}
+    seen: set[int] = set()
     for pkg in (flows, tasks):
         for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
             module = importlib.import_module(info.name)
             for obj in vars(module).values():
-                if isinstance(obj, kind) and getattr(obj.fn, "__module__", None) == info.name:
+                if isinstance(obj, kind) and id(obj) not in seen:
+                    seen.add(id(obj))
                     found.setdefault(obj.name, []).append((info.name, obj))
     return found
 
