@@ -52,6 +52,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlvr_core.core.numerics import numerics
 from rlvr_core.core.passk import pass_at_k, passk_curve
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.core.stats import wilson_interval
@@ -76,7 +77,9 @@ EVAL_FILE = "eval.json"
 # Settings keys that identify *what* was evaluated or *how fast*, not *how*: two results that differ only
 # here are comparable. batch_size is here because every request has its own seed (rlvr_core.core.seeding), so
 # a completion does not depend on which requests shared its batch (tests/sampling checks this).
-COMPARE_EXEMPT = frozenset({"batch_size", "verifier_workers"})
+# numerics (thread count, CPU instruction set) changes the exact samples like a different machine would, not what
+# is measured: it is stored with every result and two results that differ only there are still comparable.
+COMPARE_EXEMPT = frozenset({"batch_size", "verifier_workers", "numerics"})
 
 # The first final-answer line of a completion: GSM8K's "#### N", the CoT "The answer is N", Minerva's
 # "Final Answer: The final answer is X". Text after that line is a continuation (G-stop-seq).
@@ -115,7 +118,7 @@ class RunSettings:
         """The part of these settings stored with every result."""
         return {"engine": self.engine, "dtype": self.dtype, "parallelism": self.parallelism,
                 "batch_size": self.batch_size, "verifier_workers": self.verifier_workers,
-                "verifier_timeout_s": self.verifier_timeout_s}
+                "verifier_timeout_s": self.verifier_timeout_s, "numerics": numerics()}
 
 
 def override_spec(spec: BenchmarkSpec, *, max_problems: int | None = None, n: int | None = None,

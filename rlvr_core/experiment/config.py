@@ -86,6 +86,10 @@ class WarmStartConfig(_Strict):
     batch_size: int = Field(32, ge=1, description="problems per step")
     lr: float = Field(3e-3, gt=0, description="peak learning rate")
     seed: int = Field(0, description="initialisation and data-order seed")
+    teacher_sub_as_add: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="synthetic data only: share of subtraction steps the supervised demonstrations misread as "
+                    "additions (a weak teacher whose mistakes RL with a verifier can undo; docs/demo.md)")
 
 
 class ModelConfig(_Strict):

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from rlvr_core.artifacts.export import MANIFEST_FILE, export_checkpoint, upload_export, verify_local_export
 from rlvr_core.core import manifest as manifest_mod
+from rlvr_core.core.numerics import numerics
 from rlvr_core.core.manifest import file_sha256, rows_sha256
 from rlvr_core.core.passk import default_ks
 from rlvr_core.core.progress import SILENT, Progress
@@ -122,7 +123,8 @@ def warm_start_spec(cfg: ExperimentConfig):
     m = cfg.model
     return WarmStartSpec(steps=m.warm_start.steps, batch_size=m.warm_start.batch_size, lr=m.warm_start.lr,
                          seed=m.warm_start.seed, vocab_size=m.tiny.vocab_size, hidden_size=m.tiny.hidden_size,
-                         num_layers=m.tiny.num_layers, heads=m.tiny.num_heads)
+                         num_layers=m.tiny.num_layers, heads=m.tiny.num_heads,
+                         teacher_sub_as_add=m.warm_start.teacher_sub_as_add)
 
 
 def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Progress = SILENT) -> ModelArtifact:
@@ -138,7 +140,8 @@ def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Prog
 
     spec = warm_start_spec(cfg)
     template = get_template(cfg.prompt.template)
-    key = {"stage": WARMSTART_STAGE_VERSION, "data": data.train_hash, "spec": asdict(spec), "template": template.key}
+    key = {"stage": WARMSTART_STAGE_VERSION, "data": data.train_hash, "spec": asdict(spec), "template": template.key,
+           "numerics": numerics()}
     report = progress.counter("warm-start", "step")
 
     def build(tmp: Path) -> None:
@@ -186,7 +189,7 @@ def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtif
                           max_new_tokens=cfg.sampling.max_new_tokens)
     key = {"stage": PASSRATE_STAGE_VERSION, "data": rows_sha256(rows), "model": model.model_hash,
            "tokenizer": model.tokenizer_hash, "template": get_template(cfg.prompt.template).key,
-           "dtype": cfg.model.dtype, "engine": cfg.sampling.engine, **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")}}
+           "dtype": cfg.model.dtype, "engine": cfg.sampling.engine, "numerics": numerics(), **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")}}
 
     def build(tmp: Path) -> None:
         t0 = time.monotonic()
@@ -317,7 +320,8 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     key = {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
            "grpo": cfg.grpo.model_dump(mode="json"), "template": get_template(cfg.prompt.template).key,
            "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
-           "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine}
+           "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine,
+           "numerics": numerics()}
     folder, done = resumable_dir("grpo", key)
     if not done:
         ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
@@ -326,7 +330,8 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
                                 reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
                                 progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
                                 engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step)
-        (folder / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str))
+        summary = {**result.summary, "numerics": key["numerics"]}
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
         (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))
         mark_done(folder)
@@ -453,7 +458,7 @@ def experiment_manifest(cfg: ExperimentConfig, data: DataArtifact, model: ModelA
                "warm_start": cfg.model.warm_start.seed, "curriculum": cfg.curriculum.seed},
         model={"id": model.model_id, "hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
                "path": model.path, "source": cfg.model.source, "kind": cfg.model.kind, "dtype": cfg.model.dtype},
-        template=template_key, extra=extra)
+        template=template_key, extra={"numerics": numerics(), **extra})
 
 
 def held_out_spec(cfg: ExperimentConfig, *, n: int | None = None, greedy_only: bool = False):

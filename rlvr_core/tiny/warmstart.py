@@ -64,11 +64,38 @@ class WarmStartSpec:
     intermediate_size: int | None = None  # None: 4 * hidden_size
     progress_every: int = 10  # call progress(step, total, loss) every N steps (and at the last step)
     num_threads: int | None = None  # torch intra-op threads during training (restored afterwards); None: leave
+    # A weak teacher: the share of subtraction steps whose demonstration reads the step as an addition
+    # ("gives 2 to Ann" → "7 + 2 = 9"), drawn per step; later lines follow the misread running total.
+    teacher_sub_as_add: float = 0.0
 
 
-def _texts(rows: list[dict], template_id: str) -> list[tuple[str, str]]:
+_STEP_RE = re.compile(r"^(\d+) ([-+*]) (\d+) = (\d+)$")
+
+
+def teacher_answer(answer: str, rate: float, rng: random.Random) -> str:
+    """The worked answer as the weak teacher writes it: each subtraction step becomes an addition with
+    probability ``rate``; every line after it starts from the teacher's (wrong) running total."""
+    if rate <= 0:
+        return answer
+    lines = answer.split("\n")
+    steps = [_STEP_RE.match(line) for line in lines[:-1]]
+    if not steps or not all(steps) or not lines[-1].startswith("####"):
+        return answer  # not a synthetic worked answer: left as it is
+    cur, out = int(steps[0].group(1)), []
+    for m in steps:
+        op, n = m.group(2), int(m.group(3))
+        if op == "-" and rng.random() < rate:
+            op = "+"
+        new = cur + n if op == "+" else cur - n if op == "-" else cur * n
+        out.append(f"{cur} {op} {n} = {new}")
+        cur = new
+    return "\n".join(out) + f"\n#### {cur}"
+
+
+def _texts(rows: list[dict], template_id: str, spec: WarmStartSpec) -> list[tuple[str, str]]:
     t = get_template(template_id)
-    return [(t.render(r["question"]), " " + r["answer"]) for r in rows]
+    rng = random.Random(f"teacher-{spec.seed}")
+    return [(t.render(r["question"]), " " + teacher_answer(r["answer"], spec.teacher_sub_as_add, rng)) for r in rows]
 
 
 def _encode(tok, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -122,7 +149,7 @@ def train_tiny(
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
     try:
-        pairs = _texts(train_rows, template_id)
+        pairs = _texts(train_rows, template_id, spec)
         tok = train_tokenizer((p + c for p, c in pairs), vocab_size=spec.vocab_size)
         examples = _encode(tok, pairs)
         model = build_tiny_model(
@@ -280,10 +307,12 @@ def _main() -> None:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--difficulty", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--teacher-sub-as-add", type=float, default=0.0)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     ds = make_synthetic_dataset(SyntheticSpec(seed=a.seed, difficulty=a.difficulty))
-    spec = WarmStartSpec(seed=a.seed) if a.steps is None else WarmStartSpec(seed=a.seed, steps=a.steps)
+    spec = WarmStartSpec(seed=a.seed, teacher_sub_as_add=a.teacher_sub_as_add,
+                         **({} if a.steps is None else {"steps": a.steps}))
     warm_start(ds["train"], a.out, spec, progress=lambda s, n, l: print(f"step {s}/{n} loss {l:.4f}", flush=True)
                if s % 50 == 0 or s == n else None)  # fmt: skip
     meta = json.loads((a.out / WARMSTART_FILE).read_text())
