@@ -35,6 +35,7 @@ from prefect.runtime import flow_run
 from rlvr_core.artifacts import layout
 from rlvr_core.artifacts.storage import ArtifactStore, join, open_store
 from rlvr_core.core import settings
+from rlvr_core.core.numerics import numerics
 from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core.progress import Progress
 from rlvr_core.data.templates import get_template
@@ -305,6 +306,7 @@ def _summary(cfg: ExperimentConfig, run: _Run, ev: _Evals, comparison, t0: float
                        "n_prompts": ev.curriculum.n_prompts},
         "cached": {"data": ev.data.cached, "base_model": ev.model.cached, "pass_rate_table": ev.passrates.cached,
                    "curriculum": ev.curriculum.cached, **({"train": ev.trained.cached} if ev.trained else {})},
+        "numerics": numerics(),  # thread count and CPU instruction set: with the seed, they fix the numbers
         "config_hash": run.config_hash, "mlflow_child_run_ids": run.children,
         "mlflow_experiment_id": run.tracker.experiment_id, "mlflow_tracking_uri": run.tracker.display_uri,
         "mlflow_run_url": run.tracker.run_url(run.run_id), "prefect_flow_run_id": run.prefect_id,

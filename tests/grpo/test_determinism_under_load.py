@@ -38,7 +38,7 @@ cfg = parse_config({
     "data": {"synthetic": {"n_train": 240, "n_test": 24}},
     "model": {"tiny": {"hidden_size": 48, "num_layers": 2, "num_heads": 2, "vocab_size": 300},
               "warm_start": {"steps": 40, "teacher_sub_as_add": 0.5}},
-    "passk": {"n_samples": 4, "drop_never_solved": False},
+    "passk": {"n_samples": 4, "ks": [1, 4], "drop_never_solved": False},
     "sampling": {"max_new_tokens": 32},
     "eval": {"n_samples": 4},
     "grpo": {"enabled": True, "steps": 6, "prompts_per_step": 4, "group_size": 4, "lr": 1e-3, "warmup_steps": 0,

@@ -83,3 +83,34 @@ def test_spec_is_frozen_with_defaults():
     with pytest.raises(Exception):
         s.steps = 1  # type: ignore[misc]
     assert replace(s, steps=5).steps == 5 and s.batch_size > 0 and s.lr > 0
+
+
+def test_weak_teacher_misreads_subtractions_and_carries_the_total():
+    """teacher_answer, by hand: a misread step becomes an addition and every later line starts from the
+    teacher's running total; rate 0 leaves the answer alone, rate 1 misreads every subtraction."""
+    import random
+
+    from rlvr_core.tiny.warmstart import teacher_answer
+
+    gold = "9 - 4 = 5\n5 + 3 = 8\n8 - 2 = 6\n#### 6"
+    assert teacher_answer(gold, 0.0, random.Random(0)) == gold
+    assert teacher_answer(gold, 1.0, random.Random(0)) == "9 + 4 = 13\n13 + 3 = 16\n16 + 2 = 18\n#### 18"
+    seen = {teacher_answer(gold, 0.5, random.Random(s)) for s in range(50)}
+    assert seen == {gold, "9 + 4 = 13\n13 + 3 = 16\n16 - 2 = 14\n#### 14", "9 - 4 = 5\n5 + 3 = 8\n8 + 2 = 10\n#### 10",
+                    "9 + 4 = 13\n13 + 3 = 16\n16 + 2 = 18\n#### 18"}
+    assert teacher_answer("free text\n#### 3", 1.0, random.Random(0)) == "free text\n#### 3"
+
+
+def test_weak_teacher_share_of_misread_steps(rows):
+    """Over the demo's training rows, the share of subtraction steps written as additions is the rate."""
+    import random
+
+    from rlvr_core.tiny.warmstart import teacher_answer
+
+    rng, subs, misread = random.Random(0), 0, 0
+    for r in rows["train"]:
+        gold_ops = [ln.split()[1] for ln in r["answer"].split("\n")[:-1]]
+        ops = [ln.split()[1] for ln in teacher_answer(r["answer"], 0.6, rng).split("\n")[:-1]]
+        subs += gold_ops.count("-")
+        misread += sum(g == "-" and o == "+" for g, o in zip(gold_ops, ops))
+    assert subs > 100 and abs(misread / subs - 0.6) < 0.08
