@@ -124,7 +124,8 @@ def warm_start_spec(cfg: ExperimentConfig):
     return WarmStartSpec(steps=m.warm_start.steps, batch_size=m.warm_start.batch_size, lr=m.warm_start.lr,
                          seed=m.warm_start.seed, vocab_size=m.tiny.vocab_size, hidden_size=m.tiny.hidden_size,
                          num_layers=m.tiny.num_layers, heads=m.tiny.num_heads,
-                         teacher_sub_as_add=m.warm_start.teacher_sub_as_add)
+                         teacher_sub_as_add=m.warm_start.teacher_sub_as_add,
+                         teacher_stops_early=m.warm_start.teacher_stops_early)
 
 
 def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Progress = SILENT) -> ModelArtifact:

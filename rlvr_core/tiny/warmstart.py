@@ -67,24 +67,30 @@ class WarmStartSpec:
     # A weak teacher: the share of subtraction steps whose demonstration reads the step as an addition
     # ("gives 2 to Ann" → "7 + 2 = 9"), drawn per step; later lines follow the misread running total.
     teacher_sub_as_add: float = 0.0
+    # A hasty teacher: the share of demonstrations that stop one step early, with "#### <that total>"
+    # (the question's last change is never applied).
+    teacher_stops_early: float = 0.0
 
 
 _STEP_RE = re.compile(r"^(\d+) ([-+*]) (\d+) = (\d+)$")
 
 
-def teacher_answer(answer: str, rate: float, rng: random.Random) -> str:
+def teacher_answer(answer: str, rate: float, rng: random.Random, stops_early: float = 0.0) -> str:
     """The worked answer as the weak teacher writes it: each subtraction step becomes an addition with
-    probability ``rate``; every line after it starts from the teacher's (wrong) running total."""
-    if rate <= 0:
+    probability ``rate``; every line after it starts from the teacher's (wrong) running total. With
+    probability ``stops_early`` the answer ends one step early (a problem of one step is left whole)."""
+    if rate <= 0 and stops_early <= 0:
         return answer
     lines = answer.split("\n")
     steps = [_STEP_RE.match(line) for line in lines[:-1]]
     if not steps or not all(steps) or not lines[-1].startswith("####"):
         return answer  # not a synthetic worked answer: left as it is
+    if stops_early > 0 and len(steps) > 1 and rng.random() < stops_early:
+        steps = steps[:-1]
     cur, out = int(steps[0].group(1)), []
     for m in steps:
         op, n = m.group(2), int(m.group(3))
-        if op == "-" and rng.random() < rate:
+        if op == "-" and rate > 0 and rng.random() < rate:
             op = "+"
         new = cur + n if op == "+" else cur - n if op == "-" else cur * n
         out.append(f"{cur} {op} {n} = {new}")
@@ -95,7 +101,7 @@ def teacher_answer(answer: str, rate: float, rng: random.Random) -> str:
 def _texts(rows: list[dict], template_id: str, spec: WarmStartSpec) -> list[tuple[str, str]]:
     t = get_template(template_id)
     rng = random.Random(f"teacher-{spec.seed}")
-    return [(t.render(r["question"]), " " + teacher_answer(r["answer"], spec.teacher_sub_as_add, rng)) for r in rows]
+    return [(t.render(r["question"]), " " + teacher_answer(r["answer"], spec.teacher_sub_as_add, rng, spec.teacher_stops_early)) for r in rows]
 
 
 def _encode(tok, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -308,10 +314,11 @@ def _main() -> None:
     ap.add_argument("--difficulty", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--teacher-sub-as-add", type=float, default=0.0)
+    ap.add_argument("--teacher-stops-early", type=float, default=0.0)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     ds = make_synthetic_dataset(SyntheticSpec(seed=a.seed, difficulty=a.difficulty))
-    spec = WarmStartSpec(seed=a.seed, teacher_sub_as_add=a.teacher_sub_as_add,
+    spec = WarmStartSpec(seed=a.seed, teacher_sub_as_add=a.teacher_sub_as_add, teacher_stops_early=a.teacher_stops_early,
                          **({} if a.steps is None else {"steps": a.steps}))
     warm_start(ds["train"], a.out, spec, progress=lambda s, n, l: print(f"step {s}/{n} loss {l:.4f}", flush=True)
                if s % 50 == 0 or s == n else None)  # fmt: skip

@@ -99,6 +99,13 @@ def test_weak_teacher_misreads_subtractions_and_carries_the_total():
     assert seen == {gold, "9 + 4 = 13\n13 + 3 = 16\n16 - 2 = 14\n#### 14", "9 - 4 = 5\n5 + 3 = 8\n8 + 2 = 10\n#### 10",
                     "9 + 4 = 13\n13 + 3 = 16\n16 + 2 = 18\n#### 18"}
     assert teacher_answer("free text\n#### 3", 1.0, random.Random(0)) == "free text\n#### 3"
+    # The hasty teacher drops the last step and answers with the total before it.
+    assert teacher_answer(gold, 0.0, random.Random(0), stops_early=1.0) == "9 - 4 = 5\n5 + 3 = 8\n#### 8"
+    assert teacher_answer(gold, 1.0, random.Random(0), stops_early=1.0) == "9 + 4 = 13\n13 + 3 = 16\n#### 16"
+    assert teacher_answer("9 - 4 = 5\n#### 5", 0.0, random.Random(0), stops_early=1.0) == "9 - 4 = 5\n#### 5"
+    early = [teacher_answer(gold, 0.0, random.Random(s), stops_early=0.7) for s in range(400)]
+    assert set(early) == {gold, "9 - 4 = 5\n5 + 3 = 8\n#### 8"}
+    assert abs(sum(a != gold for a in early) / len(early) - 0.7) < 0.07
 
 
 def test_weak_teacher_share_of_misread_steps(rows):
