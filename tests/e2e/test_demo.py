@@ -21,6 +21,8 @@ SMALL = [
     "--set", "model.warm_start.steps=150", "--set", "passk.max_prompts=24", "--set", "eval.n_samples=4",
     "--set", "passk.n_samples=4", "--set", "passk.ks=[1,2,4]", "--set", "tracking.experiment=e2e",
     "--set", "grpo.enabled=false",  # the demo trains by default; the GRPO test below turns it back on, small
+    # The demo shuffles its prompts; easy-to-hard is set here because its order is checkable from the table.
+    "--set", "curriculum.strategy=easy_to_hard",
 ]
 
 
