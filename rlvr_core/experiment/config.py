@@ -89,7 +89,7 @@ class WarmStartConfig(_Strict):
     teacher_sub_as_add: float = Field(
         0.0, ge=0.0, le=1.0,
         description="synthetic data only: share of subtraction steps the supervised demonstrations misread as "
-                    "additions (a weak teacher whose mistakes RL with a verifier can undo; docs/demo.md)")
+                    "additions (a weak teacher whose mistakes RL with a verifier can undo; docs/tiny_model.md)")
     teacher_stops_early: float = Field(
         0.0, ge=0.0, le=1.0,
         description="synthetic data only: share of supervised demonstrations that stop one step early and answer "

@@ -5,7 +5,8 @@ scratch on ``template.render(question) + " " + answer + eos`` with the loss on t
 (the prompt is masked with -100), then saves model, tokenizer and generation config with
 ``save_pretrained`` into ``out_dir`` plus ``out_dir/warmstart.json`` (spec, final loss, parameter
 count, wall time). The prompt and the completion are tokenized separately and concatenated, exactly as
-a sampler sees them (prompt ids, then generated ids).
+a sampler sees them (prompt ids, then generated ids). ``WarmStartSpec.teacher_*`` make the answers a weak
+teacher's instead of the gold ones (``teacher_answer``): the demo's base learns a habit that RL then undoes.
 
 ``evaluate_base(model_dir, rows)`` is the measurement used in docs/tiny_model.md: greedy accuracy and
 pass@k of the saved model on held-out rows (stop at eos or the template's stop sequences; correct when
@@ -101,7 +102,8 @@ def teacher_answer(answer: str, rate: float, rng: random.Random, stops_early: fl
 def _texts(rows: list[dict], template_id: str, spec: WarmStartSpec) -> list[tuple[str, str]]:
     t = get_template(template_id)
     rng = random.Random(f"teacher-{spec.seed}")
-    return [(t.render(r["question"]), " " + teacher_answer(r["answer"], spec.teacher_sub_as_add, rng, spec.teacher_stops_early)) for r in rows]
+    return [(t.render(r["question"]),
+             " " + teacher_answer(r["answer"], spec.teacher_sub_as_add, rng, spec.teacher_stops_early)) for r in rows]
 
 
 def _encode(tok, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
