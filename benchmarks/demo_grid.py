@@ -62,20 +62,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to every cell")
     a = ap.parse_args()
-    cells: list[dict] = []
-    done: list[dict] = []  # every finished cell, in finishing order (the file is rewritten after each)
+    cells: list[dict] = []  # every finished cell, in finishing order; --out is rewritten after each
     a.out.parent.mkdir(parents=True, exist_ok=True)
 
-    def lane(data_seed: int, threads: int) -> list[dict]:
+    def lane(data_seed: int, threads: int) -> None:
         home = a.homes / f"data{data_seed}-threads{threads}"
-        out = []
         for seed in a.seeds:
             c = run_cell(home, seed, data_seed, threads, a.set)
             print(_row(c), flush=True)
-            out.append(c)
-            done.append(c)
-            a.out.write_text(json.dumps({"set": a.set, "cells": done}, indent=2) + "\n")  # after every cell
-        return out
+            cells.append(c)
+            a.out.write_text(json.dumps({"set": a.set, "cells": cells}, indent=2) + "\n")
 
     print("| data seed | threads | seed | greedy base → trained | paired Δ (95% CI) | n | flow s |\n|---|---|---|---|---|---|---|",
           flush=True)
@@ -83,8 +79,7 @@ def main() -> None:
         # Lanes at one thread run side by side (one per data seed); at more threads one after another.
         parallel = max(1, (os.cpu_count() or 2) // threads)
         with ThreadPoolExecutor(parallel) as ex:
-            for out in ex.map(lambda d: lane(d, threads), a.data_seeds):
-                cells.extend(out)
+            list(ex.map(lambda d: lane(d, threads), a.data_seeds))  # list(): re-raises a failed cell
     deltas = sorted(c["delta"] for c in cells)
     worst = min(cells, key=lambda c: c["delta"])
     print(f"\npaired Δ over {len(cells)} cells: min {100 * deltas[0]:+.1f}, median {100 * statistics.median(deltas):+.1f}, "

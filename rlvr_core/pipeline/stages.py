@@ -190,7 +190,8 @@ def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtif
                           max_new_tokens=cfg.sampling.max_new_tokens)
     key = {"stage": PASSRATE_STAGE_VERSION, "data": rows_sha256(rows), "model": model.model_hash,
            "tokenizer": model.tokenizer_hash, "template": get_template(cfg.prompt.template).key,
-           "dtype": cfg.model.dtype, "engine": cfg.sampling.engine, "numerics": numerics(), **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")}}
+           "dtype": cfg.model.dtype, "engine": cfg.sampling.engine, "numerics": numerics(),
+           **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")}}
 
     def build(tmp: Path) -> None:
         t0 = time.monotonic()

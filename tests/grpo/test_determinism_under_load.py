@@ -5,8 +5,8 @@ functions) runs twice in fresh processes with fresh homes, with the same seed an
 once on a quiet machine, once while busy-loop processes hold every core. Every per-step number of the
 trainer (rewards, losses, KL, token counts, the held-out evaluation at the end), the base and trained
 weights' hashes and the pass-rate table must be identical. Wall-clock columns are the only thing allowed
-to differ. The run also has to record the thread count it ran with (the manifest's and the GRPO summary's
-`numerics`), because at another thread count the same inputs give other numbers.
+to differ. The run also has to record the thread count it ran with (the GRPO summary's `numerics`),
+because at another thread count the same inputs give other numbers.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +94,7 @@ def test_training_stage_gives_identical_numbers_on_a_loaded_machine(tmp_path):
     assert loaded["base"] == quiet["base"]
     assert loaded["pass_rates"] == quiet["pass_rates"]
     a, b = _without_clocks(quiet["steps"]), _without_clocks(loaded["steps"])
-    assert len(a) == 6 and any(k.startswith("eval/") for k in a[-1])
+    assert len(a) == len(b) == 6 and any(k.startswith("eval/") for k in a[-1])
     assert any(r["reward_mean"] not in (0, 1) for r in a), "no learning signal: the comparison would be vacuous"
     for i, (ra, rb) in enumerate(zip(a, b)):
         assert ra == rb, f"step {i}: " + ", ".join(f"{k}: {ra.get(k)} vs {rb.get(k)}" for k in ra if ra.get(k) != rb.get(k))
