@@ -336,7 +336,7 @@ def _eval_run(store, run_id: str, value: float, **settings) -> None:
 
 def test_leaderboard_never_ranks_different_settings_together(tmp_path):
     """n = 40 against n = 200 problems (or another template, temperature, max tokens) are different groups, as
-    `rlvr compare` would refuse the pair; batch size and verifier workers (COMPARE_EXEMPT) are not."""
+    `rlvr compare` would refuse the pair; batch size, verifier workers and thread count (COMPARE_EXEMPT) are not."""
     import re
 
     from rlvr_core.eval.evaluate import COMPARE_EXEMPT
@@ -345,7 +345,8 @@ def test_leaderboard_never_ranks_different_settings_together(tmp_path):
     store = LocalStore(tmp_path / "store")
     _eval_run(store, "small", 0.9)
     _eval_run(store, "big", 0.6, n_problems=200)
-    _eval_run(store, "big-fast", 0.7, n_problems=200, batch_size=256, verifier_workers=0)
+    _eval_run(store, "big-fast", 0.7, n_problems=200, batch_size=256, verifier_workers=0,
+              numerics={"torch_threads": 1, "cpu_capability": "AVX2", "torch_version": "2.0"})
     _eval_run(store, "other-template", 0.95, n_problems=200, template="qwen-boxed")
     _eval_run(store, "short", 0.8, n_problems=200, max_new_tokens=16)
     _eval_run(store, "hot", 0.85, n_problems=200, temperature=0.6)
