@@ -14,6 +14,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_runtest_setup(item):
+    """Tests marked `shared_data` read real benchmark files that are not part of the repository: a clone
+    without them skips those tests and says where it looked, instead of failing on a missing file."""
+    if item.get_closest_marker("shared_data"):
+        from rlvr_core.experiment.benchmarks import data_root
+
+        root = data_root()
+        if not root.is_dir():
+            pytest.skip(f"shared data not found at {root} (set RLVR_DATA_DIR)")
+
+
 @pytest.fixture
 def rlvr_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "rlvr-home"

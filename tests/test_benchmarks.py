@@ -16,7 +16,7 @@ from rlvr_core.experiment.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = B.data_root()  # $RLVR_DATA_DIR, else ../shared/data
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+needs_data = pytest.mark.shared_data  # skipped where the data is absent (tests/conftest.py)
 
 # Rows per set, from the table in ../shared/data/README.md (synthetic: the demo's n_test).
 EXPECTED_ROWS = {"gsm8k": 1319, "math500": 500, "minerva_math": 272, "aime24": 30, "amc23": 40, "svamp": 1000,
@@ -553,6 +553,7 @@ def test_bench_local_s3_smoke():
     assert [r[0] for r in rows] == ["put", "put", "list", "get"] and all(float(r[-1]) > 0 for r in rows)
 
 
+@needs_data
 def test_bench_verifier_load_smoke(tmp_path):
     """The verifier load benchmark at a tiny size: every runner idle, loaded and heavily loaded, the hang
     table for ours and pebble; nothing times out falsely or disagrees with in-process at this size."""

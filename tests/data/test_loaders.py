@@ -12,7 +12,7 @@ from rlvr_core.data.loaders import (DataFormatError, known_datasets, last_boxed,
 from rlvr_core.experiment.benchmarks import data_root
 
 DATA = data_root()  # $RLVR_DATA_DIR, else ../shared/data
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+pytestmark = pytest.mark.shared_data  # skipped where the data is absent (tests/conftest.py)
 
 FILES = {"gsm8k": "test.jsonl", "math500": "test.jsonl", "minerva_math": "test.jsonl", "aime24": "test.jsonl",
          "amc23": "test.jsonl", "svamp": "test.jsonl", "asdiv": "test.jsonl", "aqua": "test.jsonl",
