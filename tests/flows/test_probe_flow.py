@@ -28,21 +28,18 @@ def checkpoints(tmp_path_factory):
     return root / "base", root / "rl"
 
 
-def test_probe_flow_runs_each_analysis_and_publishes(rlvr_home, checkpoints, tmp_path):
-    from prefect.testing.utilities import prefect_test_harness
-
+def test_probe_flow_runs_each_analysis_and_publishes(prefect_api, rlvr_home, checkpoints, tmp_path):
     from flows.probe import probe_flow
     from rlvr_core.artifacts.storage import open_store
 
     base, rl = checkpoints
     small = {"max_problems": 6, "max_new_tokens": 12}
-    with prefect_test_harness():
-        with pytest.raises(ValueError, match="unknown analyses"):
-            probe_flow(str(base), [str(rl)], analyses=["reprot"])
-        out = probe_flow(str(base), [f"rl={rl}"], analyses=["report", "boundary"],
-                         options={"report": {**small, "selection": "all"},
-                                  "boundary": {**small, "n_samples": 4}},
-                         publish_prefix="probe-exp/run1", work_dir=str(tmp_path / "work"))
+    with pytest.raises(ValueError, match="unknown analyses"):
+        probe_flow(str(base), [str(rl)], analyses=["reprot"])
+    out = probe_flow(str(base), [f"rl={rl}"], analyses=["report", "boundary"],
+                     options={"report": {**small, "selection": "all"},
+                              "boundary": {**small, "n_samples": 4}},
+                     publish_prefix="probe-exp/run1", work_dir=str(tmp_path / "work"))
     assert out["ingested"] is None  # published under a prefix that is not a run folder
     store = open_store()
     for analysis in ("report", "boundary"):

@@ -695,7 +695,7 @@ def test_health_settings_come_from_the_yaml_config():
 
 
 # ----------------------------------------------------------------------------------------- real trainer rows
-from test_trainer import _cfg, _train, tiny  # noqa: E402,F401  (the trainer tests' tiny model and runner)
+from test_trainer import _cfg, _train  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from test_trainer import VERIFIER, _cfg, tiny  # noqa: F401  (tiny: the fixture, used by name)
+from test_trainer import VERIFIER, _cfg
 
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig
 from rlvr_core.grpo import trainer as trainer_mod

@@ -60,12 +60,6 @@ def build_tiny(out, hidden_size: int = 32):
     return out, rows, [r["id"] for r in rows[:12]]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """test_trainer's base: width 32."""
-    return build_tiny(tmp_path_factory.mktemp("tiny-base"))
-
-
 def _cfg(**kw) -> GRPOConfig:
     base = dict(steps=2, prompts_per_step=4, group_size=4, lr=1e-2, warmup_steps=0, temperature=0.8,
                 zero_stage=2, checkpoint_every=1000)

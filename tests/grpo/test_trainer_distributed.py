@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from test_trainer import VERIFIER, _cfg, _params, _train, tiny  # noqa: F401  (tiny: the fixture, used by name)
+from test_trainer import VERIFIER, _cfg, _params, _train
 import test_trainer_options  # noqa: F401,E402  (registers the _test_status and _test_sparse verifiers)
 
 from rlvr_core.experiment.config import RewardConfig

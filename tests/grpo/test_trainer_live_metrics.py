@@ -9,7 +9,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from test_trainer import _cfg, _train, tiny  # noqa: F401  (tiny: the fixture, used by name)
+from test_trainer import _cfg, _train
 from rlvr_core.records.tracking import StepMetricsSink, Tracker
 
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from test_trainer import _cfg, _train, tiny  # noqa: F401  (tiny: the fixture, used by name)
+from test_trainer import _cfg, _train
 
 from rlvr_core.artifacts.export import export_checkpoint
 from rlvr_core.experiment.config import ConfigError, parse_config

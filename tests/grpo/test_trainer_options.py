@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from test_trainer import _cfg, _params, tiny  # noqa: F401  (tiny: the fixture, used by name)
+from test_trainer import _cfg, _params
 
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig
