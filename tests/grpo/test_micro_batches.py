@@ -316,7 +316,8 @@ def test_two_ranks_with_micro_batches_train_like_one_unsplit_process(model_dir, 
     assert proc.returncode == 0, proc.stdout[-4000:] + "\n" + proc.stderr[-8000:]
     inputs = _two_rank_inputs(model_dir)
     for name, kw in TWO_RANK_RUNS.items():
-        plain = {k: v for k, v in kw.items() if k not in ("micro_batch_size", "max_tokens_per_micro_batch")}
+        plain = {k: v for k, v in kw.items()
+                 if k not in ("micro_batch_size", "max_tokens_per_micro_batch", "logprob_chunk_size")}
         want = run_update(model_dir, _cfg(**plain, logprob_chunk_size=0), inputs)
         got = {"res": U.UpdateResult(**json.loads((tmp_path / f"{name}_rank0.json").read_text())),
                "grads": torch.load(tmp_path / f"{name}_grads.pt"), "weights": torch.load(tmp_path / f"{name}_weights.pt")}
