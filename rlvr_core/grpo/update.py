@@ -7,20 +7,49 @@ One update (`update_policy`) on this rank's trained groups:
     lengths, never token values (G-pad-mask). A rank that trains no group (dynamic sampling kept fewer
     groups than ranks) runs one empty completion: mask all False, loss 0, every gradient exactly 0, but the
     forward, backward and their collectives run as on every other rank.
-  * log-probs: one teacher-forced forward, log_softmax at temperature 1 like the engine's raw log-probs
-    (`sequence_logprobs`). With beta > 0 a frozen copy of the base model gives reference log-probs (with
-    LoRA: the policy with its adapters switched off, i.e. the base model exactly).
-  * loss: `grpo_loss` with the rollout's log-probs as old log-probs (the behaviour policy's), or with
-    `tis_cap` set the trainer's own epoch-0 log-probs and truncated importance weights
+  * micro-batches (`micro_batches`, micro_batches.py): with `micro_batch_size` and/or
+    `max_tokens_per_micro_batch` set, the rank's batch is split (rows sorted by length, packed greedily,
+    each micro-batch re-padded to its own widths), so the forward/backward memory follows the micro-batch.
+    Ranks may plan different counts (a token budget); every rank runs the largest count (`dp.max`), padding
+    with empty micro-batches (loss 0, zero gradient), because ZeRO runs collectives inside each backward.
+    Unset: the whole rank batch is one micro-batch, as before.
+  * log-probs: a teacher-forced forward per micro-batch, log_softmax at temperature 1 like the engine's raw
+    log-probs (`sequence_logprobs`, logprobs.py): by default projected to the vocabulary in chunks of
+    `logprob_chunk_size` response positions, recomputed in the backward (memory O(chunk x vocab));
+    `logprob_chunk_size: 0` is the full-vocabulary reference path. With beta > 0 a frozen copy of the base
+    model gives reference log-probs (with LoRA: the policy with its adapters switched off, i.e. the base
+    model exactly), micro-batch by micro-batch, before the first epoch.
+  * loss: `grpo_loss` per micro-batch with the rollout's log-probs as old log-probs (the behaviour
+    policy's), or with `tis_cap` set the trainer's own epoch-0 log-probs and truncated importance weights
     min(exp(trainer - rollout), tis_cap) on each token's policy term (`truncated_is_weights`).
-    `dlogp_reweight_c` > 0 multiplies each token's advantage by 1 + c - c * pi_old(token).
-  * optimizer: DeepSpeed backward/step, `epochs_per_step` times on the same batch (AdamW, warm-up + cosine,
-    grad clipping and the ZeRO stage all come from the DeepSpeed config built from GRPOConfig, `ds_config`).
-    Each rank's loss is its share of the global loss (global token / sequence counts) times the world size,
-    since DeepSpeed averages the ranks' gradients (distributed.py).
-  * epoch-0 metrics, all-reduced: grpo_loss's, entropy, and the log-prob mismatch between the rollout engine
-    and the trainer on the sampled tokens (`logprob_mismatch/*`; at step 1 G-logprob-temp stops the run
-    when its mean exceeds the tolerance, before any update).
+    `dlogp_reweight_c` > 0 multiplies each token's advantage by 1 + c - c * pi_old(token). The normalisers
+    are the whole step's (`global_normalisers`: response tokens, sequences, Dr.GRPO's constant over all
+    micro-batches and ranks), so each micro-batch's loss is its exact share: the micro-batch losses add up
+    to the unsplit loss and their gradients to the unsplit gradient (every loss_agg mode is a sum over
+    sequences divided by a batch-wide constant).
+  * optimizer: DeepSpeed backward per micro-batch, one `step` per epoch, `epochs_per_step` epochs on the same
+    batch (AdamW, warm-up + cosine, grad clipping and the ZeRO stage all come from the DeepSpeed config
+    built from GRPOConfig, `ds_config`). Each rank's loss is its share of the global loss times the world
+    size, since DeepSpeed averages the ranks' gradients (distributed.py).
+  * gradient accumulation in DeepSpeed: the config keeps gradient_accumulation_steps 1, so `backward` never
+    rescales the loss (DeepSpeed divides it by gradient_accumulation_steps when scale_wrt_gas) and the
+    summed micro-batch gradients are the unsplit one. A count fixed in the config cannot follow a token
+    budget (the number of micro-batches changes per step), so the boundary is set by hand with
+    `engine.set_gradient_accumulation_boundary` (DeepSpeed 0.19's documented pattern): False before
+    every micro-batch but the last, True before the last, then `step` once. That flag is what ZeRO-1/2
+    read to keep accumulating into their gradient partitions instead of treating each backward as a whole
+    step (without it ZeRO-2 kept the last micro-batch's gradient only; tests/grpo/test_micro_batches.py).
+    It is left True, the gradient_accumulation_steps-1 default, for the next call. (DeepSpeed's
+    `managed_gradient_accumulation: false` mode would do the same with `step` as the boundary; the flag is
+    the older, documented interface.)
+  * gradient checkpointing (`gradient_checkpointing`, `enable_gradient_checkpointing`): Hugging Face's,
+    non-reentrant; the checkpointed layers are put in training mode for the update only (HF checkpoints
+    a layer only then; the policy otherwise stays in eval mode: no dropout).
+  * epoch-0 metrics, all-reduced (`_epoch0_metrics`): the micro-batches' log-probs and entropies are put
+    back into the rank's (B, T) batch and grpo_loss's metrics, entropy and the log-prob mismatch between
+    the rollout engine and the trainer on the sampled tokens (`logprob_mismatch/*`) are computed on it as in
+    one pass; at step 1 G-logprob-temp stops the run when the mismatch exceeds the tolerance, after the
+    first epoch's backward passes and before its optimizer step (so before any update).
 
 Also here: building the policy (`build_policy`: LoRA via peft, DeepSpeed `initialize`, the ZeRO-3 replica
 and its refresh `_copy_partitioned`).
@@ -59,8 +88,9 @@ __all__ = ["ds_config", "with_lora", "load_policy_model", "enable_gradient_check
 
 # ---------------------------------------------------------------------------------------- DeepSpeed config
 def ds_config(cfg: GRPOConfig, batch_size: int, world_size: int = 1) -> dict[str, Any]:
-    """The DeepSpeed config for rollout batches of `batch_size` sequences over all ranks (no gradient
-    accumulation; each rank holds batch_size / world_size), each trained for epochs_per_step updates.
+    """The DeepSpeed config for rollout batches of `batch_size` sequences over all ranks (each rank holds
+    batch_size / world_size), each trained for epochs_per_step updates. gradient_accumulation_steps stays
+    1 with micro-batches too: `update_policy` sets the accumulation boundary itself (module docstring).
 
     The scheduler is WarmupCosineLR with a linear warm-up: lr climbs from lr/(warmup+1) to lr over
     `warmup_steps`, then decays (cosine) to cos_min_ratio * lr at `steps`. DeepSpeed's scheduler starts
