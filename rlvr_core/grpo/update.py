@@ -446,7 +446,7 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
                 loss, m = loss_fn(logp, olds[i], part.adv, part.mask, ref_logp=refs[i], **kw, **extras[i])
                 loss_sum = loss_sum + m["loss"].cpu()
                 if ep == 0:
-                    seen.append((logp.detach(), ent))
+                    seen.append((logp.detach(), ent, m))
                 # `loss` is this micro-batch's share of the global loss; DeepSpeed divides the summed gradients
                 # by the world size, so scale it back up to get the single-process gradient.
                 engine.backward(loss * dp.world)
@@ -466,19 +466,23 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
 def _epoch0_metrics(cfg: GRPOConfig, dp: DataParallel, plan: list, seen: list, refs: list, inputs: TrainInputs,
                     loss_fn: Callable, kw: dict, guard_tol: float, n_tok: int) -> dict[str, float]:
     """The first epoch's metrics, computed as in one pass: the micro-batches' log-probs, entropies and
-    reference log-probs are put back into the rank's (B, T) batch and `loss_fn` is evaluated on it once
-    more (no gradient; (B, T) numbers only), so every metric (means, maxima, clip fractions, KL, TIS) is the
-    unsplit one whatever the split."""
-    logp = _assemble(plan, [lp for lp, _ in seen], inputs.rollout_logp)
-    ent = _assemble(plan, [e for _, e in seen], inputs.rollout_logp)
-    ref = _assemble(plan, refs, inputs.rollout_logp)
+    reference log-probs are put back into the rank's (B, T) batch and, when the batch was split, `loss_fn`
+    is evaluated on it once more (no gradient; (B, T) numbers only), so every metric (means, maxima, clip
+    fractions, KL, TIS) is the unsplit one whatever the split. `seen`: (log-probs, entropies, loss_fn's
+    metrics) of each micro-batch."""
+    logp = _assemble(plan, [lp for lp, _, _ in seen], inputs.rollout_logp)
+    ent = _assemble(plan, [e for _, e, _ in seen], inputs.rollout_logp)
     old, extra, tis = inputs.rollout_logp, {}, None
     if cfg.tis_cap is not None:
         old = logp
         w, tis = truncated_is_weights(logp, inputs.rollout_logp, inputs.mask, cfg.tis_cap)
         extra = {"is_weights": w}
-    with torch.no_grad():
-        _, m = loss_fn(logp, old, inputs.adv, inputs.mask, ref_logp=ref, **kw, **extra)
+    if plan == [None]:  # unsplit: the training call's own metrics, as before micro-batches existed
+        m = seen[0][2]
+    else:
+        with torch.no_grad():
+            _, m = loss_fn(logp, old, inputs.adv, inputs.mask, ref_logp=_assemble(plan, refs, inputs.rollout_logp),
+                           **kw, **extra)
     return _first_epoch_metrics(dp, m, logp, ent, inputs, tis, guard_tol, n_tok)
 
 
