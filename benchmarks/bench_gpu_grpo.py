@@ -326,6 +326,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds the reference forward)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--rollout-batch-size", type=int, default=None, help="default P*G (one decode batch)")
+    # Memory of the update (docs/grpo_training.md, "Memory of the update"): the GRPOConfig fields of that name.
+    ap.add_argument("--micro-batch-size", type=int, default=None, help="grpo.micro_batch_size (default: whole batch)")
+    ap.add_argument("--max-tokens-per-micro-batch", type=int, default=None, help="grpo.max_tokens_per_micro_batch")
+    ap.add_argument("--logprob-chunk-size", type=int, default=None,
+                    help="grpo.logprob_chunk_size (default: the config's; 0 = full-vocabulary log_softmax)")
+    ap.add_argument("--gradient-checkpointing", action="store_true", help="grpo.gradient_checkpointing")
     ap.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 dense TFLOP/s (overrides detection)")
     ap.add_argument("--device-check", dest="device_check", action="store_true", default=True,
                     help="(default) refuse the real shapes without CUDA")
@@ -393,7 +399,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = GRPOConfig(enabled=True, steps=a.steps, prompts_per_step=P, group_size=G, temperature=1.0, top_p=1.0,
                          lr=a.lr, warmup_steps=0, beta=a.beta, zero_stage=a.zero_stage, precision="bf16",
                          rollout_batch_size=a.rollout_batch_size or P * G, checkpoint_every=10**6,
-                         rollout_samples_per_step=0)
+                         rollout_samples_per_step=0, micro_batch_size=a.micro_batch_size,
+                         max_tokens_per_micro_batch=a.max_tokens_per_micro_batch,
+                         gradient_checkpointing=a.gradient_checkpointing,
+                         **({} if a.logprob_chunk_size is None else {"logprob_chunk_size": a.logprob_chunk_size}))
         ids = [r["id"] for r in rows]
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -428,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                             peak=job_peak)
         result = {
             "shape": a.shape, "engine": a.engine,
+            "update_memory": {k: getattr(cfg, k) for k in ("micro_batch_size", "max_tokens_per_micro_batch",
+                                                           "logprob_chunk_size", "gradient_checkpointing")},
             "world_size": world,
             "device": {"name": device_name, "cuda": cuda, "peak_flops": peak,
                        "peak_tflops": peak / 1e12 if peak else None, "peak_source": peak_source,

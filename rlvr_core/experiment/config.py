@@ -209,6 +209,26 @@ class GRPOConfig(_Strict):
                           "seq-mean-token-sum-norm (docs/grpo_algorithms.md; sum-norm uses max_new_tokens); any "
                           "name registered in rlvr_core.core.registry.LOSS_AGGS")
     epochs_per_step: int = Field(1, ge=1, description="optimisation epochs over each rollout batch (1 = on-policy)")
+    # ---- memory of the update (docs/grpo_training.md, "Memory of the update"); none of them changes the maths ----
+    micro_batch_size: int | None = Field(None, ge=1, description="sequences per forward/backward on each rank; the "
+                                         "rank's share of the batch is split into micro-batches whose gradients "
+                                         "are accumulated into one optimizer step per epoch (loss and gradient "
+                                         "equal the unsplit ones). None = the whole rank batch in one pass")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description="token budget of one micro-batch: "
+                                                   "sequences (prompt + completion) are sorted by length and "
+                                                   "packed greedily while rows x longest length stays within the "
+                                                   "budget (a longer sequence gets a micro-batch of its own); "
+                                                   "combines with micro_batch_size (both limits hold). None = no budget")
+    logprob_chunk_size: int = Field(1024, ge=0, description="response positions whose vocabulary-wide logits are "
+                                    "formed at once when computing log-probs and entropy (float32, recomputed in "
+                                    "the backward), so the logits cost chunk x vocab, not batch x length x vocab; "
+                                    "only response positions are projected. 0 = the full log_softmax over every "
+                                    "position (the reference path, memory O(batch x length x vocab))")
+    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in the "
+                                         "backward (Hugging Face gradient checkpointing, non-reentrant) instead "
+                                         "of storing them: ~1/3 more compute for activation memory of one layer; "
+                                         "same loss and gradient. Needs a model without dropout (the trainer "
+                                         "runs with dropout off)")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage: 2 shards optimizer state and "
                                             "gradients; 3 also shards the weights (for models that do not fit one device)")
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="training precision; bf16 on GPUs that "

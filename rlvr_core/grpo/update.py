@@ -7,20 +7,49 @@ One update (`update_policy`) on this rank's trained groups:
     lengths, never token values (G-pad-mask). A rank that trains no group (dynamic sampling kept fewer
     groups than ranks) runs one empty completion: mask all False, loss 0, every gradient exactly 0, but the
     forward, backward and their collectives run as on every other rank.
-  * log-probs: one teacher-forced forward, log_softmax at temperature 1 like the engine's raw log-probs
-    (`sequence_logprobs`). With beta > 0 a frozen copy of the base model gives reference log-probs (with
-    LoRA: the policy with its adapters switched off, i.e. the base model exactly).
-  * loss: `grpo_loss` with the rollout's log-probs as old log-probs (the behaviour policy's), or with
-    `tis_cap` set the trainer's own epoch-0 log-probs and truncated importance weights
+  * micro-batches (`micro_batches`, micro_batches.py): with `micro_batch_size` and/or
+    `max_tokens_per_micro_batch` set, the rank's batch is split (rows sorted by length, packed greedily,
+    each micro-batch re-padded to its own widths), so the forward/backward memory follows the micro-batch.
+    Ranks may plan different counts (a token budget); every rank runs the largest count (`dp.max`), padding
+    with empty micro-batches (loss 0, zero gradient), because ZeRO runs collectives inside each backward.
+    Unset: the whole rank batch is one micro-batch, as before.
+  * log-probs: a teacher-forced forward per micro-batch, log_softmax at temperature 1 like the engine's raw
+    log-probs (`sequence_logprobs`, logprobs.py): by default projected to the vocabulary in chunks of
+    `logprob_chunk_size` response positions, recomputed in the backward (memory O(chunk x vocab));
+    `logprob_chunk_size: 0` is the full-vocabulary reference path. With beta > 0 a frozen copy of the base
+    model gives reference log-probs (with LoRA: the policy with its adapters switched off, i.e. the base
+    model exactly), micro-batch by micro-batch, before the first epoch.
+  * loss: `grpo_loss` per micro-batch with the rollout's log-probs as old log-probs (the behaviour
+    policy's), or with `tis_cap` set the trainer's own epoch-0 log-probs and truncated importance weights
     min(exp(trainer - rollout), tis_cap) on each token's policy term (`truncated_is_weights`).
-    `dlogp_reweight_c` > 0 multiplies each token's advantage by 1 + c - c * pi_old(token).
-  * optimizer: DeepSpeed backward/step, `epochs_per_step` times on the same batch (AdamW, warm-up + cosine,
-    grad clipping and the ZeRO stage all come from the DeepSpeed config built from GRPOConfig, `ds_config`).
-    Each rank's loss is its share of the global loss (global token / sequence counts) times the world size,
-    since DeepSpeed averages the ranks' gradients (distributed.py).
-  * epoch-0 metrics, all-reduced: grpo_loss's, entropy, and the log-prob mismatch between the rollout engine
-    and the trainer on the sampled tokens (`logprob_mismatch/*`; at step 1 G-logprob-temp stops the run
-    when its mean exceeds the tolerance, before any update).
+    `dlogp_reweight_c` > 0 multiplies each token's advantage by 1 + c - c * pi_old(token). The normalisers
+    are the whole step's (`global_normalisers`: response tokens, sequences, Dr.GRPO's constant over all
+    micro-batches and ranks), so each micro-batch's loss is its exact share: the micro-batch losses add up
+    to the unsplit loss and their gradients to the unsplit gradient (every loss_agg mode is a sum over
+    sequences divided by a batch-wide constant).
+  * optimizer: DeepSpeed backward per micro-batch, one `step` per epoch, `epochs_per_step` epochs on the same
+    batch (AdamW, warm-up + cosine, grad clipping and the ZeRO stage all come from the DeepSpeed config
+    built from GRPOConfig, `ds_config`). Each rank's loss is its share of the global loss times the world
+    size, since DeepSpeed averages the ranks' gradients (distributed.py).
+  * gradient accumulation in DeepSpeed: the config keeps gradient_accumulation_steps 1, so `backward` never
+    rescales the loss (DeepSpeed divides it by gradient_accumulation_steps when scale_wrt_gas) and the
+    summed micro-batch gradients are the unsplit one. A count fixed in the config cannot follow a token
+    budget (the number of micro-batches changes per step), so the boundary is set by hand with
+    `engine.set_gradient_accumulation_boundary` (DeepSpeed 0.19's documented pattern): False before
+    every micro-batch but the last, True before the last, then `step` once. That flag is what ZeRO-1/2
+    read to keep accumulating into their gradient partitions instead of treating each backward as a whole
+    step (without it ZeRO-2 kept the last micro-batch's gradient only; tests/grpo/test_micro_batches.py).
+    It is left True, the gradient_accumulation_steps-1 default, for the next call. (DeepSpeed's
+    `managed_gradient_accumulation: false` mode would do the same with `step` as the boundary; the flag is
+    the older, documented interface.)
+  * gradient checkpointing (`gradient_checkpointing`, `enable_gradient_checkpointing`): Hugging Face's,
+    non-reentrant; the checkpointed layers are put in training mode for the update only (HF checkpoints
+    a layer only then; the policy otherwise stays in eval mode: no dropout).
+  * epoch-0 metrics, all-reduced (`_epoch0_metrics`): the micro-batches' log-probs and entropies are put
+    back into the rank's (B, T) batch and grpo_loss's metrics, entropy and the log-prob mismatch between
+    the rollout engine and the trainer on the sampled tokens (`logprob_mismatch/*`) are computed on it as in
+    one pass; at step 1 G-logprob-temp stops the run when the mismatch exceeds the tolerance, after the
+    first epoch's backward passes and before its optimizer step (so before any update).
 
 Also here: building the policy (`build_policy`: LoRA via peft, DeepSpeed `initialize`, the ZeRO-3 replica
 and its refresh `_copy_partitioned`).
@@ -33,6 +62,7 @@ and export then use a plain copy (`Policy.replica`) that receives the policy's w
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -44,19 +74,23 @@ import torch
 from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.experiment.guards import GuardError
 from rlvr_core.grpo.distributed import DataParallel, global_normalisers, reduce_loss_metrics
+from rlvr_core.grpo.logprobs import sequence_logprobs
 from rlvr_core.grpo.losses import mask_from_lengths, truncated_is_weights
+from rlvr_core.grpo.micro_batches import empty_like, plan_micro_batches, take_rows
 
 if TYPE_CHECKING:
     from rlvr_core.grpo.rollouts import RolloutBatch
 
-__all__ = ["ds_config", "with_lora", "load_policy_model", "build_policy", "Policy", "build_batch",
-           "sequence_logprobs", "TrainInputs", "train_inputs", "check_logprob_temp", "UpdateResult", "update_policy"]
+__all__ = ["ds_config", "with_lora", "load_policy_model", "enable_gradient_checkpointing", "build_policy", "Policy", "build_batch",
+           "sequence_logprobs", "TrainInputs", "train_inputs", "check_logprob_temp", "UpdateResult", "micro_batches",
+           "update_policy"]
 
 
 # ---------------------------------------------------------------------------------------- DeepSpeed config
 def ds_config(cfg: GRPOConfig, batch_size: int, world_size: int = 1) -> dict[str, Any]:
-    """The DeepSpeed config for rollout batches of `batch_size` sequences over all ranks (no gradient
-    accumulation; each rank holds batch_size / world_size), each trained for epochs_per_step updates.
+    """The DeepSpeed config for rollout batches of `batch_size` sequences over all ranks (each rank holds
+    batch_size / world_size), each trained for epochs_per_step updates. gradient_accumulation_steps stays
+    1 with micro-batches too: `update_policy` sets the accumulation boundary itself (module docstring).
 
     The scheduler is WarmupCosineLR with a linear warm-up: lr climbs from lr/(warmup+1) to lr over
     `warmup_steps`, then decays (cosine) to cos_min_ratio * lr at `steps`. DeepSpeed's scheduler starts
@@ -114,6 +148,20 @@ def load_policy_model(base_model_dir, cfg: GRPOConfig, seed: int) -> torch.nn.Mo
     return with_lora(model, cfg, seed) if cfg.lora_rank else model
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Hugging Face gradient checkpointing (non-reentrant: no input that requires grad is needed, so LoRA
+    works as it is, and it composes with ZeRO 0-3) on `model` (a PeftModel's base model), before
+    DeepSpeed wraps it. Refused for a model whose config has dropout: the update switches the checkpointed
+    layers to training mode (`_checkpointing_active`), and the trainer must run without dropout."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    drops = {k: v for k, v in base.config.to_dict().items()
+             if ("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and v > 0}
+    if drops:
+        raise ValueError(f"grpo.gradient_checkpointing needs a model without dropout; {type(base).__name__}'s "
+                         f"config has {drops}")
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def _engine(model, cfg: GRPOConfig, batch_size: int, world_size: int):
     import deepspeed
 
@@ -166,6 +214,8 @@ def build_policy(base_model_dir, cfg: GRPOConfig, seed: int, *, batch_size: int,
     the copies that must exist before DeepSpeed partitions it. `added_env`: the launcher variables
     `_ensure_launch_env` invented (MASTER_PORT is dropped once the process group exists)."""
     model = load_policy_model(base_model_dir, cfg, seed)
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     ref_model = None
     if not cfg.lora_rank and cfg.beta > 0:
         # Copied before DeepSpeed wraps the policy, so ZeRO-3 never partitions it: every rank holds it whole.
@@ -215,30 +265,6 @@ def build_batch(prompt_tokens: list[list[int]], completion_tokens: list[list[int
     position_ids = torch.arange(S)[None, :].expand(B, S).contiguous()
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
             "gather": gather, "targets": targets, "lengths": lengths}
-
-
-def sequence_logprobs(model, batch: dict, *, temperature: float = 1.0,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(completion token t | prefix) for every (b, t), (B, T) float32, padding holds garbage.
-
-    `temperature` must be 1 for on-policy RL with an engine that returns raw log-probs; it is a
-    parameter only so tests can plant the G-logprob-temp bug. Entropy (B, T) of the full next-token
-    distribution is returned when asked (detached, it is a metric).
-    """
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False)
-    logits = out.logits.float()
-    idx = batch["gather"][:, :, None].expand(-1, -1, logits.shape[-1])
-    step_logits = logits.gather(1, idx)                              # (B, T, V)
-    if temperature != 1.0:
-        step_logits = step_logits / temperature
-    logp_all = torch.log_softmax(step_logits, dim=-1)
-    logp = logp_all.gather(-1, batch["targets"][:, :, None])[:, :, 0]
-    ent = None
-    if with_entropy:
-        with torch.no_grad():
-            ent = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, ent
 
 
 def _pad_2d(values: list[list[float]], T: int) -> torch.Tensor:
@@ -296,12 +322,13 @@ def train_inputs(rollouts: "RolloutBatch", adv_all: torch.Tensor, *, tokenizer: 
 # ------------------------------------------------------------------------------------------- the update
 def reference_logprobs(policy: Policy, cfg: GRPOConfig, batch: dict) -> torch.Tensor | None:
     """Log-probs of the sampled tokens under the reference (the base model), or None without one."""
+    chunk = cfg.logprob_chunk_size
     if policy.ref_model is not None:
         with torch.no_grad():
-            return sequence_logprobs(policy.ref_model, batch)[0]
+            return sequence_logprobs(policy.ref_model, batch, chunk_size=chunk)[0]
     if cfg.lora_rank and cfg.beta > 0:
         with torch.no_grad(), policy.module.disable_adapter():  # the base model, exactly
-            return sequence_logprobs(policy.module, batch)[0]
+            return sequence_logprobs(policy.module, batch, chunk_size=chunk)[0]
     return None
 
 
@@ -344,6 +371,47 @@ def _first_epoch_metrics(dp: DataParallel, m: dict, logp: torch.Tensor, ent: tor
     return first
 
 
+def micro_batches(cfg: GRPOConfig, dp: DataParallel, inputs: TrainInputs) -> tuple[list, list[TrainInputs]]:
+    """This rank's micro-batches: (plan, inputs of each). A plan entry is None for the whole unsplit batch,
+    the list of rows a micro-batch holds, or [] for an empty one. Collective when a limit is set: every rank
+    ends up with the same count (the largest), the short ones padded with empty micro-batches."""
+    if not cfg.micro_batch_size and not cfg.max_tokens_per_micro_batch:
+        return [None], [inputs]
+    lens = [int(x) for x in inputs.batch["attention_mask"].sum(1).tolist()]
+    plan: list = plan_micro_batches(lens, micro_batch_size=cfg.micro_batch_size,
+                                    max_tokens=cfg.max_tokens_per_micro_batch)
+    n = int(dp.max([float(len(plan))])[0])
+    plan += [[] for _ in range(n - len(plan))]
+    return plan, [take_rows(inputs, rows) if rows else empty_like(inputs) for rows in plan]
+
+
+def _assemble(plan: list, parts: list[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor | None:
+    """Per-micro-batch (B_i, T_i) values put back at their rows of the rank's (B, T) batch (0 elsewhere)."""
+    if parts[0] is None or plan == [None]:
+        return parts[0]
+    out = torch.zeros_like(like)
+    for rows, v in zip(plan, parts):
+        if rows:
+            out[torch.tensor(rows, device=out.device), :v.shape[1]] = v.detach().to(out.dtype)
+    return out
+
+
+@contextlib.contextmanager
+def _checkpointing_active(module: torch.nn.Module, enabled: bool):
+    """Hugging Face checkpoints a layer only while that layer is in training mode, and the trainer keeps the
+    policy in eval mode (no dropout). With gradient_checkpointing, only the checkpointed layers' own flag
+    is set for the update: their submodules (dropout, attention) stay in eval mode, and `build_policy`
+    refused a model whose config has dropout, so nothing else changes."""
+    layers = [m for m in module.modules() if getattr(m, "gradient_checkpointing", False) is True] if enabled else []
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.training = False
+
+
 def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_fn: Callable, step: int,
                   norm_len: int | None, guard_tol: float) -> UpdateResult:
     """`epochs_per_step` DeepSpeed updates on this rank's trained completions (collective: every rank calls
@@ -351,37 +419,71 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
     at step 0 before any update when the trainer's log-probs disagree with the rollout's."""
     engine, dp, mask = policy.engine, policy.dp, inputs.mask
     policy.module.eval()  # HFEngine calls .eval() too; keep it explicit
-    ref_logp = reference_logprobs(policy, cfg, inputs.batch)
-    # The whole step's token and sequence counts: the ranks' losses then add up to the 1-process loss.
+    plan, parts = micro_batches(cfg, dp, inputs)
+    refs = [reference_logprobs(policy, cfg, p.batch) for p in parts]
+    # The whole step's token and sequence counts: the micro-batches' and ranks' losses add up to the
+    # 1-process, 1-pass loss, and so do their gradients.
     norm = global_normalisers(dp, int(mask.sum()), max(inputs.n_seqs, 1))
-    old_logp, tis, extra, first = inputs.rollout_logp, None, {}, {}
-    for ep in range(cfg.epochs_per_step):
-        logp, ent = sequence_logprobs(engine, inputs.batch, temperature=cfg.logprob_temperature,
-                                      with_entropy=(ep == 0))
-        if ep == 0 and cfg.tis_cap is not None:
-            # TIS: the ratio's old log-probs are the trainer's own (the weights that sampled, before any update
-            # of this step); the engine-vs-trainer gap goes into capped per-token weights instead.
-            old_logp = logp.detach()
-            w, tis = truncated_is_weights(old_logp, inputs.rollout_logp, mask, cfg.tis_cap)
-            extra = {"is_weights": w}
-        loss, m = loss_fn(logp, old_logp, inputs.adv, mask, ref_logp=ref_logp, beta=cfg.beta,
-                          kl_estimator=cfg.kl_estimator, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                          agg_mode=cfg.loss_agg, norm_len=norm_len, lowprob_c=cfg.dlogp_reweight_c,
-                          num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"], **extra)
-        if ep == 0:
-            first = _first_epoch_metrics(dp, m, logp, ent, inputs, tis, guard_tol, norm["n_tokens"])
-            check_logprob_temp(cfg, step=step, n_tokens=norm["n_tokens"], diff=first["logprob_abs_diff"],
-                               guard_tol=guard_tol)
-        lr = float(engine.optimizer.param_groups[0]["lr"])
-        # `loss` is this rank's share of the global loss; DeepSpeed divides the summed gradients by the world
-        # size, so scale it back up to get the single-process gradient.
-        engine.backward(loss * dp.world)
-        grad_norm = _grad_norm(engine, cfg.zero_stage)  # stage 0: from .grad before the step
-        engine.step()
-        if grad_norm is None:
-            gn = engine.get_global_grad_norm()
-            grad_norm = float(gn) if gn is not None else float("nan")
-    return UpdateResult(first, dp.sum([float(m["loss"])])[0], lr, grad_norm, norm["n_tokens"], ref_logp is not None)
+    kw = dict(beta=cfg.beta, kl_estimator=cfg.kl_estimator, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+              agg_mode=cfg.loss_agg, norm_len=norm_len, lowprob_c=cfg.dlogp_reweight_c,
+              num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"])
+    olds, extras = [p.rollout_logp for p in parts], [{} for _ in parts]
+    first: dict[str, float] = {}
+    with _checkpointing_active(policy.module, cfg.gradient_checkpointing):
+        for ep in range(cfg.epochs_per_step):
+            loss_sum, seen = torch.zeros(()), []
+            for i, part in enumerate(parts):
+                if len(parts) > 1:  # gradients accumulate until the last micro-batch (module docstring)
+                    engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
+                logp, ent = sequence_logprobs(engine, part.batch, temperature=cfg.logprob_temperature,
+                                              with_entropy=(ep == 0), chunk_size=cfg.logprob_chunk_size)
+                if ep == 0 and cfg.tis_cap is not None:
+                    # TIS: the ratio's old log-probs are the trainer's own (the weights that sampled, before any
+                    # update of this step); the engine-vs-trainer gap goes into capped per-token weights instead.
+                    olds[i] = logp.detach()
+                    extras[i] = {"is_weights": truncated_is_weights(olds[i], part.rollout_logp, part.mask,
+                                                                    cfg.tis_cap)[0]}
+                loss, m = loss_fn(logp, olds[i], part.adv, part.mask, ref_logp=refs[i], **kw, **extras[i])
+                loss_sum = loss_sum + m["loss"].cpu()
+                if ep == 0:
+                    seen.append((logp.detach(), ent, m))
+                # `loss` is this micro-batch's share of the global loss; DeepSpeed divides the summed gradients
+                # by the world size, so scale it back up to get the single-process gradient.
+                engine.backward(loss * dp.world)
+            if ep == 0:
+                first = _epoch0_metrics(cfg, dp, plan, seen, refs, inputs, loss_fn, kw, guard_tol, norm["n_tokens"])
+                check_logprob_temp(cfg, step=step, n_tokens=norm["n_tokens"], diff=first["logprob_abs_diff"],
+                                   guard_tol=guard_tol)
+            lr = float(engine.optimizer.param_groups[0]["lr"])
+            grad_norm = _grad_norm(engine, cfg.zero_stage)  # stage 0: from .grad before the step
+            engine.step()
+            if grad_norm is None:
+                gn = engine.get_global_grad_norm()
+                grad_norm = float(gn) if gn is not None else float("nan")
+    return UpdateResult(first, dp.sum([float(loss_sum)])[0], lr, grad_norm, norm["n_tokens"], refs[0] is not None)
+
+
+def _epoch0_metrics(cfg: GRPOConfig, dp: DataParallel, plan: list, seen: list, refs: list, inputs: TrainInputs,
+                    loss_fn: Callable, kw: dict, guard_tol: float, n_tok: int) -> dict[str, float]:
+    """The first epoch's metrics, computed as in one pass: the micro-batches' log-probs, entropies and
+    reference log-probs are put back into the rank's (B, T) batch and, when the batch was split, `loss_fn`
+    is evaluated on it once more (no gradient; (B, T) numbers only), so every metric (means, maxima, clip
+    fractions, KL, TIS) is the unsplit one whatever the split. `seen`: (log-probs, entropies, loss_fn's
+    metrics) of each micro-batch."""
+    logp = _assemble(plan, [lp for lp, _, _ in seen], inputs.rollout_logp)
+    ent = _assemble(plan, [e for _, e, _ in seen], inputs.rollout_logp)
+    old, extra, tis = inputs.rollout_logp, {}, None
+    if cfg.tis_cap is not None:
+        old = logp
+        w, tis = truncated_is_weights(logp, inputs.rollout_logp, inputs.mask, cfg.tis_cap)
+        extra = {"is_weights": w}
+    if plan == [None]:  # unsplit: the training call's own metrics, as before micro-batches existed
+        m = seen[0][2]
+    else:
+        with torch.no_grad():
+            _, m = loss_fn(logp, old, inputs.adv, inputs.mask, ref_logp=_assemble(plan, refs, inputs.rollout_logp),
+                           **kw, **extra)
+    return _first_epoch_metrics(dp, m, logp, ent, inputs, tis, guard_tol, n_tok)
 
 
 def _grad_norm(engine, zero_stage: int) -> float | None:
