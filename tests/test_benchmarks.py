@@ -571,3 +571,51 @@ def test_bench_verifier_load_smoke(tmp_path):
     assert [(r["runner"], r["sympy"], r["c"]) for r in res["hangs"]] == [("ours", "timeout", "timeout"),
                                                                          ("pebble", "timeout", "timeout")] * 2
     assert "ours/pebble" in proc.stdout
+
+
+def test_bench_gpu_grpo_train_only_tiny(tmp_path):
+    """--train-only on the CPU (tiny shape, seconds): update_policy alone on fixed-length random completions;
+    its JSON has every step's train tokens (P*G*(prompt share + max_new_tokens)) and the MFU of the formula."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = ROOT / "benchmarks" / "bench_gpu_grpo.py"
+    out = tmp_path / "train_only.json"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    cmd = [sys.executable, str(script), "--shape", "tiny", "--allow-cpu", "--train-only", "--steps", "2", "-P", "2",
+           "-G", "2", "--max-new-tokens", "8", "--threads", "1", "--peak-tflops", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["mode"] == "train_only" and res["settings"]["offload_optimizer"] is False
+    N = res["model"]["n_params"]
+    for r in res["steps"]:
+        assert r["completion_tokens"] == 2 * 2 * 8 and r["train_tokens"] == 2 * r["prompt_tokens"] + 32
+        assert r["mfu"] == pytest.approx(6 * N * r["train_tokens"] / r["t_train_s"] / 1e12, rel=1e-9)
+        assert "mfu_with_recompute" not in r  # no gradient checkpointing asked for
+    assert res["summary"]["steps_averaged"] == [2]
+
+
+def test_gpu_check_driver_helpers():
+    """The GPU check's --tiny swap keeps every flag and replaces the sizes; trainer flags map to GRPOConfig fields."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for _name, _what, _limit, args in mod.RUNS:
+        tiny = mod.tiny_args(args)
+        assert tiny[tiny.index("--shape") + 1] == "tiny" and "--allow-cpu" in tiny
+        assert [a for a in tiny if a.startswith("--")][:len([a for a in args if a.startswith("--")])] == \
+            [a for a in args if a.startswith("--")]
+    bench = importlib.util.spec_from_file_location("bench_gpu_grpo", ROOT / "benchmarks" / "bench_gpu_grpo.py")
+    bmod = importlib.util.module_from_spec(bench)
+    bench.loader.exec_module(bmod)
+    assert {f for f, _ in mod.TRAINER_FLAGS.values()} == set(bmod.PASS_THROUGH)
+    a = bmod.parse_args(["--micro-batch-size", "4"])
+    with pytest.raises(SystemExit, match="--micro-batch-size"):
+        bmod.config_extras(a, {})
+    assert bmod.config_extras(a, {"micro_batch_size": None}) == {"micro_batch_size": 4}

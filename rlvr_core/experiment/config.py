@@ -231,6 +231,12 @@ class GRPOConfig(_Strict):
                                          "runs with dropout off)")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage: 2 shards optimizer state and "
                                             "gradients; 3 also shards the weights (for models that do not fit one device)")
+    zero3_sampling_replica: bool = Field(False, description="ZeRO-3 only: keep a full plain copy of the policy on "
+                                         "every rank for sampling, evaluation and export, refreshed from the "
+                                         "partitions before each use (the old behaviour: one whole model more per "
+                                         "rank). False: the HF engine samples the partitioned policy itself, all "
+                                         "ranks in lockstep (DeepSpeed gathers one layer's weights at a time), and "
+                                         "evaluation/export gather a transient full copy on rank 0 only when they run")
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="training precision; bf16 on GPUs that "
                                                        "have it (the G-logprob-temp tolerance widens to 5e-2)")
     grad_clip: float = Field(1.0, gt=0, description="global gradient-norm clip; grad_norm in steps.parquet is "
@@ -327,8 +333,8 @@ class GRPOConfig(_Strict):
     @model_validator(mode="after")
     def _lora_fits(self) -> "GRPOConfig":
         if self.lora_rank and self.zero_stage == 3:
-            # ZeRO-3 partitions the model that peft wraps, and the trainer's ZeRO-3 path samples from a
-            # replica filled by parameter name; adapters are small, so ZeRO 0-2 loses little.
+            # ZeRO-3 would partition the model that peft wraps (adapters included), a path the trainer's
+            # ZeRO-3 sampling and export have never been checked on; adapters are small, so ZeRO 0-2 loses little.
             raise ValueError("lora_rank > 0 needs zero_stage 0, 1 or 2 (LoRA with ZeRO-3 is not supported)")
         if self.max_staleness and (self.dynamic_sampling or self.adaptive_sampling):
             raise ValueError("max_staleness > 0 cannot be combined with dynamic_sampling or adaptive_sampling: "

@@ -7,10 +7,12 @@ got back:
   * `sampler`: a `rlvr_core.sampling` engine (`generate(prompts, prompt_ids, params, *, step, epoch,
     first_sample_index) -> list[list[Sample]]`) that also has `pad_token_id` and `add_special_tokens`: the
     trainer re-tokenizes each prompt with the engine's own flag and pads with its pad id.
-  * on-policy (max_staleness 0): `sync(module)` before every step's rollout, with the module that holds the
-    policy's current FULL weights (the policy itself, or under ZeRO-3 the plain replica the trainer has just
-    filled from the partitions: a collective, every rank calls it). An engine with its own weights (vLLM)
-    copies them in here; the HF engine samples that very module, so it has nothing to do.
+  * on-policy (max_staleness 0): `sync(module)` before every step's rollout, with the module the trainer
+    samples: the policy itself (under ZeRO-3 the partitioned policy, whose full weights exist only gathered),
+    or the plain replica the trainer has just filled from the partitions (`zero3_sampling_replica`; a
+    collective, every rank calls it). An engine with its own weights (vLLM) copies them in here (gathering a
+    partitioned module's weights first: every rank calls sync); the HF engine samples that very module, in
+    lockstep across ranks when it is partitioned, so it has nothing to do.
   * bounded staleness (max_staleness > 0, ahead.py): after every update the trainer publishes
     `snapshot(module)`, one policy version in the form `load` takes; the ahead sampler's thread calls
     `load(weights)` to put the version a step needs into the sampler before sampling it. `load` runs in that
@@ -74,23 +76,28 @@ class HFRolloutEngine:
 
     name = "hf"
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int, device: torch.device | str):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int, device: torch.device | str,
+                 lockstep: Callable[[int], int] | None = None):
         self.model = model
-        self.sampler = HFEngine(model, tokenizer, batch_size=batch_size, device=device)
+        self.samples_policy = lockstep is not None  # the partitioned policy itself, in lockstep across ranks
+        self.sampler = HFEngine(model, tokenizer, batch_size=batch_size, device=device, lockstep=lockstep)
 
     @classmethod
     def for_trainer(cls, *, policy: torch.nn.Module, replica: torch.nn.Module | None, tokenizer: Any,
                     cfg: GRPOConfig, device: torch.device, own_copy: Callable[[], torch.nn.Module],
-                    **_: Any) -> "HFRolloutEngine":
+                    lockstep: Callable[[int], int] | None = None, **_: Any) -> "HFRolloutEngine":
+        """lockstep: given when the policy is ZeRO-3 partitioned and there is no replica (n -> max over ranks);
+        the engine then samples the partitioned policy with every rank in step (rlvr_core/sampling/hf.py)."""
         if cfg.max_staleness:
             # A fresh module, not copy.deepcopy(policy): DeepSpeed has hooked the policy, and those hooks hold
             # its engine (a deepcopy would copy the optimizer). Its weights do not matter: `load` fills it with
             # the published version before anything is sampled.
             dtype = next(policy.parameters()).dtype  # sample in the precision that trains
             model = own_copy().eval().requires_grad_(False).to(device, dtype)
+            lockstep = None  # the engine's own plain copy: nothing collective in its forward
         else:
             model = replica if replica is not None else policy
-        return cls(model, tokenizer, batch_size=cfg.rollout_batch_size, device=device)
+        return cls(model, tokenizer, batch_size=cfg.rollout_batch_size, device=device, lockstep=lockstep)
 
     def sync(self, module: torch.nn.Module) -> None:
         if module is not self.model:  # the trainer's module *is* the sampled one; anything else is a wiring bug
@@ -135,7 +142,8 @@ def make_rollout_engine(name: str, *, base_model_dir: str | Path, tokenizer: Any
                         device: torch.device, seed: int, policy: torch.nn.Module,
                         replica: torch.nn.Module | None,
                         own_copy: Callable[[], torch.nn.Module],
-                        engine_options: dict | None = None) -> RolloutEngine:
+                        engine_options: dict | None = None,
+                        lockstep: Callable[[int], int] | None = None) -> RolloutEngine:
     """The rollout engine `name` for a trainer whose DeepSpeed engine is initialised.
 
     base_model_dir: the model the policy started from; tokenizer: the trainer's; cfg: the stage's config
@@ -143,8 +151,12 @@ def make_rollout_engine(name: str, *, base_model_dir: str | Path, tokenizer: Any
     policy: the trained module (`engine.module`); replica: the ZeRO-3 plain copy the trainer refreshes, or
     None; own_copy(): a fresh plain module shaped like the policy (base model, LoRA-wrapped when LoRA is on),
     for an engine that samples its own copy; engine_options: engine-specific settings (vllm: `vllm.LLM`
-    overrides such as kv_cache_memory_bytes or gpu_memory_utilization). Raises ValueError for an unknown name.
+    overrides such as kv_cache_memory_bytes or gpu_memory_utilization); lockstep: n -> max of n over the ranks,
+    given when `policy` is ZeRO-3 partitioned without a replica (an engine that samples it must keep every
+    rank's forward calls in step; one with weights of its own ignores it). Raises ValueError for an unknown
+    name.
     """
     check_rollout_engine(name)
     return _BUILDERS[name](base_model_dir=base_model_dir, tokenizer=tokenizer, cfg=cfg, device=device, seed=seed,
-                           policy=policy, replica=replica, own_copy=own_copy, engine_options=engine_options)
+                           policy=policy, replica=replica, own_copy=own_copy, engine_options=engine_options,
+                           lockstep=lockstep)

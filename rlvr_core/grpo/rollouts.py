@@ -149,13 +149,17 @@ class RolloutBatch:
 class RolloutCollector:
     """Samples and verifies each step's prompts on this rank (see the module docstring).
 
-    weights(): the module holding the policy's current full weights (collective under ZeRO-3), for
-    `engine.sync` before each on-policy rollout.
+    weights(): the module the trainer samples (collective with a ZeRO-3 replica), for `engine.sync` before
+    each on-policy rollout. lockstep: the engine samples the ZeRO-3 partitioned policy, whose forward is a
+    collective, so every rank must make the same number of engine calls: adaptive sampling's rounds go on
+    until no rank has a prompt left, and the calls per round are padded to the busiest rank's with empty
+    calls (the engine then runs dummy batches).
     """
 
     def __init__(self, cfg: GRPOConfig, *, rows: list[dict], template: Any, engine: RolloutEngine, pool: Any,
                  dp: DataParallel, max_new_tokens: int, seed: int, weights: Callable[[], torch.nn.Module],
-                 timeout_reward: float = 0.0):
+                 timeout_reward: float = 0.0, lockstep: bool = False):
+        self.lockstep = lockstep
         self.cfg, self.rows, self.template, self.engine, self.pool, self.dp = cfg, rows, template, engine, pool, dp
         self.timeout_reward = timeout_reward  # what a completion whose verification timed out scores
         self.P, self.G, self.L = cfg.prompts_per_step, cfg.group_size, len(rows)
@@ -249,8 +253,11 @@ class RolloutCollector:
         while True:
             # Pending prompts all hold the same number of samples (equal chunks so far), so one call serves them.
             todo = [k for k, st in enumerate(states) if st.n == 0 or (cfg.adaptive_sampling and not st.done)]
-            if not todo:
+            if not (self.dp.max([float(bool(todo))])[0] if self.lockstep else todo):
                 return groups, outs, t_gen
+            if not todo:  # lockstep: done here, not on another rank; join its engine calls
+                self._generate([], [], [], step, epoch, self.params)
+                continue
             first = states[todo[0]].n
             n = G if first == 0 else states[todo[0]].next_chunk()
             tg = time.perf_counter()
@@ -273,14 +280,17 @@ class RolloutCollector:
         # each prompt's seed gets the epoch of its own position, so (prompt id, epoch) names the position
         # and no two requests of a step share a seed. One engine call per epoch segment.
         out: list = []
-        i = 0
+        i = calls = 0
         while i < len(positions):
             j = i
             while j < len(positions) and positions[j] // self.L == positions[i] // self.L:
                 j += 1
             out += generate(prompts[i:j], ids[i:j], chunk, step=step, epoch=positions[i] // self.L,
                             first_sample_index=first)
-            i = j
+            i, calls = j, calls + 1
+        if self.lockstep:  # a segment boundary may fall in one rank's share only: as many calls on every rank
+            for _ in range(int(self.dp.max([float(calls)])[0]) - calls):
+                generate([], [], chunk, step=step, epoch=epoch, first_sample_index=first)
         return out
 
     # ---- bounded staleness ------------------------------------------------------------------------

@@ -178,7 +178,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
         if cfg.max_staleness and state.start_step < run.last_step:
             ahead = run.collector.start_ahead(first_step=state.start_step, last_step=run.last_step,
                                               data_pos=state.data_pos, saved=state.ahead_weights,
-                                              current=run.rollout_engine.snapshot(policy.current_weights()))
+                                              current=_snapshot(run))
         for step in range(state.start_step, run.last_step):
             t0 = time.perf_counter()
             epoch = state.data_pos // len(run.rows)
@@ -197,7 +197,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 # The weight sync: the version this step made, for the step that samples with it (collective
                 # under ZeRO-3: every rank gathers, like the on-policy refresh it replaces). Part of train time.
                 ts = time.perf_counter()
-                ahead.publish(step + 1, run.rollout_engine.snapshot(policy.current_weights()))
+                ahead.publish(step + 1, _snapshot(run))
                 t_sync = time.perf_counter() - ts
             t3 = time.perf_counter()
             # 5. metrics: the step row (same on every rank), the rollout sample, the evaluate hook
@@ -310,10 +310,12 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                                          device=policy.device, seed=seed, policy=policy.module,
                                          replica=policy.replica,
                                          own_copy=lambda: load_policy_model(base_model_dir, cfg, seed),
-                                         engine_options=engine_options)
+                                         engine_options=engine_options,
+                                         lockstep=(lambda n: int(dp.max([float(n)])[0])) if policy.lockstep else None)
     collector = RolloutCollector(cfg, rows=rows, template=template, engine=rollout_engine, pool=pool, dp=dp,
                                  max_new_tokens=max_new_tokens, seed=seed, weights=policy.current_weights,
-                                 timeout_reward=reward.timeout_reward)
+                                 timeout_reward=reward.timeout_reward,
+                                 lockstep=policy.lockstep and getattr(rollout_engine, "samples_policy", False))
     return _Run(cfg, out_dir, rows, tok, policy, rollout_engine, pool, reward, collector, state,
                 StepGuards(state.step_rows, health_config(cfg.health)),
                 cfg.steps if stop_after_steps is None else min(cfg.steps, state.start_step + stop_after_steps),
@@ -346,15 +348,22 @@ def _advantages(cfg: GRPOConfig, rollouts: RolloutBatch) -> torch.Tensor:
     return weight_negative_advantages(adv, cfg.negative_advantage_weight)
 
 
+def _snapshot(run: _Run) -> dict[str, torch.Tensor]:
+    """The policy's current weights as the rollout engine's `load` takes them (every rank: under ZeRO-3 a
+    collective gather into a transient full copy on each rank, which the ahead sampler needs anyway)."""
+    with run.policy.full_weights(everywhere=True) as module:
+        return run.rollout_engine.snapshot(module)
+
+
 def _evaluate(run: _Run, row: dict, step: int) -> None:
     """The evaluate hook every eval_every steps and after the last one (rank 0; eval/* columns in `row`)."""
     cfg = run.cfg
     if run.evaluate is None or not ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps):
         return
-    evaluated = run.policy.current_weights()  # every rank: a collective under ZeRO-3
-    if run.policy.dp.is_main:
-        row.update({f"eval/{k}": float(v) for k, v in run.evaluate(evaluated, run.tok).items()})
-    evaluated.eval()
+    with run.policy.full_weights() as evaluated:  # every rank: a collective under ZeRO-3
+        if run.policy.dp.is_main:
+            row.update({f"eval/{k}": float(v) for k, v in run.evaluate(evaluated, run.tok).items()})
+            evaluated.eval()
 
 
 def _stop_collapsed(run: _Run, serious: list, step: int) -> None:
@@ -379,9 +388,9 @@ def _finish(run: _Run) -> GRPOResult:
     done = bool(state.step_rows) and state.step_rows[-1]["step"] == cfg.steps
     final_dir = out_dir / FINAL_MODEL
     if done:
-        trained = run.policy.current_weights()  # every rank: a collective under ZeRO-3
-        if dp.is_main:
-            save_final_model(trained, cfg, out_dir)
+        with run.policy.full_weights() as trained:  # every rank: a collective under ZeRO-3
+            if dp.is_main:
+                save_final_model(trained, cfg, out_dir)
     summary = _summary(state.step_rows, cfg, run.guards.counts, done, time.perf_counter() - run.t_start,
                        state.start_step)
     summary["health_firings"] = run.guards.firings

@@ -51,13 +51,17 @@ One update (`update_policy`) on this rank's trained groups:
     one pass; at step 1 G-logprob-temp stops the run when the mismatch exceeds the tolerance, after the
     first epoch's backward passes and before its optimizer step (so before any update).
 
-Also here: building the policy (`build_policy`: LoRA via peft, DeepSpeed `initialize`, the ZeRO-3 replica
-and its refresh `_copy_partitioned`).
+Also here: building the policy (`build_policy`: LoRA via peft, DeepSpeed `initialize`, the optional ZeRO-3
+replica and its refresh `_copy_partitioned`, the transient full copy `Policy.full_weights`).
 
-ZeRO-3 partitions the policy and its forward hooks run collectives, so no rank may run it alone (rank 0
-evaluating) or a data-dependent number of times (decoding until every row stops). Sampling, evaluation
-and export then use a plain copy (`Policy.replica`) that receives the policy's weights before each use
-(`Policy.current_weights`), as a separate inference engine would.
+ZeRO-3 partitions the policy and its forward hooks run collectives (each layer's weights are all-gathered
+for its forward and freed after), so no rank may run it alone (rank 0 evaluating) or a data-dependent number
+of times (decoding until every row stops). By default the HF engine samples the partitioned policy itself in
+lockstep (every rank runs the same forward calls: rlvr_core/sampling/hf.py), so no rank holds more than its
+partition plus the layers in flight; evaluation and export, which run on rank 0 alone, get a transient full
+copy gathered one parameter at a time (`Policy.full_weights`), freed afterwards. With
+`zero3_sampling_replica` a plain copy (`Policy.replica`) instead receives the policy's weights before each use
+(`Policy.current_weights`), as a separate inference engine would: one whole model more on every rank.
 """
 
 from __future__ import annotations
@@ -66,8 +70,9 @@ import contextlib
 import copy
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
@@ -189,6 +194,42 @@ def _copy_partitioned(policy, replica) -> None:
                 dst.copy_(src)
 
 
+def _plain_copy(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """An unpartitioned model shaped like the ZeRO-3 `module` (built from its config on `device`, in its
+    dtype), with `module`'s buffers; its parameters are filled by `_copy_partitioned`."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(module.parameters()).dtype
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            plain = AutoModelForCausalLM.from_config(module.config)
+    finally:
+        torch.set_default_dtype(prev)
+    plain.generation_config = copy.deepcopy(module.generation_config)
+    with torch.no_grad():
+        for (name, dst), (_, src) in zip(plain.named_buffers(), module.named_buffers(), strict=True):
+            dst.copy_(src)
+    return plain.eval().requires_grad_(False)
+
+
+def _gathered_copy(module: torch.nn.Module, device: torch.device, want: bool) -> torch.nn.Module | None:
+    """A full plain copy of the ZeRO-3 `module` where `want` (else None). Collective: every rank calls it
+    and gathers each parameter in turn; only ranks that want a copy build and fill one."""
+    import deepspeed
+
+    plain = _plain_copy(module, device) if want else None
+    with torch.no_grad():
+        dsts = plain.parameters() if plain is not None else iter(())
+        for src in module.parameters():
+            with deepspeed.zero.GatheredParameters([src], modifier_rank=None):
+                dst = next(dsts, None)
+                if dst is not None:
+                    dst.copy_(src)
+    return plain
+
+
 @dataclass
 class Policy:
     """The trained policy on this rank and what comes with it."""
@@ -196,16 +237,41 @@ class Policy:
     engine: Any                          # the DeepSpeed engine (forward, backward, step, checkpoints)
     module: torch.nn.Module              # engine.module: the tensors DeepSpeed updates
     ref_model: torch.nn.Module | None    # frozen base model for beta > 0 without LoRA (never partitioned)
-    replica: torch.nn.Module | None      # ZeRO-3: a plain copy, refreshed by current_weights()
+    replica: torch.nn.Module | None      # ZeRO-3 with zero3_sampling_replica: a plain copy, see current_weights()
     device: torch.device
     dp: DataParallel
+    partitioned: bool = False            # ZeRO-3: `module` holds only this rank's partition of each weight
+
+    @property
+    def lockstep(self) -> bool:
+        """Sampling runs on the partitioned module itself, so every rank must make the same forward calls."""
+        return self.partitioned and self.replica is None
 
     def current_weights(self) -> torch.nn.Module:
-        """The module holding the policy's current weights; collective under ZeRO-3 (every rank calls it)."""
+        """The module the HF engine samples: the policy itself (ZeRO-3 without a replica: the partitioned
+        policy, sampled in lockstep), or the replica refreshed from the partitions (collective)."""
         if self.replica is None:
             return self.module
         _copy_partitioned(self.module, self.replica)
         return self.replica
+
+    @contextmanager
+    def full_weights(self, everywhere: bool = False) -> Iterator[torch.nn.Module | None]:
+        """A module with the policy's full current weights, for work that runs a forward outside the
+        lockstep (rank 0 evaluating) or needs every weight whole (export, weight snapshots). Collective under
+        ZeRO-3: every rank enters it. Without a replica the copy is transient (built, gathered, freed on
+        exit) and exists on rank 0 only unless `everywhere`; the other ranks get None. Without ZeRO-3 it is
+        the policy itself."""
+        if not self.partitioned or self.replica is not None:
+            yield self.current_weights()
+            return
+        plain = _gathered_copy(self.module, self.device, want=everywhere or self.dp.is_main)
+        try:
+            yield plain
+        finally:
+            del plain
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
 
 
 def build_policy(base_model_dir, cfg: GRPOConfig, seed: int, *, batch_size: int, world: int,
@@ -221,7 +287,9 @@ def build_policy(base_model_dir, cfg: GRPOConfig, seed: int, *, batch_size: int,
         # Copied before DeepSpeed wraps the policy, so ZeRO-3 never partitions it: every rank holds it whole.
         # (With LoRA the reference is the policy with its adapters switched off, see reference_logprobs.)
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    replica = copy.deepcopy(model).eval().requires_grad_(False) if cfg.zero_stage == 3 else None
+    # The ZeRO-3 sampling replica, only when asked for: by default the partitioned policy samples in lockstep.
+    replica = (copy.deepcopy(model).eval().requires_grad_(False)
+               if cfg.zero_stage == 3 and cfg.zero3_sampling_replica else None)
     engine, _ = _engine(model, cfg, batch_size, world)
     # The process group exists now. A MASTER_PORT we invented would otherwise be inherited by every process
     # this one starts later (a demo's next subprocess, a test's server), which would then try to listen on
@@ -235,7 +303,7 @@ def build_policy(base_model_dir, cfg: GRPOConfig, seed: int, *, batch_size: int,
         ref_model = ref_model.to(dev, torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
     if replica is not None:
         replica = replica.to(dev, next(module.parameters()).dtype)  # sample in the precision that trains
-    return Policy(engine, module, ref_model, replica, dev, DataParallel.current(dev))
+    return Policy(engine, module, ref_model, replica, dev, DataParallel.current(dev), partitioned=cfg.zero_stage == 3)
 
 
 # ----------------------------------------------------------------------------------------------- batching

@@ -18,6 +18,8 @@ Tied embeddings need nothing special: vLLM's Qwen2/Llama loaders skip `lm_head.w
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 from typing import Iterator
 
@@ -58,6 +60,17 @@ def engine_weights(module) -> Iterator[tuple[str, torch.Tensor]]:
             yield key, merged.get(key, tensor)
 
 
+def _gathered(module):
+    """Every weight of a ZeRO-3 partitioned `module` gathered whole while the context is open (a collective);
+    a plain module's context does nothing."""
+    params = [p for p in module.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+
 class VLLMRolloutEngine:
     """The trainer's rollout engine on vLLM (see the module docstring).
 
@@ -73,8 +86,10 @@ class VLLMRolloutEngine:
         self.pushes = 0  # weight pushes so far (a metric, and what tests count)
 
     def sync(self, module) -> None:
-        """Push the policy's current weights (collective gathers are the caller's, before this call)."""
-        self.sampler.load_weights(engine_weights(module))
+        """Push the policy's current weights. A ZeRO-3 partitioned module's weights are gathered whole for the
+        push (collective: the trainer calls sync on every rank), then freed again."""
+        with _gathered(module):
+            self.sampler.load_weights(engine_weights(module))
         self.pushes += 1
 
     def snapshot(self, module) -> dict[str, torch.Tensor]:

@@ -18,12 +18,21 @@ The loop, for one batch of B requests:
   3. a row finishes on an eos id, on a stop string in its decoded text (checked on a tail window of
      tokens each step), or at max_new_tokens. Finished rows are dropped from the batch and its KV cache.
   4. feed the chosen tokens (B', 1) with the cache; mask grows by one column of ones.
+
+Lockstep (`lockstep=`, for a model whose forward is a collective, e.g. a ZeRO-3 partitioned policy whose
+hooks all-gather each layer's weights): every rank must run the same number of forward calls, in the same
+order. `lockstep(n)` returns the maximum of n over the ranks. Each `generate` call then runs the largest
+number of decode batches any rank has (a rank with fewer, or none, runs dummy batches), and each batch
+decodes until no row on ANY rank is active (one all-reduce per token step); a rank whose rows are all done
+keeps calling the model on a dummy one-token input. Sampled tokens do not change: a row's draws come from
+its own generator, and dummy forwards draw nothing.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -95,17 +104,21 @@ class HFEngine:
         tokenizer's eos id.
     pad_token_id: filler for the left-padded slots only (masked out by length); default the tokenizer's
         pad id, else its eos id, else 0. Its value never affects results.
+    lockstep: for a model whose forward is a collective (see the module docstring): n -> max of n over
+        ranks. None (default): no collectives. The model is then left where it is (not moved).
     """
 
     name = "hf"
 
     def __init__(self, model, tokenizer, *, batch_size: int = 64, device: str = "cpu",
                  add_special_tokens: bool = True, eos_token_ids: list[int] | None = None,
-                 pad_token_id: int | None = None):
+                 pad_token_id: int | None = None, lockstep: Callable[[int], int] | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.device = torch.device(device)
-        self.model = model.to(self.device).eval()
+        self.lockstep = lockstep
+        # A partitioned (ZeRO-3) module already lives on its device; .to() would touch its empty partitions.
+        self.model = (model if lockstep is not None else model.to(self.device)).eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.add_special_tokens = add_special_tokens
@@ -154,8 +167,14 @@ class HFEngine:
         ]
         # Rows of similar length share a batch (less padding); results do not depend on the grouping.
         order = sorted(range(len(rows)), key=lambda r: -len(rows[r].prompt_tokens))
-        for start in range(0, len(order), self.batch_size):
-            self._decode_batch([rows[r] for r in order[start:start + self.batch_size]], params)
+        n_batches = -(-len(order) // self.batch_size)
+        if self.lockstep is not None:  # every rank decodes as many batches as the busiest (empty ones: dummies)
+            n_batches = self.lockstep(n_batches)
+        # inference_mode is the fastest; a ZeRO-3 module's gathered weights must stay ordinary tensors for the
+        # training that follows, so under lockstep only gradients are switched off.
+        with torch.no_grad() if self.lockstep is not None else torch.inference_mode():
+            for start in range(0, n_batches * self.batch_size, self.batch_size):
+                self._decode_batch([rows[r] for r in order[start:start + self.batch_size]], params)
 
         out: list[list[Sample]] = [[] for _ in prompts]
         for row in rows:
@@ -164,33 +183,41 @@ class HFEngine:
 
     # ---- the decode loop ---------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def _decode_batch(self, rows: list[_Row], params: SamplingParams) -> None:
+        """Decode `rows` to the end (see the module docstring), gradients off (the caller's). Under lockstep
+        `rows` may be empty (a dummy batch) and the loop runs until no row on any rank is active."""
         dev = self.device
-        input_ids, attention_mask, position_ids = left_padded(rows, self.pad_token_id, dev)
         if not params.greedy:
             for r in rows:
                 r.generator = torch.Generator(device=dev)
                 r.generator.manual_seed(r.seed)
-
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, **self._prefill_kwargs)
-        past = out.past_key_values
-        logits = out.logits[:, -1, :].float()                       # (B, V)
-        next_pos = position_ids[:, -1:] + 1                         # (B, 1)
+        if rows:
+            input_ids, attention_mask, position_ids = left_padded(rows, self.pad_token_id, dev)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True, **self._prefill_kwargs)
+            past = out.past_key_values
+            logits = out.logits[:, -1, :].float()                   # (B, V)
+            next_pos = position_ids[:, -1:] + 1                     # (B, 1)
+        else:
+            self._dummy_forward()
         active = list(rows)                                         # rows still decoding, batch order
         stop_window = self._stop_window(params.stop)
 
         for t in range(params.max_new_tokens):
-            raw_logprobs = torch.log_softmax(logits, dim=-1)        # (B', V), temperature 1
-            tokens = self._choose(logits, params, active)           # (B',)
-            token_lp = raw_logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
             keep: list[int] = []
-            for b, (r, tok, lp) in enumerate(zip(active, tokens.tolist(), token_lp)):
-                if not self._append(r, tok, lp, params, stop_window):
-                    keep.append(b)
-            if not keep:
-                return
+            if active:
+                raw_logprobs = torch.log_softmax(logits, dim=-1)    # (B', V), temperature 1
+                tokens = self._choose(logits, params, active)       # (B',)
+                token_lp = raw_logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
+                for b, (r, tok, lp) in enumerate(zip(active, tokens.tolist(), token_lp)):
+                    if not self._append(r, tok, lp, params, stop_window):
+                        keep.append(b)
+            if (len(keep) if self.lockstep is None else self.lockstep(len(keep))) == 0:
+                return                                              # no row active here (lockstep: anywhere)
+            if not keep:                                            # lockstep: done here, not elsewhere
+                active = []
+                self._dummy_forward()
+                continue
             if len(keep) < len(active):                             # drop finished rows everywhere
                 idx = torch.tensor(keep, device=dev)
                 past.batch_select_indices(idx)
@@ -202,6 +229,13 @@ class HFEngine:
             past = out.past_key_values
             logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
+
+    def _dummy_forward(self) -> None:
+        """One forward call on a one-token input, output unused: under lockstep it joins the collectives of
+        the other ranks' forward call."""
+        one = torch.full((1, 1), self.pad_token_id, dtype=torch.long, device=self.device)
+        self.model(input_ids=one, attention_mask=torch.ones_like(one), position_ids=torch.zeros_like(one),
+                   use_cache=False)
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, active: list[_Row]) -> torch.Tensor:
         """Token per row, (B', V) -> (B',): argmax when greedy, else inverse CDF with the row's generator."""

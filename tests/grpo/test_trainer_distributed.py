@@ -61,6 +61,10 @@ RUNS = {
     # make different numbers of engine calls and train groups of different sizes.
     "z2_adaptive": dict(cfg=dict(zero_stage=2, adaptive_sampling=True, adaptive_k_success=2, adaptive_k_failure=1,
                                  adaptive_max_samples=14), verifier="_test_status"),
+    # The same under ZeRO-3, where the ranks sample the partitioned policy in lockstep: a rank whose prompts
+    # have enough samples joins the other's further rounds with empty engine calls (dummy forwards).
+    "z3_adaptive": dict(cfg=dict(zero_stage=3, adaptive_sampling=True, adaptive_k_success=2, adaptive_k_failure=1,
+                                 adaptive_max_samples=14), verifier="_test_status"),
     # Bounded staleness 1 under ZeRO-3: every step's weight sync is a gather (collective) in the trainer
     # thread while each rank's sampler thread runs ahead; resumed at step 2, whose checkpoint carries version 1.
     "z3_stale1_resumed": dict(cfg=dict(zero_stage=3, max_staleness=1, steps=3), calls=[2, None]),
@@ -213,6 +217,14 @@ def test_two_processes_train_like_one(tiny, tmp_path):
                 want = [ids[(step * cfg.prompts_per_step + i) % len(ids)] for i in range(cfg.prompts_per_step)]
                 half = cfg.prompts_per_step // 2
                 assert seen[0][step] == want[:half] and seen[1][step] == want[half:], (name, step)
+        # ZeRO-3 samples the partitioned policy itself (lockstep), never a full replica, unless the ahead
+        # sampler owns a copy (max_staleness); each rank holds about half of every weight.
+        for r in (0, 1):
+            for p in json.loads((out / f"policy_rank{r}.json").read_text()):
+                assert p["replica"] is False, (name, r)
+                if cfg.zero_stage == 3:
+                    assert p["partitioned"], (name, r, p)
+                    assert p["local_numel"] <= p["full_numel"] // 2 + 64, (name, r, p)
         report[name] = {"max_weight_diff": diff, "n_weights_off_1e-6": n_off, "kept": [r["dynamic/groups_kept"] for r in a],
                         "max_loss_diff": max(abs(ra["loss"] - rb["loss"]) for ra, rb in zip(a, b)),
                         "max_grad_norm_rel_diff": max(abs(ra["grad_norm"] / rb["grad_norm"] - 1) for ra, rb in zip(a, b))}
@@ -235,11 +247,36 @@ def _worker(spec_path: str) -> None:
     generate = HFEngine.generate
 
     def recording_generate(self, prompts_, prompt_ids, params, **kw):
-        if not kw.get("first_sample_index"):  # a rollout's first chunk (adaptive sampling adds more calls)
+        # a rollout's first chunk (adaptive sampling adds more calls); ZeRO-3 lockstep's empty calls join others'
+        if prompt_ids and not kw.get("first_sample_index"):
             prompts.append(list(prompt_ids))
         return generate(self, prompts_, prompt_ids, params, **kw)
 
     HFEngine.generate = recording_generate
+
+    # ZeRO-3: every weight partitioned, however small (DeepSpeed keeps weights under 1e5 elements whole on
+    # every rank by default, i.e. all of this tiny model's), so sampling the partitioned policy really gathers.
+    from rlvr_core.grpo import update
+
+    ds_config = update.ds_config
+
+    def fully_partitioned(cfg, batch_size, world_size=1):
+        conf = ds_config(cfg, batch_size, world_size)
+        if cfg.zero_stage == 3:
+            conf["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+        return conf
+
+    update.ds_config = fully_partitioned
+    # What each run sampled with: a full replica, or the partitioned policy itself (and how many weight
+    # elements this rank held whole at most while sampling: its partition plus the layers being gathered).
+    policies: list = []
+    build_policy = trainer_mod.build_policy
+
+    def recording_build_policy(*a, **kw):
+        policies.append(build_policy(*a, **kw))
+        return policies[-1]
+
+    trainer_mod.build_policy = recording_build_policy
 
     def train(name: str, cfg, verifier: str = "_test_parity", **kw):
         return train_grpo(spec["model_dir"], spec["rows"], spec["ids"], out / name, cfg, template_id="qa",
@@ -253,10 +290,17 @@ def _worker(spec_path: str) -> None:
 
     for name, run in spec["runs"].items():
         prompts.clear()
+        policies.clear()
         for stop in run.get("calls", [None]):
             train(name, _cfg(lr=LR, **run["cfg"]), run.get("verifier", "_test_parity"), stop_after_steps=stop,
                   evaluate=_probe if run.get("evaluate") else None)
         (out / name / f"prompts_rank{rank}.json").write_text(json.dumps(prompts))
+        (out / name / f"policy_rank{rank}.json").write_text(json.dumps(
+            [{"replica": p.replica is not None, "partitioned": p.partitioned, "lockstep": p.lockstep,
+              "local_numel": sum(x.ds_tensor.numel() if hasattr(x, "ds_tensor") else x.numel()
+                                 for x in p.module.parameters()),
+              "full_numel": sum(x.ds_numel if hasattr(x, "ds_numel") else x.numel() for x in p.module.parameters())}
+             for p in policies]))
     shutdown()
 
 

@@ -67,6 +67,37 @@ def test_batch_size_does_not_change_samples(model, tokenizer):
     assert same_samples(engine(model, tokenizer).generate(PROMPTS[1:2], IDS[1:2], p), many[1:2])
 
 
+def test_lockstep_runs_the_other_ranks_forwards_and_samples_the_same(model, tokenizer):
+    """Lockstep (ZeRO-3 sampling on the partitioned policy): `lockstep(n)` stands in for the max over ranks.
+    Pretending another rank has 2 more decode batches and rows active for 30 token steps, this rank runs
+    exactly that many forward calls (prefill + a call per token step of every batch, dummies included), and
+    its samples are those of the plain engine. An empty call joins the others with dummy batches only."""
+    p = SamplingParams(n=2, temperature=1.0, max_new_tokens=30, stop=("e",), seed=5)
+    plain = engine(model, tokenizer, batch_size=4).generate(PROMPTS, IDS, p)
+    state = {"steps": 0}
+
+    def other_rank(n):  # first call: batch count; then per token step the other rank's active rows
+        if state["steps"] == 0:
+            state["steps"] = 1
+            return n + 2
+        state["steps"] += 1
+        return max(n, 1 if (state["steps"] - 2) % 30 < 29 else 0)
+
+    calls = []
+    hook = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        locked = HFEngine(model, tokenizer, batch_size=4, lockstep=other_rank).generate(PROMPTS, IDS, p)
+        n_batches = 8 // 4 + 2
+        assert len(calls) == n_batches * 30  # prefill + 29 token-step forwards, per batch
+        assert same_samples(plain, locked)
+        calls.clear()
+        state["steps"] = 0
+        assert HFEngine(model, tokenizer, batch_size=4, lockstep=other_rank).generate([], [], p) == []
+        assert len(calls) == 2 * 30
+    finally:
+        hook.remove()
+
+
 def test_chunks_from_first_sample_index_are_one_larger_draw(model, tokenizer):
     # Adaptive sampling asks for a prompt's completions in chunks: indices 0-2, then 3-7 must be what one
     # call for 8 gives (same seeds, same tokens), whichever prompts share the later call.

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 28's GPU check in one command (docs/gpu.md): install the carried wheels when DeepSpeed, hjson or
+# pydantic are missing (a lent GPU machine has none of them and no network), then run benchmarks/gpu_check.py,
+# which runs bench_gpu_grpo.py four times under one time budget and writes gpu_check.{json,md,log} into
+# $OUT (or --out DIR). Arguments go to gpu_check.py: --tiny (CPU dry run), --budget S, --only NAME...,
+# --drop-missing-flags.
+#
+#   bash benchmarks/gpu_check.sh                 # on the lent machine, repository root, .whl/ carried
+#   bash benchmarks/gpu_check.sh --tiny --out /tmp/gpu_check_dry   # anywhere, CPU, ~2 minutes
+set -u
+cd "$(dirname "$0")/.." || exit 1
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import deepspeed, hjson, pydantic' >/dev/null 2>&1; then
+  if ! ls .whl/*.whl >/dev/null 2>&1; then
+    echo "gpu_check: deepspeed/hjson/pydantic are missing and there is no .whl/ folder to install them from (docs/gpu.md)" >&2
+    exit 1
+  fi
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# DeepSpeed's JIT ops (CPU Adam under optimizer offload) compile into a folder that exists on a bare machine.
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
+out=${OUT:-/tmp/gpu_check}
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do [[ ${args[i]} == --out ]] && out=${args[i + 1]}; done
+mkdir -p "$out"
+{ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  "$PY" -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)'
+  "$PY" benchmarks/gpu_check.py --out "$out" "$@"; } 2>&1 | tee "$out/gpu_check.log"
+exit "${PIPESTATUS[0]}"
