@@ -113,23 +113,33 @@ def s3_env(moto_endpoint, monkeypatch):
 #   * a file that uses one of these session fixtures joins the fixture's group, so every test that reads
 #     the fixture runs on the worker that built it (built once per run, not once per worker).
 ONE_WORKER_FIXTURES = ("team_stack", "sample_warehouse", "tiny_checkpoints")
-# The groups that take minutes, longest first (the `--durations` table of a whole run says which): xdist
-# hands groups out in this order, so the long ones start at once and the short ones fill in around them.
-# A new slow file belongs here, or it may start last and leave one worker idle at the end.
+# Files without module or session fixtures whose slow tests are independent: each test is a group of its own,
+# so they run on both workers.
+SPLIT_BY_TEST = ("tests/test_benchmarks.py",)
+# The groups (or single tests of a split file) that take minutes, longest first, from the `--durations` table
+# of a whole run: xdist hands groups out in this order, so the long ones start at once and the short ones
+# fill in around them. A new slow file belongs here, or it may start last and leave one worker idle at the end.
 SLOWEST_FIRST = (
-    "tests/e2e/test_demo_vllm.py",
-    "tests/flows/test_stack_e2e.py",
-    "team_stack",
+    "tests/e2e/test_demo_vllm.py",                  # two demos, 50 GRPO steps each (~8 min)
+    "tests/flows/test_stack_e2e.py",                # Prefect stack, a 4-trial sweep, nightly runs, a lost worker
     "tests/e2e/test_demo.py",
+    "tests/verifiers/test_humaneval_reference.py",
+    "tiny_checkpoints",
+    "tests/test_benchmarks.py::test_bench_grpo_vs_trl_smoke",
+    "tests/test_benchmarks.py::test_bench_engines_smoke",
+    "tests/grpo/test_micro_batches.py",
     "tests/grpo/test_determinism_under_load.py",
     "tests/artifact_store/test_secrets_all_flows.py",
-    "tests/grpo/test_trainer_vllm.py",
-    "tests/eval/test_demo_bar.py",
-    "tiny_checkpoints",
-    "tests/grpo/test_trainer_distributed.py",
-    "tests/artifact_store/test_prefect_runs_layout.py",
     "tests/integration/test_stack_lifecycle.py",
-    "sample_warehouse",
+    "tests/grpo/test_trainer_vllm.py",
+    "tests/artifact_store/test_prefect_runs_layout.py",
+    "tests/eval/test_demo_bar.py",
+    "tests/verifiers/test_verifier_peers.py",
+    "team_stack",
+    "tests/grpo/test_trainer_distributed.py",
+    "tests/test_benchmarks.py::test_bench_verifier_load_smoke",
+    "tests/test_export.py",
+    "tests/flows/test_probe_flow.py",
 )
 
 
@@ -139,12 +149,18 @@ def _file_of(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which appends the group to each test's id
 def pytest_collection_modifyitems(config, items):
-    group: dict[str, str] = {}
+    shared: dict[str, str] = {}
     for item in items:
-        shared = next((f for f in ONE_WORKER_FIXTURES if f in item.fixturenames), None)
-        if shared is not None:
-            group[_file_of(item)] = shared
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group.setdefault(_file_of(item), _file_of(item))))
+        fixture = next((f for f in ONE_WORKER_FIXTURES if f in item.fixturenames), None)
+        if fixture is not None:
+            shared[_file_of(item)] = fixture
+
+    def group(item) -> str:
+        f = _file_of(item)
+        return shared.get(f) or (item.nodeid if f in SPLIT_BY_TEST else f)
+
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda it: rank.get(group[_file_of(it)], len(rank)))  # stable: a file's tests stay in order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    # Stable: a group's tests keep their order, and every file's tests stay together.
+    items.sort(key=lambda it: rank.get(group(it), rank.get(_file_of(it), len(rank))))
