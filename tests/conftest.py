@@ -107,18 +107,27 @@ def s3_env(moto_endpoint, monkeypatch):
 
 
 # ------------------------------------------------------------------ spreading the suite over xdist workers
-# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). A worker takes a whole
-# group at a time, so a group's module- and session-scoped fixtures are built once:
+# `make test` runs the suite on two pytest-xdist workers (`-n 2`, docs/testing.md). The scheduler below hands a
+# worker a whole group at a time, so a group's module- and session-scoped fixtures are built once:
 #   * by default a group is one test file;
-#   * a file that uses one of these session fixtures joins the fixture's group, so every test that reads
-#     the fixture runs on the worker that built it (built once per run, not once per worker).
-ONE_WORKER_FIXTURES = ("team_stack", "sample_warehouse", "tiny_checkpoints")
-# Files without module or session fixtures whose slow tests are independent: each test is a group of its own,
-# so they run on both workers.
+#   * the files that use one of the expensive session fixtures form the fixture's group (SHARED_GROUPS), so
+#     every test that reads the fixture runs on the worker that built it (once per run, not once per worker);
+#   * a file in SPLIT_BY_TEST (no module or session fixtures, independent slow tests) is one group per test.
+# (xdist's own `--dist loadgroup` cannot do this with pytest 9: it renames each test's node id to add the
+# group, and pytest 9 derives node ids from a structured id that rename does not reach, so every test became
+# its own group and module fixtures were built once per worker.)
+SHARED_GROUPS = {
+    "team_stack": ("tests/integration/test_mlflow_server_s3.py", "tests/integration/test_secrets.py"),
+    "tiny_checkpoints": ("tests/eval/test_cli.py", "tests/eval/test_cli_inputs.py", "tests/eval/test_evaluator.py",
+                         "tests/eval/test_vllm_engine_stages.py"),
+    "sample_warehouse": ("tests/dashboards/test_dashboard_browser.py", "tests/dashboards/test_dashboard_queries.py",
+                         "tests/dashboards/test_dashboard_signal.py", "tests/dashboards/test_report.py",
+                         "tests/dashboards/test_runs_report.py"),
+}
 SPLIT_BY_TEST = ("tests/test_benchmarks.py",)
 # The groups (or single tests of a split file) that take minutes, longest first, from the `--durations` table
-# of a whole run: xdist hands groups out in this order, so the long ones start at once and the short ones
-# fill in around them. A new slow file belongs here, or it may start last and leave one worker idle at the end.
+# of a whole run: groups are handed out in this order, so the long ones start at once and the short ones fill
+# in around them. A new slow file belongs here, or it may start last and leave one worker idle at the end.
 SLOWEST_FIRST = (
     "tests/e2e/test_demo_vllm.py",                  # two demos, 50 GRPO steps each (~8 min)
     "tests/flows/test_stack_e2e.py",                # Prefect stack, a 4-trial sweep, nightly runs, a lost worker
@@ -143,24 +152,42 @@ SLOWEST_FIRST = (
 )
 
 
-def _file_of(item) -> str:
-    return item.nodeid.split("::", 1)[0]
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in (see above), from its node id alone: the controller has no items."""
+    path = nodeid.split("::", 1)[0]
+    for name, files in SHARED_GROUPS.items():
+        if path in files:
+            return name
+    return nodeid if path in SPLIT_BY_TEST else path
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which appends the group to each test's id
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduler (a worker takes a whole scope; scopes go out in collection order with
+    `--no-loadscope-reorder`) with our groups as the scopes."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    shared: dict[str, str] = {}
+    """Slowest groups first (stable: a group's tests, and every file's, stay in order). Refuses a file that uses
+    one of SHARED_GROUPS' session fixtures without being listed there: it would build the fixture again on the
+    other worker."""
     for item in items:
-        fixture = next((f for f in ONE_WORKER_FIXTURES if f in item.fixturenames), None)
-        if fixture is not None:
-            shared[_file_of(item)] = fixture
-
-    def group(item) -> str:
-        f = _file_of(item)
-        return shared.get(f) or (item.nodeid if f in SPLIT_BY_TEST else f)
-
+        path = item.nodeid.split("::", 1)[0]
+        for name in SHARED_GROUPS:
+            if name in item.fixturenames and path not in SHARED_GROUPS[name]:
+                raise pytest.UsageError(f"{path} uses the session fixture {name!r}: add it to SHARED_GROUPS[{name!r}] "
+                                        "in tests/conftest.py")
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
-    # Stable: a group's tests keep their order, and every file's tests stay together.
-    items.sort(key=lambda it: rank.get(group(it), rank.get(_file_of(it), len(rank))))
+
+    def order(item) -> int:
+        group = xdist_group(item.nodeid)
+        return rank.get(group, rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+    items.sort(key=order)
