@@ -35,8 +35,7 @@ in bf16, hands it to `rlvr_core.grpo.update.build_policy` (DeepSpeed, the ZeRO s
 above (and, with --gradient-checkpointing, also counting the recompute: 8N instead of 6N per token, labelled
 mfu_with_recompute), and the step's peak GPU memory (allocated and reserved; counters reset per step).
 The trainer's micro-batching and memory settings pass through when given (--micro-batch-size,
---max-tokens-per-micro-batch, --logprob-chunk-size, --gradient-checkpointing -> GRPOConfig fields; the script
-stops with a message naming the flag when this checkout's GRPOConfig lacks the field), and
+--max-tokens-per-micro-batch, --logprob-chunk-size, --gradient-checkpointing -> GRPOConfig fields), and
 --offload-optimizer [on|auto] moves ZeRO's optimizer state and step to the CPU (a patch of the trainer's
 DeepSpeed config, in this script only). benchmarks/gpu_check.py runs the whole GPU check (docs/gpu.md).
 
@@ -274,22 +273,14 @@ def build_model_dir(shape: str, rows: list[dict], out: Path, device: str) -> dic
 
 
 # ------------------------------------------------------------------------------- trainer settings passed on
-# Flag -> GRPOConfig field. Passed only when given, so the script runs on a trainer whose GRPOConfig lacks a
-# field as long as that flag is not used (they came with issue 28's micro-batching).
+# GRPOConfig field -> its flag here; a field is set only when its flag is given (else the config's default).
 PASS_THROUGH = {"micro_batch_size": "--micro-batch-size", "max_tokens_per_micro_batch": "--max-tokens-per-micro-batch",
                 "logprob_chunk_size": "--logprob-chunk-size", "gradient_checkpointing": "--gradient-checkpointing"}
 
 
-def config_extras(a: argparse.Namespace, fields: dict) -> dict[str, Any]:
-    """The GRPOConfig fields the command line sets; SystemExit(2) naming the flag when the installed
-    GRPOConfig has no such field."""
-    extra = {f: getattr(a, f) for f in PASS_THROUGH if getattr(a, f) not in (None, False)}
-    missing = [f for f in extra if f not in fields]
-    if missing:
-        raise SystemExit(f"{', '.join(PASS_THROUGH[f] for f in missing)}: this checkout's GRPOConfig has no field "
-                         f"{', '.join(missing)} (rlvr_core/experiment/config.py); drop the flag or use a trainer "
-                         "that has it")
-    return extra
+def config_extras(a: argparse.Namespace) -> dict[str, Any]:
+    """The GRPOConfig fields the command line sets."""
+    return {f: getattr(a, f) for f in PASS_THROUGH if getattr(a, f) not in (None, False)}
 
 
 # bytes per parameter of the trained state: bf16 weights (2) + bf16 gradients (2) + fp32 master weights (4)
@@ -670,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr_core.experiment.config import GRPOConfig
     from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
-    extras = config_extras(a, GRPOConfig.model_fields)
+    extras = config_extras(a)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

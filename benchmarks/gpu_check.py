@@ -19,9 +19,7 @@ full GRPO run comes last because it is the longest and reports partial results. 
 $OUT, else /tmp/gpu_check.
 
 `--tiny` swaps every shape for the tiny one at CPU sizes (P=4 G=2, 16 tokens, --allow-cpu): a dry run of the
-whole driver in about two minutes on a CPU. `--drop-missing-flags` drops the trainer flags (micro-batching,
-gradient checkpointing) that this checkout's GRPOConfig lacks, and says so in the table, instead of letting
-those runs fail.
+whole driver in about two minutes on a CPU.
 """
 
 from __future__ import annotations
@@ -56,9 +54,6 @@ RUNS: list[tuple[str, str, int, list[str]]] = [
      ["--shape", "qwen2.5-0.5b", "-P", "64", "-G", "8", "--max-new-tokens", "512", "--steps", "2",
       "--micro-batch-size", "16"]),
 ]
-TRAINER_FLAGS = {"--micro-batch-size": ("micro_batch_size", 1), "--max-tokens-per-micro-batch":
-                 ("max_tokens_per_micro_batch", 1), "--logprob-chunk-size": ("logprob_chunk_size", 1),
-                 "--gradient-checkpointing": ("gradient_checkpointing", 0)}  # flag: (field, values it takes)
 TINY = {"--shape": "tiny", "-P": "4", "-G": "2", "--max-new-tokens": "16", "--micro-batch-size": "2"}
 
 
@@ -69,24 +64,6 @@ def tiny_args(args: list[str]) -> list[str]:
         if x in TINY:
             out[i + 1] = TINY[x]
     return out + ["--allow-cpu", "--peak-tflops", "1", "--threads", "1"]
-
-
-def drop_missing(args: list[str]) -> tuple[list[str], list[str]]:
-    """`args` without the trainer flags whose GRPOConfig field this checkout lacks; and those flags."""
-    sys.path.insert(0, str(ROOT))
-    from rlvr_core.experiment.config import GRPOConfig
-
-    out, dropped, i = [], [], 0
-    while i < len(args):
-        flag = args[i]
-        field, n = TRAINER_FLAGS.get(flag, (None, 0))
-        if field is not None and field not in GRPOConfig.model_fields:
-            dropped.append(flag)
-            i += 1 + n
-            continue
-        out.append(flag)
-        i += 1
-    return out, dropped
 
 
 def run_one(name: str, args: list[str], limit: float, work: Path) -> dict[str, Any]:
@@ -141,8 +118,7 @@ def table_row(r: dict[str, Any], what: str) -> str:
     step_s = sm.get("mean_t_train_s") if train_only else sm.get("mean_step_s")
     tok_s = sm.get("train_tokens_per_s") if train_only else sm.get("tokens_per_s")
     pct = (lambda x: "–" if x is None else f"{100 * x:.1f}%")
-    status = r["status"] + (" (partial)" if res.get("partial") else "") + (
-        f"; dropped {' '.join(r['dropped'])}" if r.get("dropped") else "")
+    status = r["status"] + (" (partial)" if res.get("partial") else "")
     return (f"| {r['name']} | {what} | {status} | {_f(step_s, '.2f')} | {_f(tok_s, ',.0f')} | {pct(sm.get('mfu'))} | "
             f"{pct(sm.get('mfu_with_recompute'))} | {_f(mem_a, '.1f')} | {_f(sm.get('max_memory_reserved_gib'), '.1f')} | "
             f"{_f(sm.get('rollout_tokens_per_s'), ',.0f')} | {st.get('offload_optimizer', '–')} | {r['wall_s']} |")
@@ -167,8 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=330.0, help="seconds for all runs together")
     ap.add_argument("--tiny", action="store_true", help="tiny shape at CPU sizes: a dry run of the driver")
     ap.add_argument("--only", nargs="*", default=None, help="run only these (names as in the table)")
-    ap.add_argument("--drop-missing-flags", action="store_true",
-                    help="drop trainer flags this checkout's GRPOConfig lacks (recorded) instead of failing those runs")
     a = ap.parse_args(argv)
     out = a.out or Path(os.environ.get("OUT") or "/tmp/gpu_check")
     out.mkdir(parents=True, exist_ok=True)
@@ -180,15 +154,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         whats[name] = what
         args = tiny_args(args) if a.tiny else list(args)
-        dropped: list[str] = []
-        if a.drop_missing_flags:
-            args, dropped = drop_missing(args)
         left = t_end - time.perf_counter()
         if left < 20:
             runs.append({"name": name, "status": "skipped (budget spent)", "wall_s": 0, "args": args, "result": None,
-                         "output_tail": "", "dropped": dropped})
+                         "output_tail": ""})
             continue
-        runs.append({**run_one(name, args, min(limit, left), work), "dropped": dropped})
+        runs.append(run_one(name, args, min(limit, left), work))
         write(out, runs, whats, tiny=a.tiny)
     print("\n" + write(out, runs, whats, tiny=a.tiny), flush=True)
     return 0 if all(r["status"] == "ok" for r in runs) else 1

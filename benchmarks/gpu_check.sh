@@ -2,8 +2,7 @@
 # Issue 28's GPU check in one command (docs/gpu.md): install the carried wheels when DeepSpeed, hjson or
 # pydantic are missing (a lent GPU machine has none of them and no network), then run benchmarks/gpu_check.py,
 # which runs bench_gpu_grpo.py four times under one time budget and writes gpu_check.{json,md,log} into
-# $OUT (or --out DIR). Arguments go to gpu_check.py: --tiny (CPU dry run), --budget S, --only NAME...,
-# --drop-missing-flags.
+# $OUT (or --out DIR). Arguments go to gpu_check.py: --tiny (CPU dry run), --budget S, --only NAME....
 #
 #   bash benchmarks/gpu_check.sh                 # on the lent machine, repository root, .whl/ carried
 #   bash benchmarks/gpu_check.sh --tiny --out /tmp/gpu_check_dry   # anywhere, CPU, ~2 minutes

@@ -161,6 +161,7 @@ def xdist_group(nodeid: str) -> str:
     return nodeid if path in SPLIT_BY_TEST else path
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without xdist (-p no:xdist) runs too
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduler (a worker takes a whole scope; scopes go out in collection order with
     `--no-loadscope-reorder`) with our groups as the scopes."""
