@@ -41,6 +41,7 @@ from rlvr_core.records.tracking import StepMetricsSink
 from rlvr_core.sampling.models import model_hashes
 from rlvr_core.sampling.verified import sample_and_verify
 from rlvr_core.sampling.vllm import llm_options
+from rlvr_core.tiny.spec import WarmStartSpec
 from rlvr_core.verifiers.registry import default_mode
 
 # Bump when a stage's code changes what it produces, so stale cache entries are not reused.
@@ -117,9 +118,7 @@ class ModelArtifact:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def warm_start_spec(cfg: ExperimentConfig):
-    from rlvr_core.tiny.warmstart import WarmStartSpec
-
+def warm_start_spec(cfg: ExperimentConfig) -> WarmStartSpec:
     m = cfg.model
     return WarmStartSpec(steps=m.warm_start.steps, batch_size=m.warm_start.batch_size, lr=m.warm_start.lr,
                          seed=m.warm_start.seed, vocab_size=m.tiny.vocab_size, hidden_size=m.tiny.hidden_size,
@@ -137,8 +136,6 @@ def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Prog
         mh, th = model_hashes(path)
         return ModelArtifact(str(path), path.name, mh, th, cached=True)
 
-    from rlvr_core.tiny.warmstart import warm_start
-
     spec = warm_start_spec(cfg)
     template = get_template(cfg.prompt.template)
     key = {"stage": WARMSTART_STAGE_VERSION, "data": data.train_hash, "spec": asdict(spec), "template": template.key,
@@ -146,6 +143,8 @@ def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Prog
     report = progress.counter("warm-start", "step")
 
     def build(tmp: Path) -> None:
+        from rlvr_core.tiny.warmstart import warm_start  # torch and transformers: only when it trains
+
         warm_start(data.train_rows(), tmp, spec, template_id=template.id,
                    progress=lambda step, total, loss: report(step, total, loss))
 

@@ -32,6 +32,7 @@ import torch
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import get_template
 from rlvr_core.tiny.model import build_tiny_model, count_params
+from rlvr_core.tiny.spec import WarmStartSpec
 from rlvr_core.tiny.tokenizer import train_tokenizer
 
 __all__ = [
@@ -46,31 +47,6 @@ __all__ = [
 ]
 
 WARMSTART_FILE = "warmstart.json"
-
-
-@dataclass(frozen=True)
-class WarmStartSpec:
-    steps: int = 160  # tuned: 20-38% greedy on the d=1 test split over seeds 0-2; see docs/tiny_model.md
-    batch_size: int = 32
-    lr: float = 3e-3
-    seed: int = 0
-    warmup_steps: int = 20  # linear warmup, then cosine decay to min_lr_ratio * lr
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    vocab_size: int = 512
-    hidden_size: int = 128
-    num_layers: int = 4
-    heads: int = 4
-    intermediate_size: int | None = None  # None: 4 * hidden_size
-    progress_every: int = 10  # call progress(step, total, loss) every N steps (and at the last step)
-    num_threads: int | None = None  # torch intra-op threads during training (restored afterwards); None: leave
-    # A weak teacher: the share of subtraction steps whose demonstration reads the step as an addition
-    # ("gives 2 to Ann" → "7 + 2 = 9"), drawn per step; later lines follow the misread running total.
-    teacher_sub_as_add: float = 0.0
-    # A hasty teacher: the share of demonstrations that stop one step early, with "#### <that total>"
-    # (the question's last change is never applied).
-    teacher_stops_early: float = 0.0
 
 
 _STEP_RE = re.compile(r"^(\d+) ([-+*]) (\d+) = (\d+)$")
