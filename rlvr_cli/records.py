@@ -104,9 +104,10 @@ def dashboard_command(port: int = typer.Option(8501, help="port to serve on"),
 
 def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
     """Run `cmd` as a child and wait for it; SIGTERM, SIGINT and SIGHUP sent to this process are passed on
-    to it, so the child never outlives the command (a plain subprocess.call leaves it running on SIGTERM)."""
+    to it, so the child never outlives the command (a plain subprocess.call leaves it running on SIGTERM).
+    A signal this process was started ignoring (SIGHUP under nohup) stays ignored, by both."""
     proc = subprocess.Popen(cmd, env=env)
-    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    sigs = tuple(s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN)
 
     def forward(signum, _frame) -> None:
         if proc.poll() is None:
