@@ -14,7 +14,8 @@ Layers, each planted-tested in tests/verifiers/test_verifier_code.py:
   remove/rename/mkdir/rmdir/chmod/link/truncate/utime, on any path outside the scratch directory, and
   symlink and chdir everywhere; it refuses starting processes (`subprocess`, `os.system`, `exec*`, `fork`,
   `posix_spawn`, importing `_posixsubprocess`, whose `fork_exec` raises no audit event) and loading
-  `ctypes`, which would get around the hook. It also refuses *reading* anything under the protected roots
+  `ctypes` or `readline` (whose `read_history_file` reads any file without an audit event), which would get
+  around the hook; `import subprocess` therefore fails too. It also refuses *reading* anything under the protected roots
   (the project's directory by default) and other processes' `/proc` entries. stdout is discarded and
   stderr goes to a file (only its tail is read), so a program printing gigabytes costs the caller nothing.
 
@@ -113,9 +114,10 @@ def _make_hook(scratch, protected, private, nonce_path, boot_frame):
     # sub-interpreter has no audit hook.
     refused = {"sys.settrace", "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
                "os.chdir", "os.symlink", "cpython.PyInterpreterState_New"}
-    # Modules that start processes or interpreters without an audit event (_posixsubprocess.fork_exec),
-    # or reach raw memory.
-    blocked_modules = ("ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels")
+    # Modules that start processes or interpreters without an audit event (_posixsubprocess.fork_exec), read
+    # a file by path without one (readline.read_history_file), or reach raw memory.
+    blocked_modules = ("ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels",
+                       "readline", "_testcapi", "_testinternalcapi")
     write_events = {"os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.link",
                     "os.truncate", "os.utime", "shutil.rmtree"}
 
