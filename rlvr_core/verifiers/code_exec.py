@@ -76,6 +76,7 @@ import os
 import re
 import resource
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -386,9 +387,7 @@ class CodeVerifier:
                                         preexec_fn=self._limits)
                 os.close(write_end)
                 write_end = -1
-                try:
-                    proc.wait(timeout=self.time_limit_s)
-                except subprocess.TimeoutExpired:
+                if not _wait(proc, self.time_limit_s):
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
                     return ProgramRun(None, False, "")
@@ -434,6 +433,28 @@ class ProgramRun:
     def passed(self) -> bool:
         """The verdict: the program's last statement ran (the nonce arrived) and the process exited 0."""
         return self.returncode == 0 and self.pass_signal
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait for `proc` to exit (True) or `timeout` seconds (False). A pidfd wakes the caller at the exit itself;
+    `Popen.wait(timeout)` polls with sleeps growing to 50 ms, which added ~10 ms to a 35 ms run."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd here (old kernel, seccomp): subprocess's polling wait
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        poller = select.poll()  # not select.select: a pool worker's fd numbers may pass FD_SETSIZE
+        poller.register(pidfd, select.POLLIN)
+        if not poller.poll(timeout * 1000):
+            return False
+    finally:
+        os.close(pidfd)
+    proc.wait()
+    return True
 
 
 def _tail(f, size: int = 64 * 1024) -> str:
