@@ -50,7 +50,8 @@ symlink and chdir refused, relative paths with `..` refused and directories outs
 nonce) is behind `/proc/<ppid>`, refused. The boot also deletes `program.py` before running it (the
 program cannot read its tests back from disk) and fails a program that replaced or added a builtin
 (`builtins.abs = ...` makes `assert abs(f(x) - y) < 1e-6` pass), compared by identity only, so that check
-runs none of the program's code. Not caught, here or by the reference harness: whatever stays inside the
+runs none of the program's code (best effort: a thread of the program could restore the builtin between
+the tests' end and the check). Not caught, here or by the reference harness: whatever stays inside the
 tests' own semantics, e.g. a return value whose `__eq__` is always true, a module-level name shadowing a
 builtin the tests call, a patched `math.isclose`. docs/verifiers.md, "Reward hacks (code)", lists each
 hack with both verdicts.
