@@ -44,7 +44,8 @@ What keeps the gate shut: the hook's state and helpers live in closure cells set
 (C functions, strings, tuples; the program can rebind `os.*`, builtins and `__main__`'s globals, not
 these), and nothing but the interpreter's hook list refers to the hook (the `gc` walkers that could find it
 are refused); it resolves paths itself (a `realpath` from captured `os.lstat`/`os.readlink`) and accepts
-only str/bytes paths (an `os.PathLike` could name one file to the check and another to the open); with
+only str/bytes paths (CPython audits the path it converted, so pathlib works; an object whose `__fspath__`
+answered twice could name one file to the check and another to the open); with
 symlink and chdir refused, relative paths with `..` refused and directories outside scratch unopenable, no
 `dir_fd` can make a relative path land outside what was checked; the parent's memory (which holds the
 nonce) is behind `/proc/<ppid>`, refused. The boot also deletes `program.py` before running it (the
@@ -156,8 +157,8 @@ def _make_hook(scratch, protected, private, nonce_path, boot_frame):
         return out or "/"
 
     def real(path):
-        """The resolved path of a path argument. Only str and bytes: an os.PathLike could name one file
-        to the check and another to the open."""
+        """The resolved path of a path argument. Only str and bytes (what CPython passes after converting an
+        os.PathLike): an object converted again here could name one file to the check and another to the open."""
         kind = kind_of(path)
         if kind is bytes_:
             path = path.decode("utf-8", "surrogateescape")
