@@ -29,14 +29,16 @@ before or after the tests fail. So "passed" needs a signal the program cannot pr
 
 - the parent writes a fresh 128-bit nonce into a file in its private directory (the scratch directory is a
   subdirectory of it), and passes the child the write end of a pipe;
-- the child's boot code runs the program with `exec` and, on the line after it, opens the nonce file, writes
-  its content on the pipe and exits at once (`os._exit(0)`: no program `atexit` handler or finalizer runs
-  after that). That line is reached only when `exec` returned: every statement of the program, tests last,
-  ran without raising. An exit, an exception or a signal ends the process before it;
-- the audit hook refuses to open the nonce file to every caller but that frame of the boot code (the frame
-  object, compared by identity: no other code runs in it, and `sys.settrace`/`sys.setprofile`, which could
-  move it to another line, are refused). So the nonce is never in the program's reach: not in its memory
-  (it is read after the program ends), not on disk to any of its calls;
+- the child's boot code runs the program with `exec`; after it, on its *pass line*, it opens the nonce file,
+  writes its content on the pipe and exits at once (`os._exit(0)`: no program `atexit` handler or finalizer
+  runs after that). That line is reached only when `exec` returned: every statement of the program, tests
+  last, ran without raising. An exit, an exception or a signal ends the process before it;
+- the audit hook refuses to open the nonce file to every caller but that line of that frame of the boot code
+  (the frame object compared by identity, then its current line: `sys.settrace`/`sys.setprofile`, which
+  could move it to another line, are refused; the line, because a finalizer or signal handler that is a C
+  callable, e.g. a `functools.partial` of `os.open`, has no frame of its own and runs on whichever frame is
+  current, the boot's included while an exception unwinds through it). So the nonce is never in the
+  program's reach: not in its memory (it is read after the program ends), not on disk to any of its calls;
 - the parent scores `correct` iff the pipe holds exactly the nonce **and** the exit status is 0. A program
   can write on the pipe (its fd number is in `sys.argv`), but only bytes other than the nonce.
 
@@ -101,7 +103,7 @@ _BOOT = r'''
 import builtins, os, sys
 
 
-def _make_hook(scratch, protected, private, nonce_path, boot_frame):
+def _make_hook(scratch, protected, private, nonce_path, boot_frame, pass_line):
     """The audit hook. Everything it calls is bound here, before the program runs: C functions, strings and
     tuples in closure cells, which no code of the program can reach (the hook is stored nowhere but in the
     interpreter's hook list) or replace (it can rebind module attributes and builtins, not these)."""
@@ -199,8 +201,13 @@ def _make_hook(scratch, protected, private, nonce_path, boot_frame):
             if kind_of(path) is int_:
                 return  # a file descriptor: opened under this hook (or inherited)
             resolved = real(path)
-            if resolved == nonce_path and getframe(1) is boot_frame:
-                return  # the harness, after the program returned: see _boot
+            caller = getframe(1)
+            if resolved == nonce_path and caller is boot_frame and caller.f_lineno == pass_line:
+                # The boot's pass line, reached only after the program returned (see _boot). The line matters
+                # as much as the frame: a finalizer or signal handler that is a C callable (a partial of
+                # os.open) has no frame of its own and runs on whatever frame is current, the boot's included
+                # while an exception unwinds through it.
+                return
             writing = (kind_of(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
                 kind_of(flags) is int_ and flags & o_write != 0)
             check_open(resolved, writing)
@@ -219,7 +226,7 @@ def _boot():
     scratch = os.path.realpath(sys.argv[1])
     protected = tuple(os.path.realpath(p) for p in sys.argv[2].split(os.pathsep) if p)
     nonce_path = os.path.realpath(sys.argv[3])
-    result_fd = int(sys.argv[4])
+    result_fd, pass_line = int(sys.argv[4]), int(sys.argv[5])
     program = os.path.join(scratch, "program.py")
     with open(program) as f:
         code = compile(f.read(), "program.py", "exec")
@@ -230,7 +237,7 @@ def _boot():
     builtin_names = builtins.__dict__
     before = list(builtin_names.items())
     me = sys._getframe()
-    sys.addaudithook(_make_hook(scratch, protected, os.path.dirname(nonce_path), nonce_path, me))
+    sys.addaudithook(_make_hook(scratch, protected, os.path.dirname(nonce_path), nonce_path, me, pass_line))
     exec(code, {"__name__": "__main__", "__builtins__": builtins})
     # Reached only when every statement of the program (solution, then tests) ran without raising: an exit,
     # an exception or a signal ends the process before this line.
@@ -241,13 +248,16 @@ def _boot():
     if not intact:
         write(2, b"sandbox: the program replaced or added builtins, which the tests share\n")
         exit_(1)
-    fd = open_(nonce_path, rdonly)  # the hook lets only this frame open it
+    fd = open_(nonce_path, rdonly)  # the pass line: the hook lets only this line of this frame open it
     write(result_fd, read(fd, 64))
     exit_(0)  # at once: no atexit handler or finalizer of the program runs after the pass signal
 
 
 _boot()
 '''
+
+# The line of _BOOT that opens the nonce (line numbers of `python -c` code count from _BOOT's first line).
+_PASS_LINE = next(n for n, line in enumerate(_BOOT.splitlines(), 1) if line.strip().startswith("fd = open_(nonce_path"))
 
 
 @lru_cache(maxsize=1)
@@ -380,7 +390,7 @@ class CodeVerifier:
         read_end, write_end = os.pipe()
         try:
             cmd = [*prefix, sys.executable, "-I", "-S", "-c", _BOOT, scratch, os.pathsep.join(self.protected_roots),
-                   nonce_path, str(write_end)]
+                   nonce_path, str(write_end), str(_PASS_LINE)]
             # stdout is not kept (nothing reads it; a program printing gigabytes costs nothing); stderr goes to
             # a file under RLIMIT_FSIZE, of which only the tail is read.
             with open(os.path.join(private, "stderr"), "w+b") as err_file:

@@ -310,3 +310,40 @@ def test_every_route_to_the_nonce_is_refused():
     opened = {k: v for k, v in routes.items() if not v.startswith(("PermissionError", "FileNotFoundError"))}
     assert opened == {}, opened
     assert len(routes) == 24
+
+
+# A finalizer that is a C callable (a partial of os.open) has no frame of its own: the hook sees the frame that is
+# current when it runs. The program tunes the garbage collector so that its cycles are collected on an allocation
+# made while the exception unwinds through the boot's frame, then exits 0 from atexit. Against a check of the frame
+# alone this forged a pass (with THRESHOLD 5: exit status 0 and the nonce on the pipe); the pass line stops it.
+_GC_FINALIZER = '''import atexit, functools, gc, os, sys
+boot = sys._getframe(1)
+nonce, out = boot.f_locals["nonce_path"], boot.f_locals["result_fd"]
+probe = os.open("/dev/null", os.O_RDONLY)
+os.close(probe)  # the nonce would get this fd number
+class Opener:
+    pass
+class Sender:
+    pass
+Opener.__del__ = functools.partial(os.open, nonce, os.O_RDONLY)
+Sender.__del__ = functools.partial(os.sendfile, out, probe, 0, 64)
+atexit.register(os._exit, 0)
+gc.collect()
+gc.disable()
+a = Opener(); a.me = a
+b = Sender(); b.me = b
+del a, b
+gc.set_threshold(gc.get_count()[0] + THRESHOLD)
+gc.enable()
+raise AssertionError("tests failed")
+'''
+
+
+def test_a_finalizer_on_the_boot_frame_cannot_open_the_nonce():
+    runs = [MBPP.run(_GC_FINALIZER.replace("THRESHOLD", str(k))) for k in range(1, 9)]
+    assert [r.passed for r in runs] == [False] * 8
+    assert all(r.returncode == 0 and not r.pass_signal for r in runs)  # exit 0 from atexit: only the signal fails it
+    # The attack reached the gate (a collection ran the opener) and the gate refused it.
+    refused = [r for r in runs if "functools.partial(<built-in function open>" in r.stderr_tail
+               and "reading the harness's private files" in r.stderr_tail]
+    assert refused
