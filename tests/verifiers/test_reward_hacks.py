@@ -11,6 +11,8 @@ process's child (a fork bomb, 128 MiB of output, writes to raw file descriptors,
 
 `test_the_old_exit_status_rule_passed_them` shows the defence matters: the same programs, run by a plain
 interpreter with `program.py` on disk and judged by exit status 0 alone (the rule before the pass signal), pass.
+`test_every_route_to_the_nonce_is_refused` tries each way we know to read the nonce, one by one, and
+`test_a_finalizer_on_the_boot_frame_cannot_open_the_nonce` the one that forged a pass against a frame-only gate.
 """
 
 from __future__ import annotations
