@@ -97,7 +97,7 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 
 # Runs inside the child: builds the audit hook, runs the program, and only when the program's last statement
-# has run without raising, reads the per-run nonce (which the hook lets no other frame open) and writes it on
+# has run without raising, reads the per-run nonce (which the hook lets no other line open) and writes it on
 # the result pipe. Kept as source text because the child must not import anything from the project.
 _BOOT = r'''
 import builtins, os, sys
