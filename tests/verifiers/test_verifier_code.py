@@ -105,3 +105,16 @@ def test_the_hooks_state_cannot_be_rebound(tmp_path):
     out = V.verify(fenced(src), TESTS)
     assert out.status is Status.INCORRECT and "writing outside the scratch dir" in out.detail
     assert not target.exists()
+
+
+def test_cannot_start_a_process_through_posixsubprocess(tmp_path):
+    """_posixsubprocess.fork_exec (what subprocess calls) raises no audit event: importing it is refused. Before,
+    this program started an unhooked /bin/touch that wrote outside scratch."""
+    marker = tmp_path / "spawned"
+    src = ("import os, _posixsubprocess\nr, w = os.pipe()\n"
+           f"pid = _posixsubprocess.fork_exec([b'/bin/touch', {str(marker).encode()!r}], [b'/bin/touch'], True, (w,),"
+           " None, None, -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None, False)\n"
+           "os.waitpid(pid, 0)\n" + GOOD)
+    out = V.verify(fenced(src), TESTS)
+    assert out.status is Status.INCORRECT and "_posixsubprocess is not allowed" in out.detail
+    assert not marker.exists()
