@@ -91,3 +91,30 @@ def test_scratch_dirs_are_cleaned_up():
     V.verify(fenced(GOOD), TESTS)
     after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("rlvr-code-")}
     assert after <= before
+
+
+def test_the_hooks_state_cannot_be_rebound(tmp_path):
+    """The boot runs as `__main__`, whose globals the program can reach (sys.modules["__main__"]). The hook's
+    state and helpers live in closure cells: rebinding names there or patching os.path changes nothing (the
+    hook once read SCRATCH and _inside from those globals, and this program wrote outside scratch)."""
+    target = tmp_path / "escaped.txt"
+    src = ("import os, sys\nm = sys.modules['__main__']\n"
+           f"for name in list(vars(m)):\n    setattr(m, name, None)\nm.SCRATCH = {str(tmp_path)!r}\n"
+           "m._inside = lambda *a: True\nos.path.realpath = lambda p, **k: os.getcwd() + '/x'\n"
+           f"open({str(target)!r}, 'w').write('x')\n" + GOOD)
+    out = V.verify(fenced(src), TESTS)
+    assert out.status is Status.INCORRECT and "writing outside the scratch dir" in out.detail
+    assert not target.exists()
+
+
+def test_cannot_start_a_process_through_posixsubprocess(tmp_path):
+    """_posixsubprocess.fork_exec (what subprocess calls) raises no audit event: importing it is refused. Before,
+    this program started an unhooked /bin/touch that wrote outside scratch."""
+    marker = tmp_path / "spawned"
+    src = ("import os, _posixsubprocess\nr, w = os.pipe()\n"
+           f"pid = _posixsubprocess.fork_exec([b'/bin/touch', {str(marker).encode()!r}], [b'/bin/touch'], True, (w,),"
+           " None, None, -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None, False)\n"
+           "os.waitpid(pid, 0)\n" + GOOD)
+    out = V.verify(fenced(src), TESTS)
+    assert out.status is Status.INCORRECT and "_posixsubprocess is not allowed" in out.detail
+    assert not marker.exists()
