@@ -76,11 +76,21 @@ def killed_by_signal(returncode: int | None) -> bool:
     return returncode - 128 in KILL_SIGNALS
 
 
+# What to lower when a stage runs out of memory: training's micro-batches and activations (memory settings that
+# leave the training folder's key alone: rlvr_core.pipeline.stages.GRPO_MEMORY_FIELDS), its rollout batches and
+# lengths; evaluation's generation batches.
+_OOM_ADVICE = {
+    "train": "lower grpo.micro_batch_size or grpo.max_tokens_per_micro_batch, or set grpo.gradient_checkpointing=true "
+             "(training then resumes from its last checkpoint), else lower grpo.rollout_batch_size or shorten "
+             "sampling.max_new_tokens (training starts over)",
+    "evaluate": "lower sampling.batch_size or shorten sampling.max_new_tokens",
+}
+
+
 def oom_guard(stage: str) -> str:
     """The line an out-of-memory failure ends with: what to change, since a retry would run out again."""
     return (f"G-oom: the {stage} stage ran out of memory and is not retried (the same batch would run out again): "
-            "lower grpo.micro_batch_size or grpo.max_tokens_per_micro_batch, shorten sampling.max_new_tokens, "
-            "or set grpo.gradient_checkpointing=true")
+            + _OOM_ADVICE.get(stage, _OOM_ADVICE["train"]))
 
 
 def oom_kill_count() -> int | None:

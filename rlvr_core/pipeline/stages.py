@@ -51,6 +51,11 @@ PASSRATE_STAGE_VERSION = "1"
 CURRICULUM_STAGE_VERSION = "1"
 GRPO_STAGE_VERSION = "1"
 SYNTHETIC_BENCHMARK_VERSION = "2"  # 2: 32 samples per problem (pass@k to 32); 1 had 8
+# GRPO settings that bound the update's memory without changing its maths (docs/grpo_training.md, "Memory of the
+# update"): like the thread count they only reorder sums, so they stay out of the training folder's key and a run
+# that ran out of memory resumes from its checkpoint once they are lowered (the G-oom line, tasks/retry.py).
+GRPO_MEMORY_FIELDS = frozenset({"micro_batch_size", "max_tokens_per_micro_batch", "logprob_chunk_size",
+                                "gradient_checkpointing"})
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -316,17 +321,20 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     verifier, seed) and used in place, so a killed or retried run resumes from its last checkpoint
     there; finished runs with the same inputs are reused. The thread count and CPU instruction set
     (`numerics`) are recorded, not keyed: a retry on another host or at another thread count resumes
-    instead of starting over, and says so (`_track_numerics`).
+    instead of starting over, and says so (`_track_numerics`). So do the memory settings
+    (`GRPO_MEMORY_FIELDS`): a run that ran out of memory resumes with smaller micro-batches.
     """
     from rlvr_core.grpo.trainer import train_grpo
 
     key = {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
-           "grpo": cfg.grpo.model_dump(mode="json"), "template": get_template(cfg.prompt.template).key,
+           "grpo": cfg.grpo.model_dump(mode="json", exclude=set(GRPO_MEMORY_FIELDS)),
+           "template": get_template(cfg.prompt.template).key,
            "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
            "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine}
     folder, done = resumable_dir("grpo", key)
     if not done:
-        run_numerics = _track_numerics(folder, progress)
+        memory = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS))
+        run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(memory.items())})
         ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
         with _live_metrics(cfg, mlflow_run_id) as on_step:
             result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
@@ -347,14 +355,16 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
                          str(folder), done, summary)
 
 
-def _track_numerics(folder: Path, progress: Progress) -> dict[str, Any]:
+def _track_numerics(folder: Path, progress: Progress, memory: dict[str, Any]) -> dict[str, Any]:
     """{"numerics": what the training started with, "numerics_changes": [{"from_step", "before", "after"}]},
-    kept in the folder's numerics.json. Resuming from a checkpoint under other numerics (another host, another
-    thread count) adds a change and logs one line; steps after the checkpoint are redone, so changes recorded
-    from a later step are dropped, and without a checkpoint the run starts afresh under the current numerics."""
+    kept in the folder's numerics.json; numerics here are what changes the rounding but not the maths: the
+    thread count, CPU and torch version (`numerics()`) and the memory settings (`memory`). Resuming from a
+    checkpoint under other numerics (another host, smaller micro-batches) adds a change and logs one line; steps
+    after the checkpoint are redone, so changes recorded from a later step are dropped, and without a
+    checkpoint the run starts afresh under the current numerics."""
     from rlvr_core.grpo.checkpointing import CHECKPOINTS
 
-    now, path, latest = numerics(), folder / "numerics.json", folder / CHECKPOINTS / "latest"
+    now, path, latest = {**numerics(), **memory}, folder / "numerics.json", folder / CHECKPOINTS / "latest"
     step = int(latest.read_text().strip().removeprefix("step")) if latest.is_file() else 0
     if step == 0 or not path.is_file():
         record = {"numerics": now, "numerics_changes": []}

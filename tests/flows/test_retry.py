@@ -118,6 +118,8 @@ def test_out_of_memory_is_deterministic_and_says_what_to_lower():
                         "grpo.gradient_checkpointing"):
             assert setting in last
     assert "G-oom" not in failure_report("train", KeyError("answer"))["traceback"]
+    evaluation = failure_report("evaluate", cpu.value)["traceback"].strip().splitlines()[-1]
+    assert "sampling.batch_size" in evaluation and "grpo." not in evaluation  # evaluation has no micro-batches
 
 
 def test_out_of_memory_in_process_says_what_to_lower_too():

@@ -1,9 +1,11 @@
 """The training stage resumes from its checkpoint on another host: its folder is keyed by its inputs, not by
-the thread count or CPU instruction set (`numerics`), which it records instead (rlvr_core.pipeline.stages).
+the thread count or CPU instruction set (`numerics`) or the memory settings (`GRPO_MEMORY_FIELDS`), which it
+records instead (rlvr_core.pipeline.stages).
 
 A real `train` stage child (tasks.stage_runner, one torch thread) is SIGKILLed after its first checkpoint,
-as a pre-emption would; the same stage then runs in this process at two threads, as a retry on a host with
-other numerics would, and must continue from that checkpoint.
+as a pre-emption would; the same stage then runs in this process at two threads and with smaller
+micro-batches, as a retry on a host with other numerics after a G-oom line would, and must continue from
+that checkpoint.
 """
 
 from __future__ import annotations
@@ -78,9 +80,10 @@ def test_a_killed_training_resumes_from_its_checkpoint_at_another_thread_count(t
 
     lines = io.StringIO()
     threads = torch.get_num_threads()
+    smaller = parse_config({**cfg.resolved(), "grpo": {**cfg.resolved()["grpo"], "micro_batch_size": 4}}, "<resume>")
     try:
-        torch.set_num_threads(2)  # the retry's host: another thread count
-        trained = stages.train_stage(cfg, data, base, cur, Progress(True, lines))
+        torch.set_num_threads(2)  # the retry's host: another thread count; and micro-batches, as G-oom advises
+        trained = stages.train_stage(smaller, data, base, cur, Progress(True, lines))
     finally:
         torch.set_num_threads(threads)
 
@@ -90,6 +93,8 @@ def test_a_killed_training_resumes_from_its_checkpoint_at_another_thread_count(t
     [change] = trained.summary["numerics_changes"]
     assert change["from_step"] == at
     assert change["before"]["torch_threads"] == 1 and change["after"]["torch_threads"] == 2
+    assert change["before"]["grpo.micro_batch_size"] is None and change["after"]["grpo.micro_batch_size"] == 4
     said = [ln for ln in lines.getvalue().splitlines() if "numerics changed" in ln]
-    assert len(said) == 1 and f"checkpoint at step {at} (torch_threads 1 -> 2)" in said[0], lines.getvalue()
+    assert len(said) == 1, lines.getvalue()
+    assert f"checkpoint at step {at} (torch_threads 1 -> 2, grpo.micro_batch_size None -> 4)" in said[0], said[0]
     print(f"killed at step {at}, resumed and finished in {time.monotonic() - t0:.1f} s")
