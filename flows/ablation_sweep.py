@@ -13,7 +13,8 @@ Order of work:
    folder: one machine, or `RLVR_HOME` on shared storage).
 3. Trials: `run_deployment("pipeline/…")` per trial, `max_parallel` at a time, each with the MLflow
    parent run id and its sweep/trial ids. A trial whose flow run crashed (its worker was lost: the
-   heartbeat automation marks it Crashed) is launched again; the new run resumes from the checkpoint.
+   heartbeat automation marks it Crashed) is launched again; the new run resumes from the checkpoint. Only a
+   crashed run is launched again (`TRIAL_RETRY`): a trial that failed has had its stages' own retries.
 4. Aggregate: the warehouse pivot (one row per cell, mean and a 95% interval across seeds), a Prefect
    table artifact `sweep-<id>` and link artifacts `sweep-<id>-mlflow` / `-artifacts` (what `rlvr sweep`
    prints), metrics and the pivot on the MLflow parent run.
@@ -45,12 +46,15 @@ from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, load_sweep, one
                                        pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
 from rlvr_core.records import warehouse
 from rlvr_core.records.tracking import Tracker
-from tasks.retry import DeterministicError, TransientError
+from tasks.retry import DeterministicError, FlowRunCrashed, relaunch_condition_fn
 from tasks.stage_process import ROOT
 from tasks.stages import RETRY
 
 # The config sections that decide the shared stages (data → base model → pass-rate table → curriculum).
 SHARED_SECTIONS = ("data", "model", "prompt", "sampling", "passk", "curriculum")
+# Tasks that launch a pipeline flow run retry only a crashed run (a lost worker); the stages inside the run
+# retry their own transient failures, so a failure is retried by one layer, never by both.
+TRIAL_RETRY = {**RETRY, "retry_condition_fn": relaunch_condition_fn}
 
 
 # ------------------------------------------------------------------------------------------ tasks
@@ -61,11 +65,11 @@ def _check_flow_run(fr: Any, what: str) -> None:
     # One line: the child's final error (its state message), not the traceback in its logs.
     msg = f"{what} {state.type.value.lower()}: {one_line_error(state.message) or 'no message'} (flow run {fr.name})"
     if state.is_crashed():  # lost worker / killed process: launching it again resumes from its checkpoint
-        raise TransientError(msg)
+        raise FlowRunCrashed(msg)
     raise DeterministicError(msg)  # its stages already retried what was transient
 
 
-@task(name="shared-stages", **RETRY)
+@task(name="shared-stages", **TRIAL_RETRY)
 def shared_stages(config: dict[str, Any], deployment: str | None, timeout_s: float) -> str:
     """Data → base model → pass-rate table → curriculum once, on the GPU pool (or inline without a deployment)."""
     if deployment is None:
@@ -76,7 +80,7 @@ def shared_stages(config: dict[str, Any], deployment: str | None, timeout_s: flo
     return str(fr.id)
 
 
-@task(name="trial", **RETRY)
+@task(name="trial", **TRIAL_RETRY)
 def run_trial(trial: Trial, sweep_id: str, parent_run_id: str, deployment: str | None, timeout_s: float) -> str:
     params = {"config": trial.config, "parent_run_id": parent_run_id, "sweep_id": sweep_id,
               "trial_id": trial.trial_id, "trial_label": trial.label}

@@ -2,7 +2,9 @@
 
 GPU memory, DeepSpeed's process-group state and leaked threads go away with the process, and a kill
 (pre-emption, a lost node) reaches the task as a `StageProcessError` marked transient, which the retry rule
-(`tasks.retry.retry_condition_fn`) re-runs; a retried training stage resumes from its last checkpoint.
+(`tasks.retry.retry_condition_fn`) re-runs; a retried training stage resumes from its last checkpoint. A
+SIGKILL from the kernel's OOM killer (the memory cgroup's OOM-kill count went up while the child ran) is
+not retried: it fails at once with the G-oom line (`tasks.retry.stage_death`).
 The pipeline flow runs stages this way unless it is told to run them in-process (`rlvr demo` on a laptop).
 """
 
@@ -19,7 +21,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from rlvr_core.core import settings
-from tasks.retry import StageProcessError, killed_by_signal
+from tasks.retry import StageProcessError, oom_kill_count, stage_death
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,6 +41,7 @@ def run_stage_process(stage: str, request: dict[str, Any], timeout_s: float | No
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "tasks.stage_runner", stage, str(req), str(res)]
+    oom_kills = oom_kill_count()  # compared after a death without a result: was it the OOM killer?
     # Same process group as the task: whoever kills the flow run's process group kills the stage with it.
     proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)
@@ -63,11 +66,8 @@ def run_stage_process(stage: str, request: dict[str, Any], timeout_s: float | No
         raise StageProcessError(f"{stage} failed in its process: {out['error_type']}: {out['message']}\n"
                                 f"{out['traceback']}", transient=out["transient"], returncode=code,
                                 error_type=out["error_type"])
-    # No result file: the process died before it could report (a signal, a hard crash).
-    raise StageProcessError(f"{stage} process {proc.pid} exited with status {code} without a result"
-                            + (" (killed by a signal: retried)" if killed_by_signal(code) else "")
-                            + ("\n" + "\n".join(tail) if tail else ""),
-                            transient=killed_by_signal(code), returncode=code)
+    # No result file: the process died before it could report (the OOM killer, another signal, a hard crash).
+    raise stage_death(stage, proc.pid, code, oom_kills, tail)
 
 
 def tmp_root() -> str:

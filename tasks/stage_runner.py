@@ -2,8 +2,9 @@
 
 Why a subprocess: GPU memory, DeepSpeed's process-group state and any leaked threads go away with the
 process, and a kill (pre-emption, a lost node) is visible to the parent as death by signal, which the
-retry policy treats as transient. A retried training stage resumes because `rlvr_core.pipeline.stages.train_stage`
-keys its folder on its inputs and `train_grpo` resumes from the last DeepSpeed checkpoint there.
+retry policy treats as transient unless the kernel's OOM killer sent it (`tasks.retry.stage_death`). A
+retried training stage resumes because `rlvr_core.pipeline.stages.train_stage` keys its folder on its
+inputs and `train_grpo` resumes from the last DeepSpeed checkpoint there.
 
 The request holds the resolved config and the input artifacts (dataclasses as dicts); the result file
 holds the output artifact, or the error with the child's own transient/deterministic verdict
@@ -25,7 +26,7 @@ from typing import Any
 from rlvr_core.core.progress import Progress
 from rlvr_core.experiment.config import parse_config
 from rlvr_core.pipeline import stages
-from tasks.retry import is_transient
+from tasks.retry import is_oom, is_transient, oom_guard
 
 
 def _die_with_parent() -> None:
@@ -73,6 +74,14 @@ def run(stage: str, req: dict[str, Any]) -> dict[str, Any]:
     raise SystemExit(f"unknown stage {stage!r} (train, evaluate)")
 
 
+def failure_report(stage: str, exc: BaseException) -> dict[str, Any]:
+    """The result file's account of a failure, with the child's own transient/deterministic verdict. Out of
+    memory ends with the G-oom line (what to lower), the line a one-line summary of the error shows."""
+    tb = "".join(traceback.format_exception(exc)) + (oom_guard(stage) if is_oom(exc) else "")
+    return {"ok": False, "error_type": f"{type(exc).__module__}.{type(exc).__name__}", "message": str(exc),
+            "transient": is_transient(exc), "traceback": tb}
+
+
 def main(argv: list[str]) -> int:
     stage, request, result = argv[1], Path(argv[2]), Path(argv[3])
     _die_with_parent()
@@ -86,8 +95,7 @@ def main(argv: list[str]) -> int:
         out = {"ok": True, "result": run(stage, req)}
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent, classified
-        out = {"ok": False, "error_type": f"{type(e).__module__}.{type(e).__name__}", "message": str(e),
-               "transient": is_transient(e), "traceback": traceback.format_exc()}
+        out = failure_report(stage, e)
         code = 1
     tmp = result.with_name(result.name + ".tmp")
     tmp.write_text(json.dumps(out, default=str))

@@ -2,7 +2,9 @@
 
 One retry rule for all of them (`RETRY`): transient failures only (`tasks.retry.retry_condition_fn`: a lost
 worker, a killed process, a dropped connection, an S3 hiccup), with exponential back-off and jitter. A
-guard firing, a bad input or an unrecognised error is not re-run. Every task is safe to repeat:
+guard firing, a bad input, out of memory (also the kernel's OOM kill of a stage process) or an unrecognised
+error is not re-run. This is the only layer that retries a stage's failure: the sweep relaunches a trial's
+flow run only when it crashed (`flows.ablation_sweep.TRIAL_RETRY`). Every task is safe to repeat:
 
 - stage outputs are content-addressed by `rlvr_core.pipeline.cache` (they survive processes and workers), so
   Prefect's own task cache stays off (NO_CACHE) for these side-effecting tasks;
@@ -18,7 +20,9 @@ where a fresh process per stage would only add start-up time).
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -33,12 +37,24 @@ from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.pipeline import stages
 from rlvr_core.records.runrecord import record_run
 from rlvr_core.records.tracking import Tracker
-from tasks.retry import retry_condition_fn
+from tasks.retry import DeterministicError, is_oom, oom_guard, retry_condition_fn
 from tasks.stage_process import run_stage_process, tmp_root
 
 GPU_TAG = "gpu"
 RETRY = dict(retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=2), retry_jitter_factor=0.5,
              retry_condition_fn=retry_condition_fn, cache_policy=NO_CACHE)
+
+
+@contextlib.contextmanager
+def oom_says_what_to_lower(stage: str) -> Iterator[None]:
+    """A stage run in this process (no child to report for it): out of memory is re-raised, not retried, with
+    the G-oom line as the last line of its message, as a stage child reports it."""
+    try:
+        yield
+    except Exception as e:
+        if is_oom(e):
+            raise DeterministicError(f"{type(e).__name__}: {e}\n{oom_guard(stage)}") from e
+        raise
 
 
 @task(name="make-data", **RETRY)
@@ -71,7 +87,8 @@ def train(cfg: ExperimentConfig, data: stages.DataArtifact, base: stages.ModelAr
     """`mlflow_run_id`: the run that gets the per-step metrics while training runs (docs/tracking.md); a stage
     process reaches it through `cfg.tracking` and the environment, so no credential is written to disk."""
     if in_process:
-        return stages.train_stage(cfg, data, base, curriculum, progress, mlflow_run_id=mlflow_run_id)
+        with oom_says_what_to_lower("train"):
+            return stages.train_stage(cfg, data, base, curriculum, progress, mlflow_run_id=mlflow_run_id)
     out = run_stage_process("train", {"config": cfg.resolved(), "data": asdict(data), "base": asdict(base),
                                       "curriculum": asdict(curriculum), "mlflow_run_id": mlflow_run_id})
     return stages.TrainArtifact(model=stages.ModelArtifact(**out.pop("model")), **out)
@@ -87,7 +104,8 @@ def export(trained: stages.TrainArtifact, base: stages.ModelArtifact, store: Art
 def evaluate(cfg: ExperimentConfig, data: stages.DataArtifact, model: stages.ModelArtifact, eval_id: str,
              checkpoint: str, *, in_process: bool = False, progress: Progress = SILENT) -> stages.EvalArtifact:
     if in_process:
-        return stages.evaluate_stage(cfg, data, model, eval_id=eval_id, checkpoint=checkpoint, progress=progress)
+        with oom_says_what_to_lower("evaluate"):
+            return stages.evaluate_stage(cfg, data, model, eval_id=eval_id, checkpoint=checkpoint, progress=progress)
     with tempfile.TemporaryDirectory(dir=tmp_root()) as tmp:
         out = run_stage_process("evaluate", {"config": cfg.resolved(), "data": asdict(data), "model": asdict(model),
                                              "eval_id": eval_id, "checkpoint": checkpoint, "out_dir": tmp})

@@ -4,7 +4,9 @@ Training and sampling on CPU are deterministic for a fixed seed, thread count an
 the machine is doing (tests/grpo/test_determinism_under_load.py). A different intra-op thread count
 splits reductions differently and a different instruction set (AVX2, AVX-512) rounds differently, and a
 few hundred optimizer steps amplify either into a different trajectory. So both travel with every run's
-settings and into the cache keys of the stages whose outputs they change (warm start, pass rates, GRPO).
+settings and into the cache keys of the finished stages whose outputs they change (warm start, pass rates).
+GRPO records them but leaves them out of its folder's key, so a run resumes from its checkpoint on another
+host or at another thread count (the change goes into its summary: `numerics_changes`).
 """
 
 from __future__ import annotations

@@ -51,6 +51,11 @@ PASSRATE_STAGE_VERSION = "1"
 CURRICULUM_STAGE_VERSION = "1"
 GRPO_STAGE_VERSION = "1"
 SYNTHETIC_BENCHMARK_VERSION = "2"  # 2: 32 samples per problem (pass@k to 32); 1 had 8
+# GRPO settings that bound the update's memory without changing its maths (docs/grpo_training.md, "Memory of the
+# update"): like the thread count they only reorder sums, so they stay out of the training folder's key and a run
+# that ran out of memory resumes from its checkpoint once they are lowered (the G-oom line, tasks/retry.py).
+GRPO_MEMORY_FIELDS = frozenset({"micro_batch_size", "max_tokens_per_micro_batch", "logprob_chunk_size",
+                                "gradient_checkpointing"})
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -314,24 +319,29 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
 
     The output folder is keyed by every input (base model hash, curriculum, GRPO settings, template,
     verifier, seed) and used in place, so a killed or retried run resumes from its last checkpoint
-    there; finished runs with the same inputs are reused.
+    there; finished runs with the same inputs are reused. The thread count and CPU instruction set
+    (`numerics`) are recorded, not keyed: a retry on another host or at another thread count resumes
+    instead of starting over, and says so (`_track_numerics`). So do the memory settings
+    (`GRPO_MEMORY_FIELDS`): a run that ran out of memory resumes with smaller micro-batches.
     """
     from rlvr_core.grpo.trainer import train_grpo
 
     key = {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
-           "grpo": cfg.grpo.model_dump(mode="json"), "template": get_template(cfg.prompt.template).key,
+           "grpo": cfg.grpo.model_dump(mode="json", exclude=set(GRPO_MEMORY_FIELDS)),
+           "template": get_template(cfg.prompt.template).key,
            "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
-           "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine,
-           "numerics": numerics()}
+           "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine}
     folder, done = resumable_dir("grpo", key)
     if not done:
+        memory = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS))
+        run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(memory.items())})
         ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
         with _live_metrics(cfg, mlflow_run_id) as on_step:
             result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
                                 reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
                                 progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
                                 engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step)
-        summary = {**result.summary, "numerics": key["numerics"]}
+        summary = {**result.summary, **run_numerics}
         (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
         (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))
@@ -343,6 +353,32 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     progress("grpo", f"trained model {folder.name} ({'cached' if done else 'trained'})")
     return TrainArtifact(ModelArtifact(str(final), f"grpo-{folder.name}", mh, th, done), paths["steps_path"],
                          str(folder), done, summary)
+
+
+def _track_numerics(folder: Path, progress: Progress, memory: dict[str, Any]) -> dict[str, Any]:
+    """{"numerics": what the training started with, "numerics_changes": [{"from_step", "before", "after"}]},
+    kept in the folder's numerics.json; numerics here are what changes the rounding but not the maths: the
+    thread count, CPU and torch version (`numerics()`) and the memory settings (`memory`). Resuming from a
+    checkpoint under other numerics (another host, smaller micro-batches) adds a change and logs one line; steps
+    after the checkpoint are redone, so changes recorded from a later step are dropped, and without a
+    checkpoint the run starts afresh under the current numerics."""
+    from rlvr_core.grpo.checkpointing import CHECKPOINTS
+
+    now, path, latest = {**numerics(), **memory}, folder / "numerics.json", folder / CHECKPOINTS / "latest"
+    step = int(latest.read_text().strip().removeprefix("step")) if latest.is_file() else 0
+    if step == 0 or not path.is_file():
+        record = {"numerics": now, "numerics_changes": []}
+    else:
+        record = json.loads(path.read_text())
+        record["numerics_changes"] = [c for c in record["numerics_changes"] if c["from_step"] < step]
+        last = record["numerics_changes"][-1]["after"] if record["numerics_changes"] else record["numerics"]
+        if last != now:
+            record["numerics_changes"].append({"from_step": step, "before": last, "after": now})
+            changed = ", ".join(f"{k} {last.get(k)} -> {v}" for k, v in now.items() if last.get(k) != v)
+            progress("grpo", f"numerics changed since the checkpoint at step {step} ({changed}): resuming from it; "
+                             f"the steps after it run with the new numerics (summary: numerics_changes)")
+    path.write_text(json.dumps(record, indent=2))
+    return record
 
 
 @dataclass(frozen=True)

@@ -311,7 +311,7 @@ def submitted_mapping(path: Path, overrides: dict[str, Any] | None = None) -> tu
 
 # ------------------------------------------------------------------------------------------ errors in one line
 _WRAPPERS = ("Flow run encountered an exception: ", "Task run encountered an exception: ",
-             "SweepFailed: ", "DeterministicError: ", "TransientError: ")
+             "SweepFailed: ", "DeterministicError: ", "TransientError: ", "FlowRunCrashed: ")
 
 
 def one_line_error(message: str | None) -> str:

@@ -1,6 +1,7 @@
-"""One pipeline, one retry rule: every Prefect task of the project has a unique name and retries through
-`tasks.retry.retry_condition_fn` (transient failures only), and the only flow that runs the stages is
-`pipeline` (the demo is that flow with the demo config)."""
+"""One pipeline, one retry rule per layer: every Prefect task of the project has a unique name and retries
+through `tasks.retry.retry_condition_fn` (transient failures only), except the sweep's tasks that launch whole
+pipeline flow runs, which relaunch only a crashed run (`relaunch_condition_fn`), so no failure is retried by
+two layers; and the only flow that runs the stages is `pipeline` (the demo is that flow with the demo config)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from prefect import Flow, Task
 
 import flows
 import tasks
-from tasks.retry import retry_condition_fn
+from tasks.retry import relaunch_condition_fn, retry_condition_fn
+
+# Tasks that launch a pipeline flow run (flows/ablation_sweep.py): the stages inside it retry their own failures.
+LAUNCHERS = {"trial", "shared-stages"}
 
 
 def _objects(kind: type) -> dict[str, list[tuple[str, object]]]:
@@ -34,8 +38,10 @@ def test_task_names_are_unique_and_share_one_retry_rule():
     assert {"make-data", "grpo-train", "evaluate", "export-checkpoint", "record-run"} <= set(found)
     duplicates = {name: [m for m, _ in objs] for name, objs in found.items() if len(objs) > 1}
     assert not duplicates, f"task names defined more than once: {duplicates}"
+    assert LAUNCHERS <= set(found)
     for name, [(module, task)] in found.items():
-        assert task.retry_condition_fn is retry_condition_fn, f"{module}: task {name!r} has its own retry rule"
+        rule = relaunch_condition_fn if name in LAUNCHERS else retry_condition_fn
+        assert task.retry_condition_fn is rule, f"{module}: task {name!r} has its own retry rule"
         assert task.retries >= 1, f"{module}: task {name!r} is never retried, even on a transient failure"
 
 

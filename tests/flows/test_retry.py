@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +98,187 @@ def test_prefect_retries_transient_and_not_deterministic(prefect_api, rlvr_home)
     with pytest.raises(KeyError):
         f()
     assert calls == {"flaky": 3, "broken": 1}
+
+
+def test_out_of_memory_is_deterministic_and_says_what_to_lower():
+    """A real CPU allocation failure (torch's allocator refuses 4 EiB at once, touching no memory) and a CUDA
+    OOM are not retried, and the stage child's report ends with the G-oom line naming the settings."""
+    import torch
+
+    from tasks.stage_runner import failure_report
+
+    with pytest.raises(RuntimeError) as cpu:
+        torch.empty(2 ** 62, dtype=torch.uint8)
+    for exc in (cpu.value, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")):
+        report = failure_report("train", exc)
+        assert report["transient"] is False, repr(exc)
+        last = report["traceback"].strip().splitlines()[-1]
+        assert last.startswith("G-oom: the train stage ran out of memory"), last
+        for setting in ("grpo.micro_batch_size", "grpo.max_tokens_per_micro_batch", "sampling.max_new_tokens",
+                        "grpo.gradient_checkpointing"):
+            assert setting in last
+    assert "G-oom" not in failure_report("train", KeyError("answer"))["traceback"]
+    evaluation = failure_report("evaluate", cpu.value)["traceback"].strip().splitlines()[-1]
+    assert "sampling.batch_size" in evaluation and "grpo." not in evaluation  # evaluation has no micro-batches
+
+
+def test_out_of_memory_in_process_says_what_to_lower_too():
+    """`rlvr demo` runs its stages in this process: a real CPU allocation failure there ends the same way."""
+    import torch
+
+    from tasks.stages import oom_says_what_to_lower
+
+    with pytest.raises(Exception) as e, oom_says_what_to_lower("train"):
+        torch.empty(2 ** 62, dtype=torch.uint8)
+    assert not is_transient(e.value) and "can't allocate memory" in str(e.value)
+    assert str(e.value).splitlines()[-1].startswith("G-oom: the train stage ran out of memory")
+    with pytest.raises(KeyError), oom_says_what_to_lower("train"):
+        raise KeyError("answer")  # anything else passes through as it was
+
+
+def test_oom_kill_counter_is_read_from_this_machines_cgroup():
+    """Where this machine exposes a memory cgroup, its `oom_kill` counter is found and is a count."""
+    from tasks.retry import _oom_counter_files, oom_kill_count
+
+    readable = [f for f in _oom_counter_files() if os.access(f, os.R_OK)]
+    if not readable:
+        pytest.skip(f"no readable memory cgroup counter here (looked at {_oom_counter_files()})")
+    assert isinstance(oom_kill_count(), int) and oom_kill_count() >= 0
+
+
+class _Kernel:
+    """Plays the kernel for the stage children of this process: SIGKILLs each `tasks.stage_runner` child as soon
+    as it appears (at most `kills` of them), first raising the cgroup's `oom_kill` counter in `counter` when
+    `oom` (what the OOM killer does), or leaving it alone (a pre-emption)."""
+
+    def __init__(self, counter: Path, *, oom: bool, kills: int):
+        self.counter, self.oom, self.kills = counter, oom, kills
+        self.killed: list[int] = []
+        self.seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "_Kernel":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.05):
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    if child.pid in self.seen or "tasks.stage_runner" not in child.cmdline():
+                        continue
+                except psutil.Error:
+                    continue
+                self.seen.add(child.pid)
+                if len(self.killed) < self.kills:
+                    if self.oom:
+                        n = int(self.counter.read_text().split("oom_kill ")[1])
+                        self.counter.write_text(f"oom 1\noom_kill {n + 1}\n")
+                    child.kill()
+                    self.killed.append(child.pid)
+
+
+def _killed_training(prefect_api, tmp_path, monkeypatch, *, oom: bool):
+    """The real `grpo-train` task (its stage child) inside a task with the sweep trial's retry options, under a
+    real Prefect API; the first child is SIGKILLed. Returns (error, kernel, trial attempts, Prefect task runs)."""
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.ablation_sweep import TRIAL_RETRY
+    from rlvr_core.experiment.config import parse_config
+    from rlvr_core.pipeline import stages
+    from tasks import stages as t
+
+    counter = tmp_path / "memory.events"
+    counter.write_text("oom 0\noom_kill 0\n")
+    monkeypatch.setenv("RLVR_OOM_KILL_FILE", str(counter))
+    missing = str(tmp_path / "missing")  # a child that is not killed fails on these: deterministic, not retried
+    data = stages.DataArtifact(missing, missing, "d", "d", 1, 1, False)
+    base = stages.ModelArtifact(missing, "base", "m", "t", False)
+    cur = stages.CurriculumArtifact(missing + ".parquet", "c", 1, False)
+    attempts = []
+
+    @task(name="trial", **TRIAL_RETRY)
+    def trial() -> None:
+        attempts.append(1)
+        t.train(parse_config({}), data, base, cur)
+
+    @flow
+    def sweep() -> None:
+        trial()
+
+    with _Kernel(counter, oom=oom, kills=1) as kernel:
+        state = sweep(return_state=True)
+    with pytest.raises(StageProcessError) as e:
+        state.result()
+    only_this_run = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+    with get_client(sync_client=True) as client:
+        for _ in range(60):  # the server records task-run states from events, a moment after they happen
+            runs = {r.name.rsplit("-", 1)[0]: r for r in client.read_task_runs(flow_run_filter=only_this_run)}
+            if runs.keys() == {"trial", "grpo-train"} and all(r.state and r.state.is_final() for r in runs.values()):
+                break
+            time.sleep(0.5)
+    return e.value, kernel, len(attempts), runs
+
+
+def test_kernel_oom_kill_fails_the_stage_once_and_no_outer_layer_retries_it(prefect_api, rlvr_home, tmp_path,
+                                                                              monkeypatch):
+    err, kernel, trial_attempts, runs = _killed_training(prefect_api, tmp_path, monkeypatch, oom=True)
+    assert err.transient is False and err.error_type == "OOMKilled" and err.returncode == -signal.SIGKILL
+    assert "killed by the kernel's OOM killer (the memory cgroup's oom_kill count went 0 -> 1)" in str(err)
+    assert str(err).splitlines()[-1].startswith("G-oom: the train stage ran out of memory")
+    assert len(kernel.seen) == 1 and trial_attempts == 1  # one stage process, one trial: nothing nested
+    assert runs["grpo-train"].run_count == 1 and runs["trial"].run_count == 1
+    assert runs["grpo-train"].state.is_failed() and runs["trial"].state.is_failed()
+
+
+def test_a_kill_without_oom_evidence_is_retried_by_the_stage_alone(prefect_api, rlvr_home, tmp_path, monkeypatch):
+    """A pre-emption-like SIGKILL (the counter did not move) is transient: the stage task runs again (its second
+    child fails on the missing inputs, deterministic); the trial around it still runs once."""
+    err, kernel, trial_attempts, runs = _killed_training(prefect_api, tmp_path, monkeypatch, oom=False)
+    assert len(kernel.killed) == 1 and len(kernel.seen) == 2 and trial_attempts == 1
+    assert err.transient is False and "G-oom" not in str(err) and "FileNotFoundError" in str(err)
+    assert runs["grpo-train"].run_count == 2 and runs["trial"].run_count == 1
+
+
+def test_the_trial_layer_relaunches_only_a_crashed_flow_run(prefect_api, rlvr_home):
+    """With the trial's retry options (real Prefect): a stage failure that was transient, after the stage's own
+    retries, reaches the trial and is not retried there; a crashed flow run (a lost worker) is launched again."""
+    from prefect import flow, task
+
+    from flows.ablation_sweep import TRIAL_RETRY
+    from tasks.retry import FlowRunCrashed
+
+    calls = {"stage_gave_up": 0, "crashed_once": 0}
+    options = {**TRIAL_RETRY, "retry_delay_seconds": 0, "retry_jitter_factor": None}
+
+    @task(**options)
+    def stage_gave_up() -> None:
+        calls["stage_gave_up"] += 1
+        raise StageProcessError("train process 1 exited with status -9 without a result", transient=True,
+                                returncode=-9)
+
+    @task(**options)
+    def crashed_once() -> str:
+        calls["crashed_once"] += 1
+        if calls["crashed_once"] == 1:
+            raise FlowRunCrashed("trial t00 crashed: worker lost (flow run x)")
+        return "ok"
+
+    @flow
+    def sweep() -> str:
+        out = crashed_once()
+        stage_gave_up()
+        return out
+
+    with pytest.raises(StageProcessError):
+        sweep()
+    assert calls == {"stage_gave_up": 1, "crashed_once": 2}
