@@ -323,7 +323,8 @@ def _split_at_every_stop(text: str) -> list[str]:
 def test_ifeval_sentences_and_words_are_nltks(ifeval_counting_cases):
     # The counters themselves, on the stress responses. Sentences: on every text a check sees (each response
     # and its loose variants), ours are NLTK's sent_tokenize, and their number is lm-eval's count_sentences.
-    # Words: where a row asks for capital words, our tokens are NLTK's word_tokenize.
+    # Words: where a row asks for capital words, our tokens are NLTK's word_tokenize; everywhere, our word
+    # count is lm-eval's count_words.
     import nltk
     from lm_eval.tasks.ifeval import instructions_util
 
@@ -336,10 +337,13 @@ def test_ifeval_sentences_and_words_are_nltks(ifeval_counting_cases):
                if "change_case:capital_word_frequency" in row["instruction_id_list"]]
     worded = sorted({t for r in capital for t in ifeval_module.loose_variants(r)})
     same_words = sum(ifeval_module.word_tokens(t) == nltk.word_tokenize(t) for t in worded)
+    same_word_count = sum(ifeval_module.count_words(t) == instructions_util.count_words(t) for t in texts)
     naive_off = sum(len(_split_at_every_stop(t)) != len(ours[t]) for t in texts)
     print(f"\ncounting stress: sentences as sent_tokenize on {same_sentences}/{len(texts)} texts, counts as "
           f"count_sentences on {same_count}/{len(responses)} responses, tokens as word_tokenize on "
-          f"{same_words}/{len(worded)} texts; a split at every stop counts {naive_off}/{len(texts)} differently")
+          f"{same_words}/{len(worded)} texts, word counts as count_words on {same_word_count}/{len(texts)}; "
+          f"a split at every stop counts {naive_off}/{len(texts)} differently")
     assert (same_sentences, same_count, same_words) == (len(texts), len(responses), len(worded))
+    assert same_word_count == len(texts)
     assert len(worded) >= 500
     assert naive_off >= len(texts) // 4  # the texts are hard to count: a naive split misses on many
