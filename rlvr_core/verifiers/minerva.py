@@ -138,12 +138,30 @@ class MinervaVerifier:
         try:
             with cpu_time_limit(self.time_limit_s):
                 ok = self.is_equiv(answer, target)
+                other = self._other_answer(response, answer, target) if ok else None
         except VerifierTimeout as exc:
             return Outcome(Status.TIMEOUT, 0.0, answer, self.name, self.version, f"sympy simplify: {exc}")
         except _ParseFailed as exc:
             return Outcome(Status.INCORRECT, 0.0, answer, self.name, self.version,
                            f"unparseable, scored 0 as lm-eval does: {exc}", {"parse_failed": True})
-        status = Status.CORRECT if ok else Status.INCORRECT
+        if other is not None:
+            return Outcome(Status.INCORRECT, shaped_reward(False, True, self.format_reward), answer, self.name,
+                           self.version, f"several final answers, and {other[:80]!r} is not the gold",
+                           {"several_answers": True})
         reward = shaped_reward(ok, True, self.format_reward)
-        return Outcome(status, reward, answer, self.name, self.version, f"gold={target}")
+        return Outcome(Status.CORRECT if ok else Status.INCORRECT, reward, answer, self.name, self.version,
+                       f"gold={target}")
 
+    def _other_answer(self, response: str, first: str, target: str) -> str | None:
+        """A later "Final Answer: …" line that is not the gold, or None. lm-eval reads only the first such
+        line; we hold every one to the gold, so a response that states several answers scores 0."""
+        for m in _FINAL.finditer(response + "I hope it is correct."):
+            other = normalize_final_answer(m.group(1).strip())
+            if other == first:
+                continue
+            try:
+                if not self.is_equiv(other, target):
+                    return other
+            except _ParseFailed:
+                return other
+        return None
