@@ -14,8 +14,8 @@ from rlvr_core.verifiers import Status, get_verifier
 # The verifiers' own CPU-time limit for these tests (the pool sets it to its timeout, 5 s by default).
 LIMIT_S = 0.5
 # What one verification may use beyond the limit: the timer fires between bytecodes, and the work after it
-# (unwinding a deep parse, lm-eval's regex normaliser before the limit is armed) is small. Measured worst
-# case on the shared 2-core machine: 0.51 s (minerva, 10,000 nested braces, with a 1 s limit).
+# (unwinding a deep parse, lm-eval's regex normaliser before the limit is armed) is small. Measured on the
+# shared 2-core machine: at most 0.1 s over a 0.5 s limit idle, 0.51 s over a 1 s limit under load.
 SLACK_S = 1.0
 
 MATH = get_verifier("math", time_limit_s=LIMIT_S)
