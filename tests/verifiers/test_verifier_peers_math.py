@@ -32,6 +32,8 @@ from verifier_data import read_jsonl
 from rlvr_core.verifiers import get_verifier
 
 LM_EVAL_MISSING = "lm-eval is not installed: pip install -c requirements.lock -c requirements-bench.lock -e '.[bench]'"
+pytestmark = pytest.mark.shared_data  # MATH-500 from the data root; skipped where it is absent (tests/conftest.py)
+
 EVERY = 6  # every 6th rewrite of the data: ~450 pairs with the hand-written ones, seconds per verifier
 BAR = 0.9  # balanced agreement a verifier must reach; always-correct and always-wrong score 0.5
 
