@@ -9,8 +9,8 @@ Their metric, which we follow step by step (lm_eval/tasks/minerva_math/utils.py)
    after the last ``=``, a fixed list of substitutions and removed words (units, "dollars", …),
    unwrap ``$…$``, ``\\text{}``, ``\\textbf{}``, ``\\overline{}``, ``\\boxed{}``, fix ``\\fracab`` and
    ``\\sqrta``, drop thousands commas of integers.
-4. ``is_equiv``: parse both LaTeX strings, and the answer is right iff ``simplify(a - b) == 0``.
-   Nothing else: no string-equality shortcut, and an unparseable answer scores 0.
+4. ``is_equiv``: identical normalised strings are equal (lm-eval 0.4.13); otherwise parse both LaTeX
+   strings, and the answer is right iff ``simplify(a - b) == 0``; an unparseable answer scores 0.
 
 Where we differ, and why:
 
@@ -119,7 +119,12 @@ class MinervaVerifier:
             raise _ParseFailed(f"{type(exc).__name__}: {exc}") from exc
 
     def is_equiv(self, x1: str, x2: str) -> bool:
-        """simplify(parse(x1) - parse(x2)) == 0; raises _ParseFailed when either does not parse."""
+        """Identical normalised strings, else simplify(parse(x1) - parse(x2)) == 0; raises _ParseFailed
+        when either does not parse. The string check comes first, as in lm-eval 0.4.13: without it a
+        tuple, an interval or a time (``12:00`` is ``12/0``, and ``zoo - zoo`` is nan) identical to the
+        gold scores 0."""
+        if x1 and x1 == x2:
+            return True
         a, b = self._parse(x1), self._parse(x2)
         try:
             diff = a - b
