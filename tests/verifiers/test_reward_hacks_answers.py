@@ -10,6 +10,7 @@ import time
 import pytest
 
 from rlvr_core.verifiers import Status, get_verifier
+from rlvr_core.verifiers.math_verifier import last_boxed
 
 # The verifiers' own CPU-time limit for these tests (the pool sets it to its timeout, 5 s by default).
 LIMIT_S = 0.5
@@ -180,6 +181,17 @@ def test_wrong_but_parseable_answers_are_incorrect_not_errors(response, gold):
     for verifier in (MATH, MATH_BOXED):
         out = verifier.verify(response, gold)
         assert out.status is Status.INCORRECT and out.reward == 0.0, (verifier.mode, out)
+
+
+@pytest.mark.parametrize("response, gold", WRONG_BUT_PARSEABLE)
+def test_minerva_wrong_but_parseable_answers_are_incorrect_not_errors(response, gold):
+    out = MINERVA.verify(minerva(last_boxed(response)), gold)
+    assert out.status is Status.INCORRECT and out.reward == 0.0, out
+
+
+@pytest.mark.parametrize("answer", ["12:00", "(2,\\infty)", "[1, 3)", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"])
+def test_minerva_answers_identical_to_the_gold_are_correct_even_where_sympy_cannot_subtract(answer):
+    assert MINERVA.verify(minerva(answer), answer).correct
 
 
 @pytest.mark.parametrize("response, gold", [("\\boxed{12:00}", "12:00"), ("\\boxed{1:2}", "1:2"),
