@@ -36,6 +36,11 @@ _NUMBER = re.compile(
 _STRICT = re.compile(
     r"(?:####|[Tt]he (?:final )?answer is:?)\s*(?P<ans>[-\u2212]?\$?\s?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?)"
 )
+# Answer spraying: "… 3 or 4" right after a marker (or on the last line when there is none). A number
+# starts only where no digit, comma or point precedes it and its digits are matched possessively, so the
+# scan stays linear on a megabyte of "1,1,1,…".
+_NUM = r"(?<![\d,.])[-\u2212]?\$?\d[\d,]*+(?:\.\d+)?"
+_HEDGE = re.compile(_NUM + r"\s*,?\s*\bor\s+" + _NUM)
 # A model that keeps going after its answer usually starts a new few-shot block (BUGZOO G-stop-seq).
 _CONTINUATION = re.compile(r"\n\s*(?:Question|Q|Problem)\s*:", re.IGNORECASE)
 
@@ -69,6 +74,38 @@ def _last_strict(response: str) -> re.Match[str] | None:
 def extract_strict(response: str) -> str | None:
     m = _last_strict(response)
     return m.group("ans") if m else None
+
+
+def stated_answers(response: str) -> set[Decimal]:
+    """The distinct values of the final-answer markers: the ``#### N`` lines when there are any (GSM8K's
+    own answer line; a gold solution may also say "the final answer is 15 gallons … = 120" above its
+    ``#### 120``), else the "The answer is N" statements."""
+    matches = list(_STRICT.finditer(response))
+    hashes = [m for m in matches if m.group(0).startswith("####")]
+    return {v for m in (hashes or matches) if (v := _to_decimal(m.group("ans"))) is not None}
+
+
+def hedged(response: str, marker: re.Match[str] | None) -> bool:
+    """True when the answer offers alternatives ("#### 3 or 4"): the marker's line, else the last line."""
+    if marker is not None:
+        end = response.find("\n", marker.start())
+        tail = response[marker.start():] if end < 0 else response[marker.start():end]
+    else:
+        lines = [ln for ln in response.splitlines() if ln.strip()]
+        tail = lines[-1] if lines else ""
+    return bool(_HEDGE.search(tail))
+
+
+def several_answers(response: str, marker: re.Match[str] | None) -> str | None:
+    """Why the response states more than one final answer, or None. The rule: a response that gives
+    several different final numbers ("#### 3 #### 4", "The answer is 3. The answer is 4", "3 or 4")
+    is wrong whichever of them is the gold, so answer spraying never pays."""
+    values = stated_answers(response)
+    if len(values) > 1:
+        return "several final answers: " + ", ".join(sorted(str(v) for v in values))
+    if hedged(response, marker):
+        return "the final answer offers alternatives ('N or M')"
+    return None
 
 
 def gold_number(gold: Any) -> Decimal:
@@ -123,6 +160,11 @@ class GSM8KVerifier:
         if extracted is None:
             return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, f"mode={self.mode}", extra)
         value = _to_decimal(extracted)
+        why_not = several_answers(response, strict_match)
+        if why_not is not None:
+            extra["several_answers"] = True
+            reward = shaped_reward(False, formatted, self.format_reward)
+            return Outcome(Status.INCORRECT, reward, extracted, self.name, self.version, why_not, extra)
         status = Status.CORRECT if value is not None and value == target else Status.INCORRECT
         reward = shaped_reward(status is Status.CORRECT, formatted, self.format_reward)
         return Outcome(status, reward, extracted, self.name, self.version, f"mode={self.mode}", extra)

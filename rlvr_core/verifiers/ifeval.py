@@ -316,6 +316,13 @@ def check(instruction_id: str, response: str, kwargs: dict[str, Any] | None, loo
     return any(c.strip() and fn(c, **kw) for c in candidates)
 
 
+def _echoes(response: str, prompt: Any) -> bool:
+    """True when the response is the prompt itself (case and spacing aside)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        return False
+    return " ".join(response.split()).lower() == " ".join(prompt.split()).lower()
+
+
 @register_verifier("ifeval")
 class IFEvalVerifier:
     name = "ifeval"
@@ -357,6 +364,11 @@ class IFEvalVerifier:
         }
         if not response.strip():
             return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, "empty response", extra)
+        if _echoes(response, gold.get("prompt")):
+            # The request repeated back follows every instruction it happens to satisfy (no commas, lower
+            # case, …) without answering it: scored 0. The per-instruction results stay in `extra`.
+            return Outcome(Status.INCORRECT, 0.0, "0/" + str(len(ids)), self.name, self.version,
+                           "the response only repeats the prompt", {**extra, "echoes_prompt": True})
         followed = strict if self.mode == "strict" else loose
         share = sum(followed) / len(followed) if followed else 1.0
         status = Status.CORRECT if all(followed) else Status.INCORRECT

@@ -6,10 +6,12 @@ them (units, ``\\text{}``, ``\\left(``, malformed ``\\frac12``) and compares the
 (numeric, symbolic, sets, intervals, matrices). What we add, and where we differ from a plain
 ``verify(parse(gold), parse(response))`` loop:
 
-1. **Errors are errors.** math-verify by default catches every exception and returns ``False`` (or
-   an empty parse): a broken input is silently "incorrect" (BUGZOO G-verifier-error). We call it
-   with ``raise_on_error=True``, try each (gold, prediction) candidate pair on its own the way its
-   ``verify`` does, and report ``error`` only when no pair matched and at least one raised.
+1. **Errors are errors, wrong answers are wrong.** math-verify by default catches every exception and
+   returns ``False`` (or an empty parse), so a broken *gold* would silently make every answer
+   "incorrect" (BUGZOO G-verifier-error). We call it with ``raise_on_error=True``: a gold that does not
+   parse raises (an ``error`` outcome). A *prediction* that does not parse, or whose comparison with
+   the gold raises (``1:00`` is ``1/0``: "Can't evaluate nan or zoo"), is ``incorrect`` with the
+   message in ``extra`` (``parse_failed`` / ``compare_error``): the verifier worked, the answer is wrong.
 2. **Timeouts are timeouts, and measure the item.** math-verify's own timeout is a wall-clock
    ``signal.alarm`` of whole seconds (5 by default) that returns ``False``. We switch it off and limit
    the whole verification to ``time_limit_s`` of *CPU time* instead (`limits.cpu_time_limit`; the pool
@@ -21,6 +23,11 @@ them (units, ``\\text{}``, ``\\left(``, malformed ``\\frac12``) and compares the
    ``boxed`` is strict: only the content of the *last* ``\\boxed{…}`` / ``\\fbox{…}`` counts; no
    box → ``no_answer``. Use it to measure format compliance (BUGZOO G-verifier-format).
 
+5. **One answer.** A response that states several different answers (several boxes, "3 or 4") is
+   ``incorrect`` unless every one of them verifies (`_rival`; docs/verifiers.md, "Reward hacks
+   (answers)"). ``\\mathrm{e}``, ``\\mathrm{i}``, ``\\operatorname{lcm}`` are rewritten to ``e``, ``i``,
+   ``\\lcm`` first (`plain_letters`).
+
 Gold may be a bare answer (MATH-500's ``answer`` field, e.g. ``\\left( 3, \\frac{\\pi}{2} \\right)``)
 or a full solution containing ``\\boxed{…}``; for the latter we take the last box, as the MATH
 graders do. A bare answer is wrapped in ``\\boxed{}`` before parsing so math-verify reads it as one
@@ -29,6 +36,7 @@ LaTeX answer rather than hunting for the last number inside it.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict, deque
 from typing import Any
@@ -52,21 +60,14 @@ MATH_EXAMPLES = [
 
 # Parsed golds kept per verifier (one verifier per pool worker).
 _GOLD_CACHE = 4096
+# More distinct answers than this in one response is spraying, scored 0 without parsing each one.
+MAX_ANSWERS = 8
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{…}`` (or ``\\fbox{…}``, or ``\\boxed 5``), braces balanced.
-
-    Same contract as ``last_boxed_only_string`` + ``remove_boxed`` in the Hendrycks MATH and
-    lm-evaluation-harness graders, written as one brace-counting scan. None when there is no box or
-    its braces never close.
-    """
-    idx = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if idx < 0:
-        return None
-    rest = text[idx:]
-    head = "\\boxed" if rest.startswith("\\boxed") else "\\fbox"
-    after = rest[len(head):]
+def _box_content(text: str, idx: int) -> str | None:
+    """Content of the box whose command starts at `idx` (braces balanced), None when it never closes."""
+    head = "\\boxed" if text.startswith("\\boxed", idx) else "\\fbox"
+    after = text[idx + len(head):]
     if after.startswith(" "):  # "\boxed 5": the answer runs to the next "$" or end of line
         return after[1:].split("$")[0].split("\n")[0].strip() or None
     if not after.startswith("{"):
@@ -80,6 +81,74 @@ def last_boxed(text: str) -> str | None:
             if depth == 0:
                 return after[1:i]
     return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{…}`` (or ``\\fbox{…}``, or ``\\boxed 5``), braces balanced.
+
+    Same contract as ``last_boxed_only_string`` + ``remove_boxed`` in the Hendrycks MATH and
+    lm-evaluation-harness graders, written as one brace-counting scan. None when there is no box or
+    its braces never close.
+    """
+    idx = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    return None if idx < 0 else _box_content(text, idx)
+
+
+_BOX_START = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def all_boxed(text: str) -> list[str]:
+    """The contents of every box in `text`, in order (a box inside a box counts too)."""
+    return [c for m in _BOX_START.finditer(text) if (c := _box_content(text, m.start())) is not None]
+
+
+# Upright letters and named operators that math-verify's normaliser would otherwise treat as text or
+# units (``1-\\frac{1}{\\mathrm{e}}`` lost its ``e``): rewritten to the plain forms it parses.
+_UPRIGHT_LETTER = re.compile(r"\\(?:mathrm|rm|mathit|textrm|text)\s*\{\s*([ei])\s*\}")
+_OPERATOR_NAME = re.compile(r"\\operatorname\*?\s*\{\s*([A-Za-z]+)\s*\}")
+
+
+def plain_letters(latex: str) -> str:
+    """``\\mathrm{e}`` → ``e``, ``\\mathrm{i}`` → ``i``, ``\\operatorname{lcm}`` → ``\\lcm``."""
+    return _OPERATOR_NAME.sub(r"\\\1", _UPRIGHT_LETTER.sub(r"\1", latex))
+
+
+# A final statement that offers alternatives: "3 or 4", "$x=3$ or $x=5$", "1/2, or equivalently 0.5".
+_ANCHOR = re.compile(r"(?i)answer|final|\\boxed|\\fbox")
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
+_OR_AFTER_BOX = re.compile(r"\$?\s*,?\s*\bor\b(?!\s*not\b)")
+_OR = re.compile(r"(?<=[\w$})\]])(\s*,?\s*)\bor\b(?!\s*not\b)(?=\s*[-\w$\\(\[{])")
+
+
+def final_statement(response: str) -> str:
+    """The sentence that states the answer: from the last anchor ("answer", "final", a box), else the
+    last non-empty line, up to the end of that sentence. Only that sentence is searched for "or", so
+    reasoning before it ("x = 3 or x = -3, so the sum is \\boxed{0}") is not taken for a hedge."""
+    anchors = list(_ANCHOR.finditer(response))
+    if anchors:
+        text = response[anchors[-1].start():]
+    else:
+        lines = [ln for ln in response.splitlines() if ln.strip()]
+        text = lines[-1] if lines else ""
+    end = _SENTENCE_END.search(text)
+    return text if end is None else text[:end.end()]
+
+
+def alternatives(response: str) -> list[str]:
+    """The answer statement cut at each "or" that joins two candidates ([] when it has none). After a
+    box only an "or" right behind it counts (``\\boxed{3}, or 4``): the rest of that sentence is often
+    reasoning ("\\boxed{49} has a remainder of 1 when divided by 2, 3, 4, or 6")."""
+    statement = final_statement(response)
+    box = _BOX_START.match(statement)
+    if box:
+        content = _box_content(statement, 0)
+        end = box.end() + len(content or "") + 2 if statement[box.end():].startswith("{") else len(statement)
+        if content is None or not _OR_AFTER_BOX.match(statement, end):
+            return []
+        return [statement[:end], statement[_OR_AFTER_BOX.match(statement, end).end():]]
+    if not _OR.search(statement):
+        return []
+    return [part for part in _OR.split(statement)[::2] if part.strip()]
 
 
 @register_verifier("math")
@@ -164,18 +233,26 @@ class MathVerifier:
 
     def _parse_gold_uncached(self, gold: str) -> tuple[Any, ...]:
         boxed = last_boxed(gold) if ("\\boxed" in gold or "\\fbox" in gold) else None
-        answer = boxed if boxed is not None else gold.strip()
+        answer = plain_letters(boxed if boxed is not None else gold.strip())
         parsed = self._parse("\\boxed{" + answer + "}")
         if not parsed:
             raise ValueError(f"math-verify could not parse the gold answer {answer!r}")
         return tuple(parsed)
 
     def extract(self, response: str) -> list[Any]:
-        """math-verify's parse of the answer: [sympy object, source string], or [] when none."""
-        if self.mode == "boxed":
-            content = last_boxed(response)
-            return [] if content is None else self._parse("\\boxed{" + content + "}")
-        return self._parse(response)
+        """math-verify's parse of the answer: [sympy object, source string], or [] when none.
+
+        A response with a box is read from its last box in both modes (lenient: as math-verify, whose
+        boxes come first), and the box is read as LaTeX only: math-verify would otherwise fall back to the
+        last bare number inside a box it cannot parse, so ``\\boxed{\\{1, 2, \\ldots, 42\\}}`` read as 42."""
+        content = last_boxed(response)
+        if content is not None:
+            return self._parse_box(content)
+        return [] if self.mode == "boxed" else self._parse(response)
+
+    def _parse_box(self, content: str) -> list[Any]:
+        return self._mv.parse("\\boxed{" + content + "}", extraction_config=[self._mv.LatexExtractionConfig()],
+                              parsing_timeout=None, raise_on_error=True)
 
     # ------------------------------------------------------------------ verify
     def verify(self, response: str, gold: Any) -> Outcome:
@@ -190,36 +267,78 @@ class MathVerifier:
             return Outcome(Status.TIMEOUT, 0.0, None, self.name, self.version, f"time limit: {exc}")
 
     def _verify(self, response: str, gold: str) -> Outcome:
+        response = plain_letters(response)
         formatted = last_boxed(response) is not None
         gold_parsed = self._parse_gold(gold)
-        pred = self.extract(response)
+        try:
+            pred = self.extract(response)
+        except Exception as exc:  # noqa: BLE001 — the answer, not the verifier, is broken
+            return self._wrong(formatted, None, f"unparseable answer, scored 0: {type(exc).__name__}: {exc}",
+                               {"parse_failed": True})
         if not pred:
             return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, f"mode={self.mode}")
         extracted = str(pred[-1]) if isinstance(pred[-1], str) else str(pred[0])
+        ok, error = self._matches(gold_parsed, pred)
+        if ok:
+            rival = None if _is_set(pred[0]) else self._rival(response, gold_parsed)
+            if rival is not None:
+                return self._wrong(formatted, extracted, f"several answers, and {rival[:80]!r} is not the gold",
+                                   {"several_answers": True})
+            reward = shaped_reward(True, formatted, self.format_reward)
+            return Outcome(Status.CORRECT, reward, extracted, self.name, self.version, f"mode={self.mode}")
+        if error is not None:
+            # Both sides parsed but the values cannot be compared (nan, zoo, a set against a matrix):
+            # the answer is not shown equal to the gold, so it scores 0; the message stays in `extra`.
+            message = f"{type(error).__name__}: {error}"
+            return self._wrong(formatted, extracted, f"not comparable with the gold, scored 0: {message}",
+                               {"compare_error": message})
+        return self._wrong(formatted, extracted, f"mode={self.mode}")
 
-        # Each (gold, pred) candidate pair on its own, as math-verify's verify does with any(), but
-        # keeping the first error instead of swallowing it.
+    def _wrong(self, formatted: bool, extracted: str | None, detail: str, extra: dict | None = None) -> Outcome:
+        reward = shaped_reward(False, formatted, self.format_reward)
+        return Outcome(Status.INCORRECT, reward, extracted, self.name, self.version, detail, extra or {})
+
+    def _matches(self, gold_parsed: tuple[Any, ...], pred: list[Any]) -> tuple[bool, BaseException | None]:
+        """(some (gold, pred) candidate pair is equal, the first exception a pair raised).
+
+        Each pair on its own, as math-verify's verify does with any(), but keeping the first error
+        instead of swallowing it."""
         first_error: BaseException | None = None
         for g in gold_parsed:
             for t in pred:
                 try:
-                    ok = self._mv.verify(
-                        g, t,
-                        float_rounding=self.float_rounding,
-                        numeric_precision=self.numeric_precision,
-                        timeout_seconds=None,
-                        raise_on_error=True,
-                    )
-                except Exception as exc:  # noqa: BLE001 — kept and reported below
+                    if self._mv.verify(g, t, float_rounding=self.float_rounding,
+                                       numeric_precision=self.numeric_precision,
+                                       timeout_seconds=None, raise_on_error=True):
+                        return True, None
+                except Exception as exc:  # noqa: BLE001 — returned to the caller
                     first_error = first_error or exc
-                    continue
-                if ok:
-                    reward = shaped_reward(True, formatted, self.format_reward)
-                    return Outcome(Status.CORRECT, reward, extracted, self.name, self.version, f"mode={self.mode}")
-        if first_error is not None:
-            return Outcome(
-                Status.ERROR, 0.0, extracted, self.name, self.version,
-                f"{type(first_error).__name__}: {first_error}",
-            )
-        reward = shaped_reward(False, formatted, self.format_reward)
-        return Outcome(Status.INCORRECT, reward, extracted, self.name, self.version, f"mode={self.mode}")
+        return False, first_error
+
+    def _rival(self, response: str, gold_parsed: tuple[Any, ...]) -> str | None:
+        """A second stated answer that is not the gold: another box, or an alternative joined by "or".
+
+        The rule: a response that states several answers is correct only if every one of them is
+        (the graders we follow read only the last box, so spraying ``\\boxed{1}…\\boxed{9}`` would
+        win). Restating the same value (``\\boxed{1/2}`` … ``\\boxed{0.5}``) still counts."""
+        boxes = list(dict.fromkeys(b.strip() for b in all_boxed(response)))
+        several_boxes = len(boxes) > 1
+        candidates = boxes if several_boxes else alternatives(response)
+        if len(candidates) > MAX_ANSWERS:
+            return f"{len(candidates)} answers"
+        for candidate in candidates:
+            try:
+                parsed = self._parse_box(candidate) if several_boxes else self._parse(candidate)
+            except Exception:  # noqa: BLE001 — an unparseable second answer is not the gold
+                return candidate
+            if parsed and not self._matches(gold_parsed, parsed)[0]:
+                return candidate
+        return None
+
+
+def _is_set(value: Any) -> bool:
+    """math-verify joined several stated values into one set ("$3$ or $4$"); its set comparison then
+    demands exactly the gold's elements, so no further check is needed."""
+    import sympy
+
+    return isinstance(value, sympy.FiniteSet)

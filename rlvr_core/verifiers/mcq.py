@@ -25,6 +25,15 @@ from typing import Any
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier, shaped_reward
 
 
+# Between the letters of a list: a comma, slash, ampersand or semicolon, "and"/"or", or just spaces.
+_SEPARATOR = r"\s*(?:[,/&;]\s*)?(?:\b(?:and|or)\b\s*)?"
+
+
+def _item(letters: str) -> str:
+    """One option letter standing alone as a word, maybe in parentheses or bold: "C", "(C)", "**C**"."""
+    return r"(?<![\w])(?:\*\*)?\(?" + letters + r"\)?(?:\*\*)?(?![\w])"
+
+
 def gold_letter(gold: Any, letters: str) -> str:
     if isinstance(gold, bool):
         raise TypeError(f"mcq gold must be a letter or an index, got bool {gold!r}")
@@ -68,34 +77,76 @@ class MCQVerifier:
         self._alone = re.compile(r"^\W*(?P<x>" + L + r")(?:[\)\].:]|\s*$)")
         # 3. a letter in parentheses anywhere.
         self._paren = re.compile(r"\((?P<x>" + L + r")\)")
+        # Several letters given as one answer: "A, B, C and D", "A or B", "(A)(B)", "B/C".
+        self._lists = {case: re.compile(item + r"(?:" + _SEPARATOR + item + r")+")
+                       for case, item in (("upper", _item(L)), ("any", _item(Lc)))}
 
     def extract(self, response: str) -> tuple[str | None, str]:
         """(letter or None, which rule matched)."""
+        letter, rule, _ = self._find(response)
+        return letter, rule
+
+    def _find(self, response: str) -> tuple[str | None, str, int]:
+        """(letter or None, which rule matched, where the letter stands in the response)."""
         found = []
         for m in self._explicit.finditer(response):
-            letter = m.group("x") or m.group("y")
+            group = "x" if m.group("x") else "y"
+            letter = m.group(group)
             # "the answer is a bit tricky": a lower-case letter followed by more words is an article.
             if letter.islower() and re.match(r"\s+[A-Za-z]", response[m.end():]):
                 continue
             if letter.upper() in self.letters:
-                found.append(letter)
+                found.append((letter, m.start(group)))
         if found:
-            return found[-1].upper(), "explicit"
-        m = self._alone.match(response.strip())
+            letter, pos = found[-1]
+            return letter.upper(), "explicit", pos
+        stripped = response.strip()
+        m = self._alone.match(stripped)
         if m:
-            return m.group("x"), "alone"
-        paren = self._paren.findall(response)
+            return m.group("x"), "alone", response.find(stripped) + m.start("x")
+        paren = list(self._paren.finditer(response))
         if paren:
-            return paren[-1], "parenthesised"
-        return None, "none"
+            return paren[-1].group("x"), "parenthesised", paren[-1].start("x")
+        return None, "none", -1
+
+    def several_statements(self, response: str) -> str | None:
+        """The letters of "answer is X" / ``\\boxed{X}`` statements when they name different options
+        ("The answer is A. The answer is B."), else None. "Option A is wrong" is reasoning, not counted."""
+        letters = set()
+        for m in self._explicit.finditer(response):
+            letter = m.group("x") or m.group("y")
+            if letter.islower() and re.match(r"\s+[A-Za-z]", response[m.end():]):
+                continue
+            if re.match(r"(?i)answer|\\boxed", m.group(0)) and letter.upper() in self.letters:
+                letters.add(letter.upper())
+        return ", ".join(sorted(letters)) if len(letters) > 1 else None
+
+    def several_letters(self, response: str, pos: int) -> str | None:
+        """The list of letters the chosen one stands in ("A, B, C and D"), or None when it stands alone.
+
+        The rule: an answer that names several options is wrong whichever of them is the gold (the
+        graders we follow take the first or the last letter, so naming them all would always win)."""
+        case = "any" if response[pos].islower() else "upper"
+        line_start = response.rfind("\n", 0, pos) + 1
+        line_end = response.find("\n", pos)
+        line = response[line_start:] if line_end < 0 else response[line_start:line_end]
+        for m in self._lists[case].finditer(line):
+            if m.start() <= pos - line_start < m.end():
+                letters = {c.upper() for c in re.findall(r"[A-Za-z]", m.group(0)) if c.upper() in self.letters}
+                return m.group(0) if len(letters) > 1 else None
+        return None
 
     def verify(self, response: str, gold: Any) -> Outcome:
         if not isinstance(response, str):
             raise TypeError(f"response must be str, got {type(response).__name__}")
         target = gold_letter(gold, self.letters)
-        letter, rule = self.extract(response)
+        letter, rule, pos = self._find(response)
         if letter is None:
             return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, "no standalone letter")
+        listed = self.several_letters(response, pos) or self.several_statements(response)
+        if listed is not None:
+            return Outcome(Status.INCORRECT, shaped_reward(False, rule == "explicit", self.format_reward), letter,
+                           self.name, self.version, f"several options given: {listed!r}", {"several_answers": True})
         ok = letter == target
         reward = shaped_reward(ok, rule == "explicit", self.format_reward)
         return Outcome(Status.CORRECT if ok else Status.INCORRECT, reward, letter, self.name, self.version,

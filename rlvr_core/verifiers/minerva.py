@@ -9,8 +9,8 @@ Their metric, which we follow step by step (lm_eval/tasks/minerva_math/utils.py)
    after the last ``=``, a fixed list of substitutions and removed words (units, "dollars", …),
    unwrap ``$…$``, ``\\text{}``, ``\\textbf{}``, ``\\overline{}``, ``\\boxed{}``, fix ``\\fracab`` and
    ``\\sqrta``, drop thousands commas of integers.
-4. ``is_equiv``: parse both LaTeX strings, and the answer is right iff ``simplify(a - b) == 0``.
-   Nothing else: no string-equality shortcut, and an unparseable answer scores 0.
+4. ``is_equiv``: identical normalised strings are equal (lm-eval 0.4.13); otherwise parse both LaTeX
+   strings, and the answer is right iff ``simplify(a - b) == 0``; an unparseable answer scores 0.
 
 Where we differ, and why:
 
@@ -119,7 +119,12 @@ class MinervaVerifier:
             raise _ParseFailed(f"{type(exc).__name__}: {exc}") from exc
 
     def is_equiv(self, x1: str, x2: str) -> bool:
-        """simplify(parse(x1) - parse(x2)) == 0; raises _ParseFailed when either does not parse."""
+        """Identical normalised strings, else simplify(parse(x1) - parse(x2)) == 0; raises _ParseFailed
+        when either does not parse. The string check comes first, as in lm-eval 0.4.13: without it a
+        tuple, an interval or a time (``12:00`` is ``12/0``, and ``zoo - zoo`` is nan) identical to the
+        gold scores 0."""
+        if x1 and x1 == x2:
+            return True
         a, b = self._parse(x1), self._parse(x2)
         try:
             diff = a - b
@@ -138,12 +143,30 @@ class MinervaVerifier:
         try:
             with cpu_time_limit(self.time_limit_s):
                 ok = self.is_equiv(answer, target)
+                other = self._other_answer(response, answer, target) if ok else None
         except VerifierTimeout as exc:
             return Outcome(Status.TIMEOUT, 0.0, answer, self.name, self.version, f"sympy simplify: {exc}")
         except _ParseFailed as exc:
             return Outcome(Status.INCORRECT, 0.0, answer, self.name, self.version,
                            f"unparseable, scored 0 as lm-eval does: {exc}", {"parse_failed": True})
-        status = Status.CORRECT if ok else Status.INCORRECT
+        if other is not None:
+            return Outcome(Status.INCORRECT, shaped_reward(False, True, self.format_reward), answer, self.name,
+                           self.version, f"several final answers, and {other[:80]!r} is not the gold",
+                           {"several_answers": True})
         reward = shaped_reward(ok, True, self.format_reward)
-        return Outcome(status, reward, answer, self.name, self.version, f"gold={target}")
+        return Outcome(Status.CORRECT if ok else Status.INCORRECT, reward, answer, self.name, self.version,
+                       f"gold={target}")
 
+    def _other_answer(self, response: str, first: str, target: str) -> str | None:
+        """A later "Final Answer: …" line that is not the gold, or None. lm-eval reads only the first such
+        line; we hold every one to the gold, so a response that states several answers scores 0."""
+        for m in _FINAL.finditer(response + "I hope it is correct."):
+            other = normalize_final_answer(m.group(1).strip())
+            if other == first:
+                continue
+            try:
+                if not self.is_equiv(other, target):
+                    return other
+            except _ParseFailed:
+                return other
+        return None

@@ -55,9 +55,12 @@ def test_strict_needs_the_marker():
     assert STRICT.verify("so 5 * 7 = 35", "35").status is Status.NO_ANSWER
     assert STRICT.verify("5 * 7 = 35. The answer is 35.", "35").status is Status.CORRECT
     assert STRICT.verify("#### $1,200", "#### 1,200").status is Status.CORRECT
-    # the last marker wins, and numbers after it do not count in strict mode
-    o = STRICT.verify("#### 4\nwait, no\n#### 35\nthen 99 more words", "35")
+    # the last marker is the one read, and numbers after it do not count in strict mode
+    o = STRICT.verify("#### 35\nthen 99 more words", "35")
     assert (o.status, o.extracted) == (Status.CORRECT, "35")
+    # two different final answers score 0 whichever is last (answer spraying: test_reward_hacks_answers.py)
+    o = STRICT.verify("#### 4\nwait, no\n#### 35\nthen 99 more words", "35")
+    assert (o.status, o.extracted, o.extra["several_answers"]) == (Status.INCORRECT, "35", True)
     # flexible reads the trailing number on the same text
     assert FLEX.verify("#### 4\nwait, no\n#### 35\nthen 99 more words", "35").status is Status.INCORRECT
 

@@ -87,7 +87,11 @@ GSM8K_KNOWN_DIFFERENCES = {
     ("strict-match", "hash_dollar"):
         (Status.CORRECT, False, "'#### $18': lm-eval's regex '#### (\\-?[0-9\\.\\,]+)' allows no '$'; we drop it"),
     ("strict-match", "two_markers_last_right"):
-        (Status.CORRECT, False, "'#### 19 ... #### 18': lm-eval takes the first '#### N' (findall()[0]), we the last"),
+        (Status.INCORRECT, False, "'#### 19 ... #### 18': lm-eval takes the first '#### N' (findall()[0]) and is wrong; "
+                                  "we read the last but score 0: two different final answers"),
+    ("flexible-extract", "two_markers_last_right"):
+        (Status.INCORRECT, True, "'#### 19 ... #### 18': lm-eval's last number is right; we score 0: two different "
+                                 "final answers (answer spraying, docs/verifiers.md 'Reward hacks (answers)')"),
     ("strict-match", "hash_decimal"):
         (Status.CORRECT, False, "'#### 18.00': lm-eval compares strings ('18.00' != '18'), we compare numbers"),
     ("flexible-extract", "hash_decimal"): (Status.CORRECT, False, "as in strict-match"),
