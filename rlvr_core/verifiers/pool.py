@@ -74,6 +74,7 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -116,8 +117,10 @@ _AFFINITY_WINDOW = 8
 # multiprocessing's own default.
 _PRELOAD = ["__main__", "rlvr_core.verifiers", "rlvr_core.verifiers.warm"]
 _FORKSERVER_START = threading.Lock()
-# The variable naming the verifiers the forkserver warms (read by `rlvr_core.verifiers.warm` in the server).
+# The variables naming the verifiers the forkserver warms and the import path to find them with (the parent's
+# `sys.path`, which Python 3.11's forkserver does not apply itself), read by `rlvr_core.verifiers.warm` there.
 WARM_ENV = "RLVR_WARM_VERIFIERS"
+WARM_PATH_ENV = "RLVR_WARM_SYS_PATH"
 # The spare is re-forked from a working worker after this many results, so that a replacement has
 # the batch's golds and sympy state of a moment ago rather than of the pool's start.
 _REFRESH_SPARE_AFTER = 200
@@ -142,15 +145,17 @@ def _context(name: str) -> Any:
     # Only takes effect if this process's forkserver is not running yet; harmless otherwise.
     ctx.set_forkserver_preload(_PRELOAD)
     with _FORKSERVER_START:  # the server inherits the environment at its start: name it only then
-        before = os.environ.get(WARM_ENV)
-        os.environ[WARM_ENV] = name
+        told = {WARM_ENV: name, WARM_PATH_ENV: os.pathsep.join(sys.path)}
+        before = {k: os.environ.get(k) for k in told}
+        os.environ.update(told)
         try:
             forkserver.ensure_running()
         finally:
-            if before is None:
-                os.environ.pop(WARM_ENV, None)
-            else:
-                os.environ[WARM_ENV] = before
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return ctx
 
 

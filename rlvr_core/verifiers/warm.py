@@ -16,8 +16,9 @@ verifiers of later pools of the same process, which share this forkserver.
 from __future__ import annotations
 
 import os
+import sys
 
-from rlvr_core.verifiers.pool import WARM_ENV  # comma-separated names (a built-in's or `package.module:name`)
+from rlvr_core.verifiers.pool import WARM_ENV, WARM_PATH_ENV  # names (comma-separated), the parent's sys.path
 from rlvr_core.verifiers.registry import get_verifier, known_verifiers
 
 # What this process warmed, in order (read by tests through a worker forked from it).
@@ -41,4 +42,6 @@ def warm_up(names: list[str]) -> None:
         WARMED.append(name)
 
 
+if os.environ.get(WARM_PATH_ENV):  # so that a `package.module:name` verifier imports here as in the parent
+    sys.path[:] = os.environ[WARM_PATH_ENV].split(os.pathsep)
 warm_up(to_warm())
