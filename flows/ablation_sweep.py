@@ -30,18 +30,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run
 
 from flows.pipeline import pipeline_flow
+from flows.sealed import sealed_flow, sealed_parameters
 from rlvr_core.artifacts import layout
 from rlvr_core.artifacts.artifacts_index import publish_sweep_index
 from rlvr_core.artifacts.layout import sweep_prefix
 from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core import settings
 from rlvr_core.experiment.config import config_hash
+from rlvr_core.experiment.secrets import unseal
 from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
                                        pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
 from rlvr_core.records import warehouse
@@ -74,7 +76,7 @@ def shared_stages(config: dict[str, Any], deployment: str | None, timeout_s: flo
     """Data → base model → pass-rate table → curriculum once, on the GPU pool (or inline without a deployment)."""
     if deployment is None:
         return pipeline_flow(config, stop_after="curriculum")["pass_rate_table_id"]
-    fr = run_deployment(deployment, parameters={"config": config, "stop_after": "curriculum"},
+    fr = run_deployment(deployment, parameters=sealed_parameters({"config": config, "stop_after": "curriculum"}),
                         timeout=timeout_s, as_subflow=True)
     _check_flow_run(fr, "shared stages")
     return str(fr.id)
@@ -87,7 +89,7 @@ def run_trial(trial: Trial, sweep_id: str, parent_run_id: str, deployment: str |
     if deployment is None:  # inline (no server / worker): a subflow in this process
 
         return pipeline_flow(**params)["mlflow_run_id"]
-    fr = run_deployment(deployment, parameters=params, timeout=timeout_s, as_subflow=True,
+    fr = run_deployment(deployment, parameters=sealed_parameters(params), timeout=timeout_s, as_subflow=True,
                         flow_run_name=f"{sweep_id}-{trial.trial_id}")
     _check_flow_run(fr, f"trial {trial.trial_id} ({trial.label})")
     return str(fr.id)
@@ -102,14 +104,14 @@ def _load(sweep: str | dict[str, Any], sweep_source: str | None) -> tuple[Sweep,
     """A sweep name or path (the worker's checkout), or the mapping `rlvr sweep run` submits (base inlined)."""
     if isinstance(sweep, dict):
         source = sweep_source or f"<sweep {sweep.get('name', '?')}>"
-        return parse_sweep(sweep, source), source
+        return parse_sweep(unseal(sweep, source, path="sweep"), source), source
     path = find_sweep(sweep)
     if not path.is_absolute() and not path.exists():
         path = ROOT / path
     return load_sweep(path), str(path)  # every trial validated; ConfigError names the file and field
 
 
-@flow(name="ablation-sweep", log_prints=True, validate_parameters=False)
+@sealed_flow(name="ablation-sweep", log_prints=True, validate_parameters=False)
 def ablation_sweep_flow(sweep: str | dict[str, Any] = "demo-2x2", max_parallel: int = 2,
                         deployment: str | None = "pipeline/pipeline", trial_timeout_s: float = 6 * 3600,
                         sweep_source: str | None = None) -> dict[str, Any]:

@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from flows.pipeline import resolve_config
+from flows.sealed import sealed_flow
 from rlvr_core.artifacts import layout
 from rlvr_core.artifacts.export import MANIFEST_FILE, verify_local_export
 from rlvr_core.artifacts.storage import ArtifactStore, join, open_store
@@ -132,7 +133,7 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
             "n": ev.summary["n"]}
 
 
-@flow(name="nightly-eval", log_prints=True, validate_parameters=False)
+@sealed_flow(name="nightly-eval", log_prints=True, validate_parameters=False)
 def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides: dict[str, Any] | None = None,
                       max_checkpoints: int | None = None) -> dict[str, Any]:
     settings.configure_environment()

@@ -14,7 +14,7 @@ the shared stages and opens no MLflow run (the sweep uses it to compute the pass
 Tracking (docs/tracking.md): one MLflow run per pipeline (the resolved config as params, the headline
 numbers, the run folder as artifacts, system metrics) with one child run per stage (its config
 sections, its own metrics and tags). Recording goes through `rlvr_core.records.runrecord.record_run`, which
-redacts, so nothing this flow records holds a secret.
+redacts, so nothing this flow records holds a secret; Prefect stores its parameters sealed (flows/sealed.py).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from prefect import flow
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.runtime import flow_run
 
+from flows.sealed import sealed_flow
 from rlvr_core.artifacts import layout
 from rlvr_core.artifacts.storage import ArtifactStore, join, open_store
 from rlvr_core.core import settings
@@ -41,6 +41,7 @@ from rlvr_core.core.progress import Progress
 from rlvr_core.data.templates import get_template
 from rlvr_core.eval.compare import compare, from_tables, write_report
 from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, load_config, parse_config
+from rlvr_core.experiment.secrets import unseal
 from rlvr_core.grpo.trainer import ROLLOUTS_FILE
 from rlvr_core.pipeline import stages
 from rlvr_core.probe.report import ProbeSettings, run_rl_probe
@@ -57,16 +58,18 @@ KINDS = ("pipeline", "demo")  # a run with a sweep id is a "trial"
 
 def resolve_config(config: dict[str, Any] | str, overrides: dict[str, Any] | None = None,
                    source: str = "<pipeline parameter config>") -> ExperimentConfig:
-    """A path (relative to the project root when not found from the cwd) or a mapping, plus dotted overrides."""
+    """A path (relative to the project root when not found from the cwd) or a mapping, plus dotted overrides.
+    Secrets sealed in them (a run started from stored parameters: flows.sealed) come from the environment."""
+    overrides = unseal(overrides, source, path="overrides")
     if isinstance(config, str):
         p = Path(config)
         if not p.is_absolute() and not p.exists():
             p = ROOT / p
         return load_config(p, overrides)
-    return parse_config(apply_overrides(config, overrides or {}), source)
+    return parse_config(apply_overrides(unseal(config, source, path="config"), overrides or {}), source)
 
 
-@flow(name="pipeline", log_prints=True, validate_parameters=False)
+@sealed_flow(name="pipeline", log_prints=True, validate_parameters=False)
 def pipeline_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides: dict[str, Any] | None = None,
                   parent_run_id: str | None = None, sweep_id: str | None = None, trial_id: str | None = None,
                   trial_label: str | None = None, eval_base: bool = False, stop_after: str | None = None,

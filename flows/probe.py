@@ -21,9 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from flows.sealed import sealed_flow
 from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core import settings
 from rlvr_core.records import warehouse
@@ -73,7 +74,7 @@ def ingest_run(run_prefix: str, artifact_uri: str | None) -> dict[str, int] | No
     return warehouse.ingest_run(store, run_prefix)
 
 
-@flow(name="probe", log_prints=True, validate_parameters=False)
+@sealed_flow(name="probe", log_prints=True, validate_parameters=False)
 def probe_flow(a: str, b: list[str], analyses: list[str] | None = None, options: dict[str, dict[str, Any]] | None = None,
                publish_prefix: str | None = None, artifact_uri: str | None = None,
                work_dir: str | None = None) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import get_current_settings
 
+from flows.sealed import sealed_parameters
 from rlvr_core.pipeline.sweeps import one_line_error
 
 FLOW = "ablation-sweep"
@@ -62,7 +63,7 @@ def submit(name: str, parameters: dict[str, Any], deployments: list[str]) -> tup
                 dep = client.read_deployment_by_name(dep_name)
             except ObjectNotFound:
                 continue
-            fr = client.create_flow_run_from_deployment(dep.id, parameters=parameters, name=name)
+            fr = client.create_flow_run_from_deployment(dep.id, parameters=sealed_parameters(parameters), name=name)
             return fr, dep_name
     raise SweepCliError(f"no deployment {' or '.join(dict.fromkeys(deployments))} on {api_url()}: deploy "
                         f"infra/prefect/prefect.yaml (`rlvr stack up` does)")

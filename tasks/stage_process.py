@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,23 +22,43 @@ from typing import Any
 from prefect import get_run_logger
 
 from rlvr_core.core import settings
+from rlvr_core.experiment.secrets import seal
 from tasks.retry import StageProcessError, oom_kill_count, stage_death
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_stage_process(stage: str, request: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
-    """Run `tasks.stage_runner STAGE` in a child process; return its result or raise StageProcessError."""
+    """Run `tasks.stage_runner STAGE` in a child process; return its result or raise StageProcessError.
+
+    The request file never holds a secret: its secrets are sealed (`rlvr_core.experiment.secrets`) and travel in
+    the child's environment. The file is private (0600, in a 0700 folder), the child deletes it once read, and
+    the folder goes when the stage ends, whether it succeeded, failed or was killed."""
+    work = Path(tempfile.mkdtemp(prefix=f"rlvr-{stage}-", dir=tmp_root()))  # mode 0700
+    try:
+        secrets = write_request(work / "request.json", request)
+        return _run_child(stage, work, secrets, timeout_s)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def write_request(path: Path, request: dict[str, Any]) -> dict[str, str]:
+    """Write the sealed request, readable by its owner only; return the secrets it left out, by variable name."""
+    sealed, secrets = seal(request)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(json.dumps(sealed, default=str))
+    return secrets
+
+
+def _run_child(stage: str, work: Path, secrets: dict[str, str], timeout_s: float | None) -> dict[str, Any]:
     try:
         logger = get_run_logger()
         log = logger.info
     except Exception:  # noqa: BLE001 - called outside a run (tests, benchmarks): plain stderr
         def log(msg: str) -> None:
             print(msg, file=sys.stderr, flush=True)
-    work = Path(tempfile.mkdtemp(prefix=f"rlvr-{stage}-", dir=tmp_root()))
     req, res = work / "request.json", work / "result.json"
-    req.write_text(json.dumps(request, default=str))
-    env = dict(os.environ)
+    env = {**os.environ, **secrets}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "tasks.stage_runner", stage, str(req), str(res)]

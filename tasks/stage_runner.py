@@ -25,6 +25,7 @@ from typing import Any
 
 from rlvr_core.core.progress import Progress
 from rlvr_core.experiment.config import parse_config
+from rlvr_core.experiment.secrets import unseal
 from rlvr_core.pipeline import stages
 from tasks.retry import is_oom, is_transient, oom_guard
 
@@ -90,9 +91,11 @@ def main(argv: list[str]) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    req = json.loads(request.read_text())
+    text = request.read_text()
+    request.unlink(missing_ok=True)  # no request file is left behind, even if this process is killed
     try:
-        out = {"ok": True, "result": run(stage, req)}
+        # Its sealed secrets come from our environment (tasks.stage_process).
+        out = {"ok": True, "result": run(stage, unseal(json.loads(text), str(request)))}
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent, classified
         out = failure_report(stage, e)

@@ -12,7 +12,7 @@ The warehouse is derived from these files (`rlvr warehouse rebuild`), never the 
 
 `record_run` is the one recorder of a finished run, for every flow: it writes these files, uploads them,
 logs the same params, metrics and tags to MLflow, writes the folder's index.html and ingests the folder
-into the warehouse. Redaction happens inside it (`write_run_folder`, and `Tracker.log_params`/`set_tags`:
+into the warehouse. Redaction happens inside it (`write_run_folder`, its tables included, and `Tracker.log_params`/`set_tags`:
 values under secret-looking keys, passwords inside URLs), so no caller can record a credential by
 forgetting to: a tracking URI `http://user:secret@host` is recorded as `http://user:***@host`.
 Every step is idempotent (files are overwritten, MLflow params are identical, ingest is delete-then-insert
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import yaml
@@ -35,7 +36,7 @@ import yaml
 from rlvr_core.artifacts.artifacts_index import write_run_index
 from rlvr_core.artifacts.storage import ArtifactStore, join
 from rlvr_core.records import warehouse
-from rlvr_core.records.tracking import Tracker, redact, redact_text
+from rlvr_core.records.tracking import REDACTED, URL_WITH_USERINFO, Tracker, is_secret_key, redact, redact_text
 
 
 def record_run(store: ArtifactStore, prefix: str, tracker: Tracker, run_id: str, *, run: dict[str, Any],
@@ -56,6 +57,7 @@ def record_run(store: ArtifactStore, prefix: str, tracker: Tracker, run_id: str,
             (local / rel).write_text(redact_text(text))
         for rel, folder in (folders or {}).items():
             shutil.copytree(folder, local / rel, dirs_exist_ok=True)
+            redact_files(local / rel)
         upload_run_folder(store, prefix, local)
         tracker.log_params(run_id, params)
         tracker.log_metrics(run_id, metrics)
@@ -82,8 +84,44 @@ def write_run_folder(local: Path, *, run: dict[str, Any], params: dict[str, Any]
     for rel, table in tables.items():
         dest = local / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, dest)
+        pq.write_table(redact_table(table), dest)
     return local
+
+
+def redact_table(table: pa.Table) -> pa.Table:
+    """`table` with its string columns redacted: every value of a column named like a secret (`is_secret_key`)
+    becomes `***`, and a URL's password inside any text is masked (`redact_text`). Top-level string columns only:
+    the tables runs record keep their text there (completions, details, labels)."""
+    for i, field in enumerate(table.schema):
+        if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+            continue
+        col = table.column(i)
+        if is_secret_key(field.name):
+            values = [v if v in (None, "") else REDACTED for v in col.to_pylist()]
+        elif pc.any(pc.match_substring_regex(col, URL_WITH_USERINFO.pattern)).as_py():  # rare: only then in Python
+            values = [v if v is None else redact_text(v) for v in col.to_pylist()]
+        else:
+            continue
+        table = table.set_column(i, field, pa.array(values, field.type))
+    return table
+
+
+# Files of a copied folder that are read as text and redacted like a report.
+TEXT_SUFFIXES = frozenset({".md", ".txt", ".json", ".jsonl", ".yaml", ".yml", ".csv", ".html", ".svg"})
+
+
+def redact_files(folder: Path) -> None:
+    """Redact a copied folder in place: its Parquet tables (`redact_table`) and text files (`redact_text`)."""
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        if f.suffix == ".parquet":
+            table = pq.read_table(f)
+            redacted = redact_table(table)
+            if redacted is not table:
+                pq.write_table(redacted, f)
+        elif f.suffix in TEXT_SUFFIXES:
+            text = f.read_text(encoding="utf-8", errors="replace")
+            if redact_text(text) != text:
+                f.write_text(redact_text(text), encoding="utf-8")
 
 
 def upload_run_folder(store: ArtifactStore, prefix: str, local: Path) -> list[str]:

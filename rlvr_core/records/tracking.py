@@ -118,12 +118,13 @@ def redact_url(value: str) -> str:
                                      else f"{REDACTED}@{host}"))
 
 
-_URL_WITH_USERINFO = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@'\"<>]+@[^\s'\"<>]*")
+# A URL with userinfo (`scheme://user:pw@host`); also used as an RE2 pattern over whole table columns (runrecord).
+URL_WITH_USERINFO = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@'\"<>]+@[^\s'\"<>]*")
 
 
 def redact_text(text: str) -> str:
     """`redact_url` applied to every URL with credentials inside free text (a report, a log line)."""
-    return _URL_WITH_USERINFO.sub(lambda m: redact_url(m.group(0)), text)
+    return URL_WITH_USERINFO.sub(lambda m: redact_url(m.group(0)), text)
 
 
 def is_secret_key(name: str) -> bool:

@@ -74,11 +74,12 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from multiprocessing import reduction
+from multiprocessing import forkserver, reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -110,10 +111,16 @@ _HANG_SHARE = 0.25
 # already had its gold: a worker with room takes the first of the next few to-do items whose gold
 # is new or its own, else the next one (never waits for a busy worker).
 _AFFINITY_WINDOW = 8
-# Imported once in the forkserver, so that forked workers start with them loaded: `warm` runs every
-# registered verifier's `warm_up()` there (math-verify's sympy state, langdetect's profiles, ...), so
-# even a worker started from the forkserver starts warm; "__main__" is multiprocessing's own default.
+# Imported once in the forkserver, so that forked workers start with them loaded: `warm` runs the
+# `warm_up()` of the verifier of the pool that started the forkserver there (math-verify's sympy state,
+# langdetect's profiles, ...), so even a worker started from the forkserver starts warm; "__main__" is
+# multiprocessing's own default.
 _PRELOAD = ["__main__", "rlvr_core.verifiers", "rlvr_core.verifiers.warm"]
+_FORKSERVER_START = threading.Lock()
+# The variables naming the verifiers the forkserver warms and the import path to find them with (the parent's
+# `sys.path`, which Python 3.11's forkserver does not apply itself), read by `rlvr_core.verifiers.warm` there.
+WARM_ENV = "RLVR_WARM_VERIFIERS"
+WARM_PATH_ENV = "RLVR_WARM_SYS_PATH"
 # The spare is re-forked from a working worker after this many results, so that a replacement has
 # the batch's golds and sympy state of a moment ago rather than of the pool's start.
 _REFRESH_SPARE_AFTER = 200
@@ -129,12 +136,26 @@ def _wait_s(pid: int) -> float | None:
         return None
 
 
-def _context() -> Any:
+def _context(name: str) -> Any:
+    """The multiprocessing context of a pool of verifier `name`; starts this process's forkserver, warming
+    `name` only (`rlvr_core.verifiers.warm` reads WARM_ENV there), unless it is running already."""
     if "forkserver" not in mp.get_all_start_methods():  # Windows
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     # Only takes effect if this process's forkserver is not running yet; harmless otherwise.
     ctx.set_forkserver_preload(_PRELOAD)
+    with _FORKSERVER_START:  # the server inherits the environment at its start: name it only then
+        told = {WARM_ENV: name, WARM_PATH_ENV: os.pathsep.join(sys.path)}
+        before = {k: os.environ.get(k) for k in told}
+        os.environ.update(told)
+        try:
+            forkserver.ensure_running()
+        finally:
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return ctx
 
 
@@ -339,7 +360,7 @@ class VerifierPool:
             self._local.set_time_limit(timeout_s)
         if workers == 0:
             self._local.warm_up()
-        self._ctx = _context() if workers else None
+        self._ctx = _context(name) if workers else None
         # Spares are forked from warm workers where the platform can (see `_fork_spare`).
         self._can_fork = self._ctx is not None and self._ctx.get_start_method() == "forkserver"
         self._since_spare = 0  # results since the newest spare was made

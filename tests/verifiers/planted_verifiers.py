@@ -5,9 +5,13 @@ in every worker by that name).
 - `<<C-HANG>>`: a catastrophic regex backtrack (2^40 steps) inside the C regex engine. No signal handler
   can run until it returns, so the verifier's own CPU-time limit cannot stop it: only the pool's kill can.
 - `<<SPIN s>>`: a legitimate item that needs `s` seconds of CPU time, then answers correct.
+
+`warm_report` answers every item with the verifiers its process was warmed with (`rlvr_core.verifiers.warm.WARMED`,
+inherited from the pool's forkserver), comma-separated, as `extracted`.
 """
 
 import re
+import sys
 import time
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier
@@ -36,3 +40,18 @@ class PlantedMath(MathVerifier):
                 pass
             return Outcome(Status.CORRECT, 1.0, None, self.name, self.version, "spun")
         return super().verify(response, gold)
+
+
+@register_verifier("warm_report")
+class WarmReport:
+    name = "warm_report"
+    version = "1"
+    can_hang = False
+
+    def warm_up(self):
+        pass
+
+    def verify(self, response, gold):
+        warm = sys.modules.get("rlvr_core.verifiers.warm")
+        warmed = ",".join(warm.WARMED) if warm else "<no warm-up in this process>"
+        return Outcome(Status.CORRECT, 1.0, warmed, self.name, self.version, "")

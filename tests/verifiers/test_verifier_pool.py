@@ -332,3 +332,20 @@ def test_many_sidelined_items_rejoining_at_once_lose_nothing():
         outs = pool.verify_many(pairs)
         assert [o.status for o in outs] == want
         assert pool.stats["crashes"] == 0 and pool.stats["kills"] == 0
+
+
+def test_a_pool_warms_only_its_own_verifier():
+    """The forkserver a pool starts warms that pool's verifier, not every registered one (math-verify, sympy,
+    langdetect: seconds that `rlvr verify` of another verifier paid). A fresh process, so that its pool starts the
+    forkserver; a worker forked from it reports what the server warmed. The verifier's module is found through
+    the parent's `sys.path` only (as under pytest), which the server must adopt to import and warm it."""
+    here = Path(__file__).resolve().parent
+    code = (f"import sys; sys.path.insert(0, {str(here)!r})\n"
+            "from rlvr_core.verifiers.pool import VerifierPool\n"
+            "with VerifierPool('planted_verifiers:warm_report', workers=1, spares=0) as pool:\n"
+            "    print(pool.verify('x', 'y').extracted)\n")
+    env = {**os.environ, "PYTHONPATH": str(here.parents[1])}
+    env.pop("RLVR_WARM_VERIFIERS", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["planted_verifiers:warm_report"]  # one verifier warmed, not every registered one
