@@ -42,7 +42,7 @@ from rlvr_core.sampling.models import model_hashes
 from rlvr_core.sampling.verified import sample_and_verify
 from rlvr_core.sampling.vllm import llm_options
 from rlvr_core.tiny.spec import WarmStartSpec
-from rlvr_core.verifiers.registry import default_mode
+from rlvr_core.verifiers.registry import default_mode, verifier_class
 
 # Bump when a stage's code changes what it produces, so stale cache entries are not reused.
 DATA_STAGE_VERSION = "1"
@@ -195,6 +195,7 @@ def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtif
     key = {"stage": PASSRATE_STAGE_VERSION, "data": rows_sha256(rows), "model": model.model_hash,
            "tokenizer": model.tokenizer_hash, "template": get_template(cfg.prompt.template).key,
            "dtype": cfg.model.dtype, "engine": cfg.sampling.engine, "numerics": numerics(),
+           "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),
            **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")}}
 
     def build(tmp: Path) -> None:
@@ -330,6 +331,7 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
            "grpo": cfg.grpo.model_dump(mode="json", exclude=set(GRPO_MEMORY_FIELDS)),
            "template": get_template(cfg.prompt.template).key,
            "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
+           "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),
            "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine}
     folder, done = resumable_dir("grpo", key)
     if not done:

@@ -154,7 +154,7 @@ def alternatives(response: str) -> list[str]:
 @register_verifier("math")
 class MathVerifier:
     name = "math"
-    version = "1"
+    version = "2"  # 2: several different answers score 0; wrong-but-parseable is incorrect, not error
     can_hang = True  # sympy can spin for ever on a crafted expression
 
     def __init__(

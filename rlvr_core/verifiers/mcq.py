@@ -52,7 +52,7 @@ def gold_letter(gold: Any, letters: str) -> str:
 @register_verifier("mcq")
 class MCQVerifier:
     name = "mcq"
-    version = "1"
+    version = "2"  # 2: a letter inside a list of letters scores 0
     # Regexes without nested quantifiers over the response: no input makes it run long
     # (tests/verifiers/test_verifier_limits.py feeds it adversarial megabyte responses).
     can_hang = False

@@ -83,7 +83,7 @@ class _ParseFailed(Exception):
 @register_verifier("minerva")
 class MinervaVerifier:
     name = "minerva"
-    version = "1"
+    version = "2"  # 2: several different final answers score 0; equal strings are equal
     can_hang = True  # sympy.simplify
 
     def __init__(self, format_reward: float = 0.0, time_limit_s: float = 5.0) -> None:

@@ -17,6 +17,7 @@ from rlvr_core.experiment.config import parse_config
 from rlvr_core.pipeline import stages
 from rlvr_core.records import warehouse
 from rlvr_core.sampling.models import load_model
+from rlvr_core.verifiers import get_verifier
 
 FAST = RunSettings(verifier_workers=0)
 
@@ -80,7 +81,8 @@ def test_settings_travel_with_every_metric(synthetic_eval):
         assert s["benchmark_hash"] == benchmark_hash(spec) and s["template"] == "qa@1"
         assert (s["temperature"], s["n"], s["max_new_tokens"], s["dtype"], s["parallelism"]) == (
             1.0, 4, 48, "float32", "single-process")
-        assert s["verifier_versions"] == {"gsm8k:flexible": "1", "gsm8k:strict": "1"} 
+        v = get_verifier("gsm8k").version  # each mode's outcomes carry the verifier's version
+        assert v and s["verifier_versions"] == {"gsm8k:flexible": v, "gsm8k:strict": v}
         assert s["stop"] == list(get_template("qa").stop)
     # The stop sequence cut every completion before a new question (G-stop-seq).
     assert not any("\nQuestion:" in r["response"] for r in pq.read_table(out / SAMPLES_FILE).to_pylist())
