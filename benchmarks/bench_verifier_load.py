@@ -151,7 +151,7 @@ def pebble(name: str, pairs, workers: int, timeout_s: float) -> tuple[float, lis
 
     version = get_verifier(name).version
     with ProcessPool(max_workers=workers, initializer=_pebble_init, initargs=(name, timeout_s),
-                     context=_context()) as pool:
+                     context=_context(name)) as pool:
         # Warm-up without a timeout: pebble counts a task's time from its dispatch, and a worker still in its
         # initializer would time the warm-up item out.
         for f in [pool.schedule(_pebble_verify, args=p) for p in pairs[:2 * workers]]:

@@ -359,7 +359,10 @@ def test_hash_includes_shots_and_resolved_versions():
     d["prompt"]["few_shot"]["seed"] = 1
     assert _hash(d) != _hash(base)
     resolved = B.resolved_benchmark(B.parse_benchmark(base, check_data=False))
-    assert resolved["resolved"] == {"template": "qa@1", "verifiers": {"gsm8k:strict": "1", "gsm8k:flexible": "1"}}
+    from rlvr_core.verifiers import get_verifier
+
+    v = get_verifier("gsm8k").version  # a new verifier version moves the hash: results are not comparable
+    assert v and resolved["resolved"] == {"template": "qa@1", "verifiers": {"gsm8k:strict": v, "gsm8k:flexible": v}}
     assert "description" not in resolved
 
 

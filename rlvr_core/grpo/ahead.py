@@ -35,6 +35,7 @@ from rlvr_core.grpo.sampling_strategies import BoundedBuffer, BufferClosed
 __all__ = ["AheadBatch", "AheadSampler", "AHEAD_TIMEOUT_S", "snapshot"]
 
 AHEAD_TIMEOUT_S = 1800.0  # one step's generation of a large model can take minutes; forever is never right
+ERROR_GRACE_S = 5.0  # how long a trainer that timed out waits for the producer's own error
 
 
 def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -100,6 +101,10 @@ class AheadSampler:
         try:
             batch = self.buffer.get(timeout=self.timeout_s)
         except (BufferClosed, TimeoutError) as e:
+            # The producer may be failing at this very moment (its own wait timed out too): give it a moment to
+            # record why, so the trainer hears the cause rather than "buffer empty".
+            if self._thread.is_alive():
+                self._thread.join(timeout=ERROR_GRACE_S)
             if self._error is not None:
                 raise RuntimeError(f"the ahead sampler failed before step {step + 1}: {self._error!r}") from self._error
             raise RuntimeError(f"no rollout batch for step {step + 1}: {e}") from e

@@ -62,6 +62,9 @@ MATH_EXAMPLES = [
 _GOLD_CACHE = 4096
 # More distinct answers than this in one response is spraying, scored 0 without parsing each one.
 MAX_ANSWERS = 8
+# A final answer longer than this is not an answer (the longest MATH-500 and Minerva gold answer has 53): scored 0
+# without parsing, so a crafted one cannot spend the CPU limit and more in the parser.
+MAX_ANSWER_CHARS = 1000
 
 
 def _box_content(text: str, idx: int) -> str | None:
@@ -247,6 +250,8 @@ class MathVerifier:
         last bare number inside a box it cannot parse, so ``\\boxed{\\{1, 2, \\ldots, 42\\}}`` read as 42."""
         content = last_boxed(response)
         if content is not None:
+            if len(content) > MAX_ANSWER_CHARS:
+                raise ValueError(f"the boxed answer has {len(content)} characters (more than {MAX_ANSWER_CHARS})")
             return self._parse_box(content)
         return [] if self.mode == "boxed" else self._parse(response)
 
