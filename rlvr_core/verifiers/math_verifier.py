@@ -65,6 +65,21 @@ MAX_ANSWERS = 8
 # A final answer longer than this is not an answer (the longest MATH-500 and Minerva gold answer has 53): scored 0
 # without parsing, so a crafted one cannot spend the CPU limit and more in the parser.
 MAX_ANSWER_CHARS = 1000
+# Brackets nested deeper than this are not an answer either: the parser's regexes and recursion on such a
+# nest can run for a minute inside C code, where the CPU-time limit (a signal) cannot stop them.
+MAX_NESTING = 100
+
+
+def nesting_depth(text: str) -> int:
+    """The deepest nesting of (), [] and {} in `text` (brackets of any kind counted together)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")]}":
+            depth = max(depth - 1, 0)
+    return deepest
 
 
 def _box_content(text: str, idx: int) -> str | None:
@@ -275,6 +290,9 @@ class MathVerifier:
         response = plain_letters(response)
         formatted = last_boxed(response) is not None
         gold_parsed = self._parse_gold(gold)
+        if nesting_depth(response) > MAX_NESTING:
+            return self._wrong(formatted, None, f"brackets nested deeper than {MAX_NESTING}: not an answer, scored 0",
+                               {"too_deep": True})
         try:
             pred = self.extract(response)
         except Exception as exc:  # noqa: BLE001 — the answer, not the verifier, is broken

@@ -32,7 +32,7 @@ from typing import Any
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier, shaped_reward
 from rlvr_core.verifiers.limits import VerifierTimeout, cpu_time_limit
-from rlvr_core.verifiers.math_verifier import MAX_ANSWER_CHARS, last_boxed
+from rlvr_core.verifiers.math_verifier import MAX_ANSWER_CHARS, MAX_NESTING, last_boxed, nesting_depth
 
 INVALID_ANSWER = "[invalidanswer]"
 _FINAL = re.compile(r"Final Answer: The final answer is(.*?). I hope it is correct.", re.DOTALL)
@@ -139,9 +139,9 @@ class MinervaVerifier:
         raw = get_unnormalized_answer(response)
         if raw == INVALID_ANSWER:
             return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, "no 'Final Answer: …' line")
-        if len(raw) > MAX_ANSWER_CHARS:  # not an answer; normalising it alone could outlast the CPU limit
+        if len(raw) > MAX_ANSWER_CHARS or nesting_depth(raw) > MAX_NESTING:  # not an answer; see math_verifier
             return Outcome(Status.INCORRECT, 0.0, None, self.name, self.version,
-                           f"the final answer has {len(raw)} characters (more than {MAX_ANSWER_CHARS})")
+                           f"the final answer is too long or too deeply nested ({len(raw)} characters)")
         answer = normalize_final_answer(raw)
         try:
             with cpu_time_limit(self.time_limit_s):
