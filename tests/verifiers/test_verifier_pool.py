@@ -86,11 +86,14 @@ def test_hang_is_stopped_within_timeout_plus_one_second_and_the_pool_keeps_worki
     assert [o.status for o in outs] == [Status.CORRECT, Status.TIMEOUT, Status.INCORRECT, Status.CORRECT]
     assert elapsed < TIMEOUT_S + 1.0, elapsed
     after = math_pool.stats
-    # A sympy hang is interrupted inside the worker by its own CPU-time limit; a C-level one is killed.
-    assert after["kills"] == before["kills"] + killed
-    assert after["restarts"] == before["restarts"] + killed
+    # A C-level hang is killed. A sympy hang is interrupted inside the worker by its own CPU-time limit, unless
+    # on a loaded machine the pool's wall-clock limit comes first (the worker got less CPU than its limit in
+    # that time): then it is killed too (seen in a suite run beside another worker).
+    kills = after["kills"] - before["kills"]
+    assert kills == 1 if killed else kills in (0, 1)
+    assert after["restarts"] - before["restarts"] == kills
     assert after["timeout"] == before["timeout"] + 1
-    assert ("worker killed" in outs[1].detail) is killed, outs[1].detail
+    assert ("worker killed" in outs[1].detail) is bool(kills), outs[1].detail
     # The (replacement) worker serves the next batch; a second hang is also caught.
     outs = math_pool.verify_many([hang, good[0]])
     assert [o.status for o in outs] == [Status.TIMEOUT, Status.CORRECT]
