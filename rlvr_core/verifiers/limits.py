@@ -19,6 +19,10 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
+# CPU seconds between repeats of the limit's signal once the limit is reached (see `cpu_time_limit`).
+REPEAT_S = 0.05
+
+
 class VerifierTimeout(BaseException):
     """The item used up its CPU-time limit inside the verifier. A BaseException, like KeyboardInterrupt,
     so that the `except Exception` blocks inside math-verify, sympy and latex2sympy do not swallow it."""
@@ -39,14 +43,23 @@ def cpu_time_limit(seconds: float | None) -> Iterator[None]:
         yield
         return
 
+    active = [True]
+
     def handler(signum, frame):  # noqa: ARG001
+        if not active[0]:  # fired between the block's end and the disarm below
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            return
         raise VerifierTimeout(f"used {seconds:g} s of CPU time")
 
     old_handler = signal.signal(signal.SIGPROF, handler)
-    old_timer = signal.setitimer(signal.ITIMER_PROF, seconds)
+    # The timer repeats every REPEAT_S after the limit: an exception raised while Python runs a
+    # finalizer or a weakref callback (a garbage collection inside sympy, say) is printed and dropped,
+    # and the item would otherwise run on without a limit.
+    old_timer = signal.setitimer(signal.ITIMER_PROF, seconds, REPEAT_S)
     try:
         yield
     finally:
+        active[0] = False
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, old_handler)
         if old_timer[0] > 0:

@@ -124,3 +124,37 @@ def test_the_math_verifiers_own_limit_counts_cpu_time_and_stops_a_sympy_hang_in_
     assert 0.25 <= cpu < 0.8 and wall < 5, (cpu, wall)
     # The verifier is usable afterwards, and a sleeping caller is not charged: the limit is CPU time.
     assert v.verify("$\\boxed{\\frac{1}{2}}$", "0.5").status is Status.CORRECT
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped one
+def test_a_limit_that_fires_inside_a_weakref_callback_fires_again():
+    # Python prints and drops an exception raised in a weakref callback or finalizer (seen in CI: the
+    # limit fired inside SQLAlchemy's weakref callback during a collection in sympy, and a "1+1+…+1"
+    # answer ran 4.6 s past its 0.5 s limit). The limit must fire again once the callback returns.
+    import gc
+    import weakref
+
+    from rlvr_core.verifiers.limits import cpu_time_limit, VerifierTimeout
+
+    class Obj:
+        pass
+
+    def burn_in_callback(_ref):
+        end = time.process_time() + 0.3  # the whole limit passes inside the callback
+        while time.process_time() < end:
+            pass
+
+    obj = Obj()
+    ref = weakref.ref(obj, burn_in_callback)  # noqa: F841
+    start = time.process_time()
+    with pytest.raises(VerifierTimeout):
+        with cpu_time_limit(0.2):
+            del obj
+            gc.collect()  # the callback runs here; its VerifierTimeout is dropped
+            while time.process_time() - start < 5:  # ordinary code: the repeat stops it
+                pass
+    assert time.process_time() - start < 1.0
+    # After the block the timer is off: this much CPU time raises nothing.
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
