@@ -14,7 +14,8 @@ Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
   * G-onpolicy-ratio: flagged when a step with staleness 0 has a first-epoch ratio that is not ~1 or clips,
     or a mean log-prob mismatch between rollout engine and trainer above the tolerance (an engine whose
     weights were not synced after an update shows up here).
-  * G-kl-explosion: KL-to-reference max above a threshold (beta > 0 only); a non-finite loss stops the run.
+  * G-kl-explosion: KL-to-reference max above a threshold (beta > 0 only). A non-finite loss (first or last
+    epoch of the step) is a serious G-kl-explosion firing (key `non_finite_loss`): the run stops like a collapse.
   * G-fixed-seed: more than half the groups collapse to one distinct text at temperature > 0.
   * G-verifier-format: steps where every group has zero reward variance (no learning signal).
   * G-verifier-hang: steps where more than `reward.max_timeout_share` of the completions timed out in the
@@ -25,22 +26,24 @@ Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from rlvr_core.experiment.config import GRPOConfig
-from rlvr_core.experiment.guards import GUARD_IDS, Firing, HealthConfig, HealthMonitor, firing_dict
+from rlvr_core.experiment.guards import GUARD_IDS, GUARD_KL_EXPLOSION, Firing, HealthConfig, HealthMonitor, firing_dict
 from rlvr_core.grpo.distributed import DataParallel
 
 if TYPE_CHECKING:
     from rlvr_core.grpo.rollouts import RolloutBatch
     from rlvr_core.grpo.update import UpdateResult
 
-__all__ = ["StepTimes", "step_flags", "step_row", "rollout_sample_rows", "StepGuards",
+__all__ = ["StepTimes", "step_flags", "step_row", "rollout_sample_rows", "StepGuards", "non_finite_loss",
            "progress_line", "verifier_hang_line", "_summary"]
 
+NON_FINITE_LOSS = "non_finite_loss"  # the episode key (and summary tag) of a stop for a non-finite loss
 STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang")
 
 
@@ -163,7 +166,8 @@ def rollout_sample_rows(cfg: GRPOConfig, dp: DataParallel, *, step: int, data_po
 
 class StepGuards:
     """Guard bookkeeping of a run: counts per guard id (the summary's `health/<id>`), the run-level
-    detectors over the step history (collapse, entropy floor, reward hacking; guards.py) and their firings.
+    detectors over the step history (collapse, entropy floor, reward hacking, KL explosion; guards.py) and
+    the non-finite-loss stop, and their firings.
     A resumed run replays its history first: those firings are already in its rows."""
 
     def __init__(self, step_rows: list[dict], health: HealthConfig | None = None):
@@ -186,6 +190,7 @@ class StepGuards:
         for g in GUARD_IDS:
             row.setdefault(f"health/{g}", 0)
         new = self.health.update(step_rows)  # firings at this step only, once per episode
+        new += non_finite_loss(row)
         for f in new:
             say(("STOP " if f.serious else "flag ") + f.reason)
             if not row[f"health/{f.guard_id}"]:  # G-kl-explosion may be set by the per-step flag already
@@ -193,6 +198,19 @@ class StepGuards:
                 self.counts[f.guard_id] += 1
             self.firings.append(firing_dict(f))
         return [f for f in new if f.serious]
+
+
+def non_finite_loss(row: dict) -> list[Firing]:
+    """A serious G-kl-explosion firing when the step's loss (first or last epoch) is NaN or infinite: the
+    update diverged, and training on (or checkpointing) the weights it left behind would spread the damage."""
+    bad = {k: row[k] for k in ("loss", "loss_last_epoch") if k in row and not math.isfinite(row[k])}
+    if not bad:
+        return []
+    step = row["step"]
+    reason = (f"{GUARD_KL_EXPLOSION} at step {step}: non-finite loss ("
+              + ", ".join(f"{k} {v}" for k, v in bad.items()) + "): the update diverged")
+    # NaN and inf as text: the evidence goes to JSON (the summary, health_events), which has neither.
+    return [Firing(GUARD_KL_EXPLOSION, step, True, reason, {k: str(v) for k, v in bad.items()}, NON_FINITE_LOSS)]
 
 
 def progress_line(row: dict, steps: int, seconds: float) -> str:

@@ -33,7 +33,8 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
      rollouts.parquet; `evaluate` every `eval_every` steps and after the last.
   6. guards (step_metrics.py, guards.py): per-step flags (G-onpolicy-ratio, G-kl-explosion, G-fixed-seed,
      G-verifier-format, G-verifier-hang; G-logprob-temp stops the run at step 1) and the run-level
-     HealthMonitor; a serious firing stops every rank with GuardError and a summary tagged `collapsed`.
+     HealthMonitor, and the non-finite-loss stop (G-kl-explosion); a serious firing stops every rank with
+     GuardError and a summary tagged `collapsed`, before the step is counted or checkpointed.
   7. checkpoint (checkpointing.py): DeepSpeed checkpoint every `checkpoint_every` steps and at the end of
      the call, with step, data position and rows; a call whose out_dir holds one resumes there.
 
@@ -56,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
 import time
@@ -81,8 +81,8 @@ from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutd
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
-from rlvr_core.grpo.step_metrics import (StepGuards, StepTimes, _summary, progress_line, rollout_sample_rows,
-                                         step_flags, step_row, verifier_hang_line)
+from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, _summary, progress_line,
+                                         rollout_sample_rows, step_flags, step_row, verifier_hang_line)
 from rlvr_core.grpo.update import (Policy, build_batch, build_policy, ds_config, load_policy_model, sequence_logprobs,
                                    train_inputs, update_policy)
 
@@ -217,10 +217,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             if on_step is not None and dp.is_main:
                 on_step(row)  # the row is final now (guard flags set): live metrics (docs/tracking.md)
             if dp.max([float(bool(serious))])[0] > 0:
-                _stop_collapsed(run, serious, step)
+                _stop_collapsed(run, serious, step)  # before the data position moves and any checkpoint
             state.data_pos += rollouts.n_groups  # every prompt sampled is consumed, kept or not
-            if not math.isfinite(row["loss"]):
-                raise GuardError(f"G-kl-explosion: non-finite loss at step {step + 1}: {row}")
             say(progress_line(row, cfg.steps, t3 - t0))
             # 7. checkpoint
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == run.last_step:
@@ -367,14 +365,17 @@ def _evaluate(run: _Run, row: dict, step: int) -> None:
 
 
 def _stop_collapsed(run: _Run, serious: list, step: int) -> None:
-    """A serious guard fired on some rank: write steps/rollouts and a summary tagged `collapsed`, raise."""
+    """A serious guard fired on some rank (a run-level detector, or a non-finite loss): write steps/rollouts
+    and a summary tagged `collapsed` (and `non_finite_loss` for that stop) with the step and the firings, raise."""
     state, is_main = run.state, run.policy.dp.is_main
     write_rollouts(state, run.out_dir, is_main=is_main)
     if is_main:
         _write_rows(state.step_rows, run.out_dir / STEPS_FILE)
         stopped = _summary(state.step_rows, run.cfg, run.guards.counts, False, time.perf_counter() - run.t_start,
                            state.start_step)
-        stopped.update(tags=["collapsed"], stopped_at_step=step + 1, health_firings=run.guards.firings)
+        tags = ["collapsed"] + ([NON_FINITE_LOSS] if any(f.key == NON_FINITE_LOSS for f in serious) else [])
+        stopped.update(tags=tags, stopped_at_step=step + 1, stopped_by=sorted({f.guard_id for f in serious}),
+                       health_firings=run.guards.firings, data_position=state.data_pos)
         (run.out_dir / SUMMARY_FILE).write_text(json.dumps(stopped, indent=2) + "\n")
     # No checkpoint of the collapsed state: a resume starts from the last good one.
     raise GuardError("; ".join(f.reason for f in serious)
