@@ -201,10 +201,11 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 t_sync = time.perf_counter() - ts
             t3 = time.perf_counter()
             # 5. metrics: the step row (same on every rank), the rollout sample, the evaluate hook
-            flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share)
+            flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share,
+                               history=state.step_rows)
             if flags["G-verifier-hang"]:
                 say(verifier_hang_line(step, rollouts, run.reward))
-            run.guards.count(flags)
+            run.guards.count(flags, step + 1)
             state.rollout_rows += rollout_sample_rows(cfg, dp, step=step, data_pos=state.data_pos,
                                                       rollouts=rollouts, adv_all=adv_all)
             times = StepTimes(t3 - t0, rollouts.t_rollout_s, t2 - t0 - rollouts.t_rollout_s, t3 - t2, t_sync)
@@ -317,7 +318,7 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                                  timeout_reward=reward.timeout_reward,
                                  lockstep=policy.lockstep and getattr(rollout_engine, "samples_policy", False))
     return _Run(cfg, out_dir, rows, tok, policy, rollout_engine, pool, reward, collector, state,
-                StepGuards(state.step_rows, health_config(cfg.health)),
+                StepGuards(state.step_rows, health_config(cfg.health), cfg),
                 cfg.steps if stop_after_steps is None else min(cfg.steps, state.start_step + stop_after_steps),
                 max_new_tokens if cfg.loss_agg == "seq-mean-token-sum-norm" else None,
                 cfg.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)
