@@ -418,6 +418,9 @@ class RewardConfig(_Scoring):
     timeout_reward: float = Field(0.0, description="reward of a completion whose verification timed out")
     max_timeout_share: float = Field(0.1, ge=0, le=1, description="G-verifier-hang: a training step where more than "
                                      "this share of completions timed out is flagged (health/G-verifier-hang)")
+    max_error_share: float = Field(0.05, ge=0, le=1, description="G-verifier-error: a training step where more than "
+                                   "this share of completions got status error (the verifier raised; each scored "
+                                   "0) is flagged (health/G-verifier-error)")
     _WORKERS: ClassVar[str] = "workers"
 
     def pool_options(self) -> dict[str, Any]:

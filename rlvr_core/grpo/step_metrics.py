@@ -20,6 +20,8 @@ Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
     steps (fewer at the start) is at least `zero_var_guard_share` (a run that learns from almost nothing).
   * G-verifier-hang: steps where more than `reward.max_timeout_share` of the completions timed out in the
     verifier (each such completion lost its reward: it scored `reward.timeout_reward`).
+  * G-verifier-error: steps where more than `reward.max_error_share` of the completions got status error
+    (the checker raised: a crash that would otherwise read as "incorrect").
   * run level (guards.py `HealthMonitor` over the step history: collapse, entropy floor, reward hacking,
     KL explosion): a firing sets `health/<id>` in that step's row; a serious one stops the run.
 
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "step_row", "rollout_sample_rows", "StepGuards",
            "progress_line", "verifier_hang_line", "_summary"]
 
-STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang")
+STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang",
+              "G-verifier-error")
 
 
 @dataclass
@@ -73,7 +76,8 @@ def zero_var_flag(cfg: GRPOConfig, share: float, history: list[dict]) -> int:
 
 
 def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "UpdateResult",
-               guard_tol: float, max_timeout_share: float = 0.1, history: list[dict] | None = None) -> dict[str, int]:
+               guard_tol: float, max_timeout_share: float = 0.1, history: list[dict] | None = None,
+               max_error_share: float = 0.05) -> dict[str, int]:
     """The per-step guard flags (1 = fired at this step). history: the run's earlier step rows (the
     G-verifier-format window)."""
     first = upd.metrics
@@ -91,6 +95,7 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
                                                         zip(uniq, rollouts.sizes.tolist())) > rollouts.n_groups // 2),
         "G-verifier-format": zero_var_flag(cfg, rollouts.zero_var_share(), history or []),
         "G-verifier-hang": int(counts["timeout"] > max_timeout_share * sum(counts.values())),
+        "G-verifier-error": int(counts["error"] > max_error_share * sum(counts.values())),
     }
 
 
@@ -183,6 +188,7 @@ FLAG_MEANING = {
     "G-fixed-seed": "more than half the groups sampled one distinct completion at temperature > 0",
     "G-verifier-format": "zero-reward-variance groups at or above grpo.zero_var_guard_share over the window",
     "G-verifier-hang": "verifier timeouts above reward.max_timeout_share of the completions",
+    "G-verifier-error": "verifier errors (the checker raised) above reward.max_error_share of the completions",
 }
 
 

@@ -32,8 +32,8 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
      and timeouts visible (G-verifier-error), timings), and `rollout_samples_per_step` completions for
      rollouts.parquet; `evaluate` every `eval_every` steps and after the last.
   6. guards (step_metrics.py, guards.py): per-step flags (G-onpolicy-ratio, G-kl-explosion, G-fixed-seed,
-     G-verifier-format, G-verifier-hang; G-logprob-temp stops the run at step 1) and the run-level
-     HealthMonitor; a serious firing stops every rank with GuardError and a summary tagged `collapsed`.
+     G-verifier-format, G-verifier-hang, G-verifier-error; G-logprob-temp stops the run at step 1) and the
+     run-level HealthMonitor; a serious firing stops every rank with GuardError and a summary tagged `collapsed`.
   7. checkpoint (checkpointing.py): DeepSpeed checkpoint every `checkpoint_every` steps and at the end of
      the call, with step, data position and rows; a call whose out_dir holds one resumes there.
 
@@ -202,7 +202,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             t3 = time.perf_counter()
             # 5. metrics: the step row (same on every rank), the rollout sample, the evaluate hook
             flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share,
-                               history=state.step_rows)
+                               history=state.step_rows, max_error_share=run.reward.max_error_share)
             if flags["G-verifier-hang"]:
                 say(verifier_hang_line(step, rollouts, run.reward))
             run.guards.count(flags, step + 1)

@@ -45,8 +45,22 @@ class _OnePerStep:
         return Outcome(Status.CORRECT if ok else Status.INCORRECT, float(ok), None, self.name, self.version)
 
 
-if _OnePerStep.name not in _REGISTRY:
-    register_verifier(_OnePerStep.name)(_OnePerStep)
+class _Crash:
+    """The reported IFBench case in training: the checker raises TypeError on every completion."""
+
+    name, version = "_test_crash_reward", "1"
+    can_hang = False  # it raises at once
+
+    def warm_up(self) -> None:
+        pass
+
+    def verify(self, response: str, gold) -> Outcome:
+        raise TypeError("check_following() got an unexpected keyword argument 'N'")
+
+
+for _cls in (_OnePerStep, _Crash):
+    if _cls.name not in _REGISTRY:
+        register_verifier(_cls.name)(_cls)
 
 
 def _train(tiny, out, cfg, verifier="_test_parity"):
@@ -154,3 +168,13 @@ def test_verifier_format_window_ignores_one_unlucky_step():
     assert zero_var_flag(cfg, 1.0, healthy) == 0  # one step without signal in a learning run: mean 0.44
     assert zero_var_flag(cfg, 0.9, [{"zero_var_group_share": 0.92}] * 4) == 1  # 9 groups in 10, 5 steps running
     assert zero_var_flag(cfg, 1.0, []) == 1  # the first step of a run with no signal at all (every reward 0)
+
+
+def test_verifier_error_flag_fires_when_the_checker_crashes_in_training(tiny, healthy, tmp_path):
+    res = _train(tiny, tmp_path / "crash", _cfg(steps=2), verifier=_Crash.name)
+    steps = _rows(res.steps_path)
+    assert [r["status/error"] for r in steps] == [P * 4, P * 4]  # an error each, not "incorrect"
+    assert [r["health/G-verifier-error"] for r in steps] == [1, 1]
+    (ep,) = _episodes(res.summary, "G-verifier-error")
+    assert (ep["step"], ep["last_step"], ep["n_steps"]) == (1, 2, 2)
+    assert [r["health/G-verifier-error"] for r in _rows(healthy.steps_path)] == [0, 0, 0]
