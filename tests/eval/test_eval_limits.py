@@ -123,3 +123,4 @@ def test_pipeline_eval_flag_reaches_health_events_warehouse_and_report(tiny_chec
          "passk": {}, "mlflow_run_url": "u", "artifact_uri": "a", "config_hash": "c",
          "eval_flags": [{"eval_id": "base", **f} for f in art.summary["flags"]]}
     assert "**flag** base evaluation: G-truncation: synthetic" in pipeline._report(cfg, s)
+
