@@ -36,6 +36,7 @@ from rlvr_core.core import settings
 from rlvr_core.core.progress import SILENT
 from rlvr_core.experiment.config import ExperimentConfig, config_hash
 from rlvr_core.pipeline import stages
+from rlvr_core.records import warehouse
 from rlvr_core.records.runrecord import record_run
 from rlvr_core.records.tracking import Tracker, flatten
 from rlvr_core.sampling.models import model_hashes
@@ -114,12 +115,16 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                                       template=cfg.prompt.template, extra={"suite_version": suite,
                                                                            "checkpoint": store.url(prefix)})
     report = (f"# Nightly evaluation of `{prefix}`\n\nSuite `{suite}`: greedy accuracy "
-              f"{ev.summary['accuracy_greedy']:.3f} (n = {ev.summary['n']})\n")
+              f"{ev.summary['accuracy_greedy']:.3f} (n = {ev.summary['n']})\n"
+              + "".join(f"\n- **flag** {f['reason']}" for f in ev.summary.get("flags") or []))
+    # G-verifier-error / G-truncation flags become the run's health events, at the checkpoint's training step.
+    events = warehouse.eval_flag_events(ev.summary.get("flags") or [], _export_step(model.path), "nightly")
     record_run(store, run_prefix, tracker, run_id, run=row,
                params={**flatten(cfg.resolved()), "suite_version": suite, "checkpoint": prefix},
                manifest=man, config=cfg.resolved(), summary=summary,
                tables={"evals/samples.parquet": ev.samples, "evals/metrics.parquet": ev.metrics,
-                       "passk_curves.parquet": ev.curves},
+                       "passk_curves.parquet": ev.curves,
+                       **({"train/health_events.parquet": warehouse.health_events_table(events)} if events else {})},
                metrics={f"eval/{ev.summary['benchmark']}/accuracy_greedy": ev.summary["accuracy_greedy"],
                         **{f"eval/{ev.summary['benchmark']}/pass@{k}": v for k, v in ev.curve.items()}},
                tags=tags, texts={"report.md": report})
@@ -130,7 +135,13 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                                                           "accuracy_greedy": ev.summary["accuracy_greedy"],
                                                           "evaluated_at": row["finished_at"]}))
     return {"checkpoint": prefix, "mlflow_run_id": run_id, "accuracy_greedy": ev.summary["accuracy_greedy"],
-            "n": ev.summary["n"]}
+            "n": ev.summary["n"], "flags": len(events)}
+
+
+def _export_step(model_dir: str) -> int:
+    """The training step an exported checkpoint holds (its export_manifest.json), 0 when it has none."""
+    path = Path(model_dir) / MANIFEST_FILE
+    return int(json.loads(path.read_text()).get("step") or 0) if path.is_file() else 0
 
 
 @sealed_flow(name="nightly-eval", log_prints=True, validate_parameters=False)

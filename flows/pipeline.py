@@ -303,6 +303,9 @@ def _summary(cfg: ExperimentConfig, run: _Run, ev: _Evals, comparison, t0: float
                        "manifest_sha256": ev.exported.manifest_sha256}} if ev.exported else {}),
         **({"comparison": _comparison_summary(comparison, base.summary["benchmark"])} if comparison else {}),
         "eval": {k: v for k, v in (base or head).summary.items() if k != "passk"},
+        # Every evaluation over a limit (G-verifier-error, G-truncation), the evaluation named.
+        "eval_flags": [{"eval_id": name, **f} for name, e in (("base", base), ("trained", trained)) if e
+                       for f in e.summary.get("flags") or []],
         "pass_rates": ev.passrates.summary, "pass_rate_table_id": ev.passrates.table_id,
         "curriculum_id": ev.curriculum.curriculum_id,
         "curriculum": {"id": ev.curriculum.curriculum_id, "strategy": cfg.curriculum.strategy,
@@ -357,16 +360,32 @@ def _tables(cfg: ExperimentConfig, ev: _Evals) -> dict[str, pa.Table]:
               "passk_curves.parquet": pa.concat_tables([e.curves for e in evals])}
     if ev.trained:
         tables.update(_train_tables(ev.trained))
+    events = _eval_events(ev)
+    if ev.trained or events:
+        # Written even when nothing fired: an empty file says "no firings", whereas a missing one makes the
+        # warehouse fall back to the per-step health/* flags. Training's firings and episodes, then the
+        # evaluations' flags.
+        firings = (ev.trained.summary.get("health_firings") or []) if ev.trained else []
+        tables["train/health_events.parquet"] = warehouse.health_events_table(firings + events)
     return tables
 
 
+def _eval_events(ev: _Evals) -> list[dict[str, Any]]:
+    """Health events of the evaluations' flags: the base model's at step 0, the trained checkpoint's at the
+    step it was exported at."""
+    out = []
+    if ev.base_eval:
+        out += warehouse.eval_flag_events(ev.base_eval.summary.get("flags") or [], 0, "base")
+    if ev.trained_eval:
+        out += warehouse.eval_flag_events(ev.trained_eval.summary.get("flags") or [], ev.exported.step, "trained")
+    return out
+
+
 def _train_tables(trained: stages.TrainArtifact) -> dict[str, pa.Table]:
-    """The training stage's files in the run folder (docs/warehouse.md says which table each fills)."""
+    """The training stage's files in the run folder (docs/warehouse.md says which table each fills);
+    train/health_events.parquet comes from `_tables`."""
     tables = {"train/steps.parquet": pq.read_table(trained.steps_path),
-              "train/steps_long.parquet": stages.steps_long(trained.steps_path),
-              # Written even when nothing fired: an empty file says "no firings", whereas a missing one makes
-              # the warehouse fall back to the per-step health/* flags.
-              "train/health_events.parquet": warehouse.health_events_table(trained.summary.get("health_firings") or [])}
+              "train/steps_long.parquet": stages.steps_long(trained.steps_path)}
     rollouts = Path(trained.folder) / ROLLOUTS_FILE  # absent with grpo.rollout_samples_per_step = 0
     if rollouts.is_file():
         tables["train/rollouts.parquet"] = pq.read_table(rollouts)
@@ -473,6 +492,8 @@ def _report(cfg: ExperimentConfig, s: dict[str, Any]) -> str:
         lines.append(f"| GRPO steps (resumed from step) | {tr.get('steps')} ({tr.get('resumed_from_step', 0)}) |")
         lines.append(f"| reward first → last step | {tr.get('first_reward_mean', float('nan')):.3f} → "
                      f"{tr.get('last_reward_mean', float('nan')):.3f} |")
+    flags = [f"- **flag** {f['eval_id']} evaluation: {f['reason']}" for f in s.get("eval_flags") or []]
+    lines += ["", *flags] if flags else []
     lines += ["", f"- MLflow run: {s['mlflow_run_url']}", f"- Artifacts: {s['artifact_uri']}",
               f"- Config hash: `{s['config_hash']}`; experiment `{cfg.tracking.experiment}`"]
     if "export" in s:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
+import pyarrow.parquet as pq
 import typer
 import yaml
 
@@ -26,9 +27,9 @@ from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core import settings
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.eval.compare import SettingsMismatch, compare, load_eval, to_markdown, write_report
-from rlvr_core.eval.evaluate import RunSettings, evaluate
+from rlvr_core.eval.evaluate import EvalLimits, RunSettings, evaluate
 from rlvr_core.experiment.benchmarks import load_benchmark, resolve_suite
-from rlvr_core.experiment.config import ConfigError
+from rlvr_core.experiment.config import ConfigError, EvalConfig
 from rlvr_core.records import warehouse
 from rlvr_core.records.runrecord import upload_run_folder
 
@@ -60,6 +61,12 @@ def eval_command(
                                                    "for the others; 0 is refused for verifiers that can hang"),
     verifier_timeout_s: float = typer.Option(5.0, "--verifier-timeout-s", help="per-verification time limit, in the "
                                              "item's own time (a loaded machine slows items down, it does not fail them)"),
+    max_verifier_error_share: float = typer.Option(
+        EvalConfig().max_verifier_error_share, "--max-verifier-error-share", min=0.0, max=1.0,
+        help="G-verifier-error: flag a benchmark whose verifier error share (any scoring) exceeds this"),
+    max_truncation_share: float = typer.Option(
+        EvalConfig().max_truncation_share, "--max-truncation-share", min=0.0, max=1.0,
+        help="G-truncation: flag a benchmark whose share of completions cut off at max_new_tokens exceeds this"),
     record: bool = typer.Option(False, "--record", help="also store the result as a run in the artifact store "
                                 "and the warehouse (kind 'eval')"),
     experiment: str = typer.Option("rlvr-eval", "--experiment", help="with --record: the run's experiment"),
@@ -84,7 +91,8 @@ def eval_command(
     try:
         result = evaluate(folder, specs, out=out, run=run, eval_id=eval_id, model_kind=model_kind,
                           max_problems=max_problems, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
-                          seed=seed, progress=SILENT if quiet else Progress())
+                          seed=seed, progress=SILENT if quiet else Progress(),
+                          limits=EvalLimits(max_verifier_error_share, max_truncation_share))
     except ConfigError as e:
         _fail(str(e))
     summary: dict[str, Any] = {"eval_id": eval_id, "checkpoint": str(checkpoint), "out": str(out),
@@ -101,6 +109,8 @@ def eval_command(
         line += "".join(f", pass@{k} {v:.3f}" for k, v in s["passk"].items())
         line += f", truncated {s['truncation_share']:.1%}, verifier errors {s['verifier_error_share']:.1%}"
         typer.echo(line, err=True)
+        for f in s.get("flags") or []:
+            typer.echo(f"WARNING {f['reason']}", err=True)
     for sk in result.skipped:
         typer.echo(f"skipped {sk['benchmark']}: {sk['why']}", err=True)
     typer.echo(f"results in {out}", err=True)
@@ -172,6 +182,11 @@ def _record(result, out: Path, experiment: str) -> dict[str, str]:
     (out / "run.json").write_text(json.dumps(run, indent=2, default=str))
     (out / "params.json").write_text(json.dumps(params, indent=2, sort_keys=True, default=str))
     (out / "summary.json").write_text(json.dumps(result.record(), indent=2, default=str))
+    events = [e for b in result.benchmarks
+              for e in warehouse.eval_flag_events(b.summary.get("flags") or [], 0, result.eval_id)]
+    if events:  # the warehouse's health_events of this run (step 0: not a training step)
+        (out / "train").mkdir(exist_ok=True)
+        pq.write_table(warehouse.health_events_table(events), out / "train" / "health_events.parquet")
     (out / "config.yaml").write_text(yaml.safe_dump({b.spec.name: b.spec.model_dump(mode="json")
                                                      for b in result.benchmarks}, sort_keys=False))
     upload_run_folder(store, prefix, out)

@@ -140,6 +140,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         f"kept for training {pr['n_kept']} (never solved {pr['never_solved']}, always solved {pr['always_solved']})",
         f"  truncated completions: {s['eval']['truncation_share']:.1%}; verifier errors/timeouts: "
         f"{s['eval']['verifier_error_share']:.1%}/{s['eval']['verifier_timeout_share']:.1%}",
+        *[f"  WARNING {f['eval_id']} evaluation: {f['reason']}" for f in s.get("eval_flags") or []],
         *([f"  numerics: {s['numerics']['torch_threads']} torch thread(s), CPU {s['numerics']['cpu_capability']} "
            "(with the seed, these fix the numbers: compare runs on equal settings)"] if s.get("numerics") else []),
         f"  stages reused from cache: {', '.join(k for k, v in s['cached'].items() if v) or 'none'}",

@@ -17,7 +17,9 @@ Metrics (rows of `metrics.parquet`, warehouse table `eval_metrics`): `accuracy_g
 (unbiased estimator of Chen et al., mean over problems) for the spec's K; `maj@K` (majority vote of the
 first K extracted answers, Wilson interval); `mean_reward`; `instruction_accuracy` (ifeval); and always the
 diagnostics `truncation_share` (G-truncation), `no_answer_share`, `verifier_error_share`,
-`verifier_timeout_share` (G-verifier-error) and `continuation_after_answer_share` (G-stop-seq). A metric of a
+`verifier_timeout_share` (G-verifier-error) and `continuation_after_answer_share` (G-stop-seq). A
+verifier error share or truncation share above its limit (`EvalLimits`) adds a flag to the benchmark's
+summary (`flags`: guard id, metric, value, n, limit); the numbers themselves are unchanged. A metric of a
 side-by-side scoring is named `<metric>/<scoring>` (`accuracy_greedy/gsm8k:strict`), a breakdown row
 `<metric>[/<scoring>]/<field>=<value>` (`accuracy_greedy/level=Level 3`). The pass@k curve for every k from
 1 to n goes to `passk_curves.parquet` (warehouse table `passk_curves`).
@@ -65,7 +67,7 @@ from rlvr_core.sampling.vllm import VLLMEngine
 from rlvr_core.verifiers.pool import VerifierPool
 from rlvr_core.verifiers.registry import can_hang, default_workers
 
-__all__ = ["RunSettings", "BenchmarkResult", "EvalResult", "evaluate", "evaluate_spec", "compute_metrics",
+__all__ = ["RunSettings", "EvalLimits", "eval_flags", "BenchmarkResult", "EvalResult", "evaluate", "evaluate_spec", "compute_metrics",
            "override_spec", "continued_after_answer", "vote_key", "SAMPLES_FILE", "METRICS_FILE", "CURVES_FILE",
            "EVAL_FILE", "COMPARE_EXEMPT"]
 
@@ -153,6 +155,34 @@ def override_spec(spec: BenchmarkSpec, *, max_problems: int | None = None, n: in
             g["greedy"] = True  # a spec that was greedy-only keeps its accuracy when sampled
         d["metrics"] = kept
     return parse_benchmark(d, f"{spec.name} (with overrides)", check_data=False)
+
+
+@dataclass(frozen=True)
+class EvalLimits:
+    """Shares above which an evaluation is flagged (the numbers stay as they are): G-verifier-error (a checker
+    that crashes scores every model 0 %; any scoring counts) and G-truncation (a cap too short cuts answers
+    off; the reported case had 13 % truncated). Defaults: `EvalConfig.max_*` in rlvr_core.experiment.config."""
+
+    max_verifier_error_share: float = 0.05
+    max_truncation_share: float = 0.1
+
+
+def eval_flags(metric_rows: list[dict[str, Any]], limits: EvalLimits) -> list[dict[str, Any]]:
+    """The flags of one benchmark's evaluation from its metric rows (plain rows; breakdowns are skipped):
+    one dict per share over its limit, with guard id, metric, value, n, limit and a sentence."""
+    checks = (("G-verifier-error", "verifier_error_share", limits.max_verifier_error_share, "verifier errors"),
+              ("G-truncation", "truncation_share", limits.max_truncation_share, "truncated completions"))
+    flags = []
+    for r in metric_rows:
+        if r.get("breakdown_field") or r.get("value") is None:
+            continue
+        for guard, name, limit, what in checks:
+            if r["metric"].split("/")[0] == name and r["value"] > limit:
+                flags.append({"guard_id": guard, "benchmark": r.get("benchmark"), "metric": r["metric"],
+                              "value": r["value"], "n": r["n"], "limit": limit,
+                              "reason": f"{guard}: {r.get('benchmark')}: {what} {r['value']:.1%} of {r['n']} "
+                                        f"completions ({r['metric']}; limit {limit:.0%})"})
+    return flags
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -453,12 +483,13 @@ def _instructions(outcome, mode: str | None) -> tuple[int | None, int | None]:
 def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = RunSettings(),
                   problems: list[dict[str, Any]] | None = None, eval_id: str = "eval", checkpoint: str = "",
                   identity: dict[str, Any] | None = None, progress: Progress = SILENT,
-                  timings: dict[str, float] | None = None) -> BenchmarkResult:
+                  timings: dict[str, float] | None = None, limits: EvalLimits = EvalLimits()) -> BenchmarkResult:
     """Evaluate one benchmark with a built sampling engine (an in-memory model works: the trainer uses this).
 
     problems: the benchmark's problems (default: `load_benchmark_problems(spec)`).
     identity: what was evaluated (model path and hashes), stored next to the settings but not compared.
     timings: if given, gets `generate_s` and `verify_s` added (the benchmark's throughput split).
+    limits: shares that flag the result (`summary["flags"]`, `eval_flags`; a progress line each).
     """
     t0 = time.monotonic()
     problems = load_benchmark_problems(spec) if problems is None else problems
@@ -542,6 +573,9 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
     summary.update({"benchmark_hash": settings["benchmark_hash"], "identity": identity or {},
                     "duration_s": round(time.monotonic() - t0, 3), "generate_s": round(t_gen, 3),
                     "verify_s": round(t_ver, 3)})
+    summary["flags"] = eval_flags(metrics, limits)
+    for f in summary["flags"]:
+        progress(stage, "flag " + f["reason"])
     acc = summary.get("accuracy_greedy")
     progress(stage, (f"accuracy {acc:.3f} [{summary['accuracy_greedy_ci'][0]:.3f}, "
                      f"{summary['accuracy_greedy_ci'][1]:.3f}] n={len(problems)}" if acc is not None else
@@ -602,7 +636,7 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
              model_kind: str | None = None, max_problems: int | None = None, n: int | None = None,
              temperature: float | None = None, max_new_tokens: int | None = None, seed: int | None = None,
              progress: Progress = SILENT, timings: dict[str, dict[str, float]] | None = None,
-             llm_options: dict[str, Any] | None = None) -> EvalResult:
+             llm_options: dict[str, Any] | None = None, limits: EvalLimits = EvalLimits()) -> EvalResult:
     """Evaluate a model folder on benchmarks; write the results to `out` (when given) and return them.
 
     model_kind: "base" or "chat"; benchmarks for the other kind are skipped and listed in `skipped`
@@ -610,6 +644,7 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
     max_problems, n, temperature, max_new_tokens, seed: overrides applied to every spec (`override_spec`);
         they change the benchmark hash, so the results say they were overridden.
     llm_options: for the vllm engine (`build_engine`).
+    limits: shares that flag a benchmark's result (`EvalLimits`; its summary's `flags`).
     """
     path = Path(checkpoint_dir)
     if not (path / "config.json").is_file():
@@ -638,7 +673,7 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
             for i in mine:
                 t = {} if timings is not None else None
                 results[i] = evaluate_spec(engine, tok, todo[i], run=run, eval_id=eval_id, checkpoint=checkpoint,
-                                           identity=identity, progress=progress, timings=t)
+                                           identity=identity, progress=progress, timings=t, limits=limits)
                 if timings is not None:
                     timings[todo[i].name] = t
     result = EvalResult(eval_id, checkpoint, results, skipped)

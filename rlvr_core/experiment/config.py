@@ -251,6 +251,14 @@ class GRPOConfig(_Strict):
     ratio_guard_tol: float = Field(0.05, gt=0, description="G-onpolicy-ratio: flag a step whose first-epoch "
                                    "|ratio_mean - 1| or clip fraction exceeds this")
     kl_spike_max: float = Field(10.0, gt=0, description="G-kl-explosion: flag a step whose max token KL to the reference exceeds this")
+    zero_var_guard_share: float = Field(0.9, gt=0, le=1, description="G-verifier-format: flag a step when the "
+                                        "mean share of zero-reward-variance groups over the last "
+                                        "zero_var_guard_window steps is at least this (0.9: 9 groups in 10 carry no "
+                                        "learning signal; with G = 8 a healthy model would need a mean pass rate "
+                                        "under ~1.3 % or over ~98.7 % to get there)")
+    zero_var_guard_window: int = Field(5, ge=1, description="G-verifier-format: steps averaged (this one and the "
+                                       "ones before it; fewer at the start of a run), so one unlucky step does not "
+                                       "fire and a run with no signal fires within this many steps")
     logprob_temperature: float = Field(1.0, gt=0, description="temperature the trainer divides logits by before "
                                        "log_softmax. Must stay 1 (rollout log-probs are raw); exists to plant "
                                        "the G-logprob-temp bug in tests")
@@ -410,6 +418,9 @@ class RewardConfig(_Scoring):
     timeout_reward: float = Field(0.0, description="reward of a completion whose verification timed out")
     max_timeout_share: float = Field(0.1, ge=0, le=1, description="G-verifier-hang: a training step where more than "
                                      "this share of completions timed out is flagged (health/G-verifier-hang)")
+    max_error_share: float = Field(0.05, ge=0, le=1, description="G-verifier-error: a training step where more than "
+                                   "this share of completions got status error (the verifier raised; each scored "
+                                   "0) is flagged (health/G-verifier-error)")
     _WORKERS: ClassVar[str] = "workers"
 
     def pool_options(self) -> dict[str, Any]:
@@ -429,7 +440,22 @@ class EvalConfig(_Scoring):
                                          "default (see reward.workers); 0 = in-process, refused for verifiers that can hang")
     verifier_timeout_s: float = Field(5.0, gt=0, description="per-verification limit in the item's own time; overruns "
                                       "are killed and counted (G-verifier-hang)")
+    max_verifier_error_share: float = Field(0.05, ge=0, le=1, description="G-verifier-error: an evaluation (any "
+                                            "scoring) whose share of completions the verifier failed on (status "
+                                            "error) exceeds this is flagged in its summary, the run's health_events "
+                                            "and the report; the numbers are kept as they are")
+    max_truncation_share: float = Field(0.1, ge=0, le=1, description="G-truncation: an evaluation whose share of "
+                                        "completions cut off at max_new_tokens exceeds this is flagged (the "
+                                        "reported case: 13 % truncated, scores 3-5 points low); raise "
+                                        "eval.max_new_tokens rather than this")
     _WORKERS: ClassVar[str] = "verifier_workers"
+
+    def limits(self) -> "EvalLimits":
+        """The thresholds that flag an evaluation (rlvr_core.eval.evaluate.EvalLimits)."""
+        from rlvr_core.eval.evaluate import EvalLimits
+
+        return EvalLimits(max_verifier_error_share=self.max_verifier_error_share,
+                          max_truncation_share=self.max_truncation_share)
 
 
 class TrackingConfig(_Strict):

@@ -17,11 +17,19 @@ Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
   * G-kl-explosion: KL-to-reference max above a threshold (beta > 0 only). A non-finite loss (first or last
     epoch of the step) is a serious G-kl-explosion firing (key `non_finite_loss`): the run stops like a collapse.
   * G-fixed-seed: more than half the groups collapse to one distinct text at temperature > 0.
-  * G-verifier-format: steps where every group has zero reward variance (no learning signal).
+  * G-verifier-format: the mean share of zero-reward-variance groups over the last `zero_var_guard_window`
+    steps (fewer at the start) is at least `zero_var_guard_share` (a run that learns from almost nothing).
   * G-verifier-hang: steps where more than `reward.max_timeout_share` of the completions timed out in the
     verifier (each such completion lost its reward: it scored `reward.timeout_reward`).
+  * G-verifier-error: steps where more than `reward.max_error_share` of the completions got status error
+    (the checker raised: a crash that would otherwise read as "incorrect").
   * run level (guards.py `HealthMonitor` over the step history: collapse, entropy floor, reward hacking,
     KL explosion): a firing sets `health/<id>` in that step's row; a serious one stops the run.
+
+Every firing reaches the summary's `health_firings` (and from there train/health_events.parquet, the
+warehouse's `health_events` and the run report): the run-level detectors' firings, and each run of
+consecutive steps with a per-step flag as one episode (first step, `last_step`, `n_steps`; source
+'step_flags'), so a flag that holds for 100 steps is one event, not 100.
 """
 
 from __future__ import annotations
@@ -40,11 +48,12 @@ if TYPE_CHECKING:
     from rlvr_core.grpo.rollouts import RolloutBatch
     from rlvr_core.grpo.update import UpdateResult
 
-__all__ = ["StepTimes", "step_flags", "step_row", "rollout_sample_rows", "StepGuards", "non_finite_loss",
-           "progress_line", "verifier_hang_line", "_summary"]
+__all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "step_row", "rollout_sample_rows", "StepGuards",
+           "non_finite_loss", "progress_line", "verifier_hang_line", "_summary"]
 
 NON_FINITE_LOSS = "non_finite_loss"  # the episode key (and summary tag) of a stop for a non-finite loss
-STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang")
+STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang",
+              "G-verifier-error")
 
 
 @dataclass
@@ -61,9 +70,19 @@ def staleness(step: int, rollouts: "RolloutBatch") -> int:
     return step - rollouts.version if rollouts.version is not None else 0
 
 
+def zero_var_flag(cfg: GRPOConfig, share: float, history: list[dict]) -> int:
+    """G-verifier-format: 1 when the mean zero-variance group share of this step (`share`) and the up to
+    window - 1 steps before it (`history`: earlier step rows) reaches `cfg.zero_var_guard_share`."""
+    earlier = history[max(0, len(history) - cfg.zero_var_guard_window + 1):]
+    shares = [r["zero_var_group_share"] for r in earlier] + [share]
+    return int(sum(shares) / len(shares) >= cfg.zero_var_guard_share)
+
+
 def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "UpdateResult",
-               guard_tol: float, max_timeout_share: float = 0.1) -> dict[str, int]:
-    """The per-step guard flags (1 = fired at this step)."""
+               guard_tol: float, max_timeout_share: float = 0.1, history: list[dict] | None = None,
+               max_error_share: float = 0.05) -> dict[str, int]:
+    """The per-step guard flags (1 = fired at this step). history: the run's earlier step rows (the
+    G-verifier-format window)."""
     first = upd.metrics
     uniq = [s.unique_frac for s in rollouts.stats]
     counts = rollouts.status_counts()
@@ -77,8 +96,9 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
         "G-kl-explosion": int(upd.has_reference and first.get("kl_ref_max", 0.0) > cfg.kl_spike_max),
         "G-fixed-seed": int(cfg.temperature > 0 and sum(round(u * n) == 1 for u, n in
                                                         zip(uniq, rollouts.sizes.tolist())) > rollouts.n_groups // 2),
-        "G-verifier-format": int(rollouts.zero_var_share() == 1.0),
+        "G-verifier-format": zero_var_flag(cfg, rollouts.zero_var_share(), history or []),
         "G-verifier-hang": int(counts["timeout"] > max_timeout_share * sum(counts.values())),
+        "G-verifier-error": int(counts["error"] > max_error_share * sum(counts.values())),
     }
 
 
@@ -164,24 +184,79 @@ def rollout_sample_rows(cfg: GRPOConfig, dp: DataParallel, *, step: int, data_po
     return [row for _, row in sorted(picked, key=lambda kv: kv[0])] if dp.is_main else []
 
 
+# What each per-step flag says, for the reason of its episodes (step_flags has the exact rules).
+FLAG_MEANING = {
+    "G-onpolicy-ratio": "on-policy ratio off 1, clipping or rollout/trainer log-prob mismatch",
+    "G-kl-explosion": "max token KL to the reference above grpo.kl_spike_max",
+    "G-fixed-seed": "more than half the groups sampled one distinct completion at temperature > 0",
+    "G-verifier-format": "zero-reward-variance groups at or above grpo.zero_var_guard_share over the window",
+    "G-verifier-hang": "verifier timeouts above reward.max_timeout_share of the completions",
+    "G-verifier-error": "verifier errors (the checker raised) above reward.max_error_share of the completions",
+}
+
+
+def replayed_flags(row: dict, cfg: GRPOConfig | None) -> dict[str, int]:
+    """A written step row's per-step flags. Its health/G-kl-explosion may also be the run-level KL detector's
+    mark, so that flag is recomputed from kl_ref_max (NaN without a reference: never)."""
+    flags = {g: int(row.get(f"health/{g}", 0)) for g in STEP_FLAGS}
+    if cfg is not None:
+        flags["G-kl-explosion"] = int(row.get("kl_ref_max", float("nan")) > cfg.kl_spike_max)
+    return flags
+
+
+def flag_episodes(flagged: dict[str, list[int]]) -> list[dict]:
+    """Runs of consecutive flagged steps, per guard, as health events (firing_dict's keys plus last_step,
+    n_steps, source 'step_flags'), ordered by first step."""
+    out = []
+    for g, steps in flagged.items():
+        runs: list[list[int]] = []
+        for st in steps:
+            if runs and st == runs[-1][-1] + 1:
+                runs[-1].append(st)
+            else:
+                runs.append([st])
+        out += [{"guard_id": g, "step": r[0], "last_step": r[-1], "n_steps": len(r), "serious": False,
+                 "reason": (f"{g}: step {r[0]}" if len(r) == 1 else f"{g}: steps {r[0]}-{r[-1]} ({len(r)} steps)")
+                           + f": {FLAG_MEANING[g]}",
+                 "evidence": {"first_step": r[0], "last_step": r[-1], "n_steps": len(r)},
+                 "key": "step-flag", "source": "step_flags"} for r in runs]
+    return sorted(out, key=lambda f: (f["step"], f["guard_id"]))
+
+
 class StepGuards:
     """Guard bookkeeping of a run: counts per guard id (the summary's `health/<id>`), the run-level
     detectors over the step history (collapse, entropy floor, reward hacking, KL explosion; guards.py) and
-    the non-finite-loss stop, and their firings.
-    A resumed run replays its history first: those firings are already in its rows."""
+    the non-finite-loss stop, their firings and the steps each per-step flag fired at. A resumed run replays
+    its history first (its rows hold those flags already), so `firings` covers the whole run, not only this call."""
 
-    def __init__(self, step_rows: list[dict], health: HealthConfig | None = None):
+    def __init__(self, step_rows: list[dict], health: HealthConfig | None = None, cfg: GRPOConfig | None = None):
         self.counts = {g: 0 for g in (*STEP_FLAGS, *GUARD_IDS)}
         for r in step_rows:
             for g in self.counts:
                 self.counts[g] += int(r.get(f"health/{g}", 0))
         self.health = HealthMonitor(health or HealthConfig())
-        self.health.update(step_rows)
-        self.firings: list[dict] = []
+        self._firings = [firing_dict(f) for f in self.health.update(step_rows)]
+        self.flagged: dict[str, list[int]] = {g: [] for g in STEP_FLAGS}
+        for r in step_rows:
+            self._mark(r["step"], replayed_flags(r, cfg))
+        self._step = step_rows[-1]["step"] if step_rows else 0
 
-    def count(self, flags: dict[str, int]) -> None:
+    def _mark(self, step: int, flags: dict[str, int]) -> None:
+        for g, v in flags.items():
+            if v:
+                self.flagged[g].append(step)
+
+    def count(self, flags: dict[str, int], step: int | None = None) -> None:
+        """Add a step's per-step flags (`step`: its 1-based number; None = the step after the last one)."""
         for g, v in flags.items():
             self.counts[g] += v
+        self._step = self._step + 1 if step is None else step
+        self._mark(self._step, flags)
+
+    @property
+    def firings(self) -> list[dict]:
+        """Every event of the run so far: the run-level firings and the per-step flag episodes, by step."""
+        return sorted(self._firings + flag_episodes(self.flagged), key=lambda f: f["step"])
 
     def check(self, step_rows: list[dict], say: Callable[[str], None]) -> list[Firing]:
         """Run the detectors after the newest row was appended; mark their firings in it. Returns the
@@ -196,7 +271,7 @@ class StepGuards:
             if not row[f"health/{f.guard_id}"]:  # G-kl-explosion may be set by the per-step flag already
                 row[f"health/{f.guard_id}"] = 1
                 self.counts[f.guard_id] += 1
-            self.firings.append(firing_dict(f))
+            self._firings.append(firing_dict(f))
         return [f for f in new if f.serious]
 
 

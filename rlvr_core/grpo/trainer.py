@@ -32,9 +32,9 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
      and timeouts visible (G-verifier-error), timings), and `rollout_samples_per_step` completions for
      rollouts.parquet; `evaluate` every `eval_every` steps and after the last.
   6. guards (step_metrics.py, guards.py): per-step flags (G-onpolicy-ratio, G-kl-explosion, G-fixed-seed,
-     G-verifier-format, G-verifier-hang; G-logprob-temp stops the run at step 1) and the run-level
-     HealthMonitor, and the non-finite-loss stop (G-kl-explosion); a serious firing stops every rank with
-     GuardError and a summary tagged `collapsed`, before the step is counted or checkpointed.
+     G-verifier-format, G-verifier-hang, G-verifier-error; G-logprob-temp stops the run at step 1) and the
+     run-level HealthMonitor, and the non-finite-loss stop (G-kl-explosion); a serious firing stops every rank
+     with GuardError and a summary tagged `collapsed`, before the step is counted or checkpointed.
   7. checkpoint (checkpointing.py): DeepSpeed checkpoint every `checkpoint_every` steps and at the end of
      the call, with step, data position and rows; a call whose out_dir holds one resumes there.
 
@@ -201,10 +201,11 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                 t_sync = time.perf_counter() - ts
             t3 = time.perf_counter()
             # 5. metrics: the step row (same on every rank), the rollout sample, the evaluate hook
-            flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share)
+            flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share,
+                               history=state.step_rows, max_error_share=run.reward.max_error_share)
             if flags["G-verifier-hang"]:
                 say(verifier_hang_line(step, rollouts, run.reward))
-            run.guards.count(flags)
+            run.guards.count(flags, step + 1)
             state.rollout_rows += rollout_sample_rows(cfg, dp, step=step, data_pos=state.data_pos,
                                                       rollouts=rollouts, adv_all=adv_all)
             times = StepTimes(t3 - t0, rollouts.t_rollout_s, t2 - t0 - rollouts.t_rollout_s, t3 - t2, t_sync)
@@ -315,7 +316,7 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                                  timeout_reward=reward.timeout_reward,
                                  lockstep=policy.lockstep and getattr(rollout_engine, "samples_policy", False))
     return _Run(cfg, out_dir, rows, tok, policy, rollout_engine, pool, reward, collector, state,
-                StepGuards(state.step_rows, health_config(cfg.health)),
+                StepGuards(state.step_rows, health_config(cfg.health), cfg),
                 cfg.steps if stop_after_steps is None else min(cfg.steps, state.start_step + stop_after_steps),
                 max_new_tokens if cfg.loss_agg == "seq-mean-token-sum-norm" else None,
                 cfg.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)

@@ -574,13 +574,13 @@ def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifa
     identity = {"model_path": model.path, "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash}
     with opened_engine(model.path, run, llm_options=_vllm_options(cfg)) as (engine, tok):
         res = evaluate_spec(engine, tok, spec, run=run, problems=problems, eval_id=eval_id,
-                            checkpoint=checkpoint, identity=identity, progress=progress)
+                            checkpoint=checkpoint, identity=identity, progress=progress, limits=cfg.eval.limits())
     s = res.summary
     summary = {"accuracy_greedy": s["accuracy_greedy"], "accuracy_greedy_ci": s["accuracy_greedy_ci"], "n": s["n"],
                "passk": s["passk"],
                **{k: s[k] for k in ("truncation_share", "verifier_error_share", "verifier_timeout_share",
                                     "no_answer_share", "continuation_after_answer_share")},
                "benchmark": spec.name, "benchmark_version": spec.version, "benchmark_hash": s["benchmark_hash"],
-               "duration_s": s["duration_s"]}
+               "duration_s": s["duration_s"], "flags": s["flags"]}
     return EvalArtifact(samples_table(res.samples), metrics_table(res.metrics), res.curve, summary,
                         curves_table(res.curves))

@@ -256,7 +256,7 @@ def build_report(run_id: str, *, store: ArtifactStore | None = None, warehouse_p
                                               "model_id", "prompt_template", "tags", "artifact_uri", "mlflow_run_id"]),
             "<h2>Evaluation</h2>", _table(metrics, ["benchmark", "checkpoint", "metric", "value", "ci_low", "ci_high", "n"]),
             "<h2>Training curves</h2>", _figure(fig_curves, "training curves with guard firings"),
-            "<h3>Guard firings</h3>", _table(firings, ["step", "guard_id", "serious", "reason", "source"]),
+            "<h3>Guard firings</h3>", _table(firings, ["step", "last_step", "n_steps", "guard_id", "serious", "reason", "source"]),
             "<h2>pass@k</h2>", _figure(fig_passk, "pass@k curves"),
             f"<h2>Per-problem change{' (' + html.escape(diff[0]['checkpoint_a']) + ' → ' + html.escape(diff[0]['checkpoint_b']) + ')' if diff else ''}</h2>",
             _figure(fig_diff, "per-problem sampled solve rate before vs after") if diff else "<p class=empty>Needs a base and a later checkpoint evaluated.</p>",

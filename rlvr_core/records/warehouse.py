@@ -274,6 +274,13 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     ALTER TABLE passk_curves ADD COLUMN checkpoint VARCHAR;
     ALTER TABLE passk_curves ADD COLUMN scoring VARCHAR;
     """),
+    (10, "health_events as episodes: per-step flags and evaluation flags beside the run-level firings", """
+    -- A run of consecutive flagged steps is one event: `step` its first step, `last_step` its last, `n_steps`
+    -- how many (a run-level firing or an evaluation flag: last_step = step, n_steps = 1). `source` gains
+    -- 'step_flags' (per-step health/* flags as episodes) and 'eval' (an evaluation over a limit; step 0 = base).
+    ALTER TABLE health_events ADD COLUMN last_step INTEGER;
+    ALTER TABLE health_events ADD COLUMN n_steps INTEGER;
+    """),
 ]
 
 # The Parquet files of a run folder (relative to `<experiment>/<run_id>/`) and the table each fills.
@@ -543,8 +550,9 @@ def _load_run(con: duckdb.DuckDBPyConnection, files: _RunFiles, run: dict[str, A
         # No firings file (runs from before it existed, or a demo flow that does not write it): the per-step
         # health/<guard> flags in train_steps still say at which steps a guard fired.
         counts["health_events"] = con.execute(
-            "INSERT INTO health_events (run_id, step, guard_id, source) SELECT run_id, step, substr(metric, 8), "
-            "'train_steps' FROM train_steps WHERE run_id = ? AND metric LIKE 'health/%' AND value > 0",
+            "INSERT INTO health_events (run_id, step, guard_id, source, last_step, n_steps) SELECT run_id, step, "
+            "substr(metric, 8), 'train_steps', step, 1 FROM train_steps "
+            "WHERE run_id = ? AND metric LIKE 'health/%' AND value > 0",
             [run_id]).fetchone()[0]
     manifests = [n for n in files.read if _is_checkpoint_manifest(n)]
     counts["checkpoints"] = sum(_insert_rows(con, "checkpoints", [_checkpoint_row(files, n)], run_id, files.url(n))
@@ -698,14 +706,27 @@ def rebuild(store: ArtifactStore, path: str | Path | None = None) -> dict[str, i
 
 
 def health_events_table(firings: list[dict[str, Any]]) -> pa.Table:
-    """`train/health_events.parquet` from guard firings (rlvr_core.experiment.guards.firing_dict), in the
-    warehouse's column types: evidence as JSON text, so every run's file has the same schema."""
+    """`train/health_events.parquet` from guard events, in the warehouse's column types (evidence as JSON
+    text, so every run's file has the same schema): run-level firings (rlvr_core.experiment.guards.firing_dict),
+    per-step flag episodes (rlvr_core.grpo.step_metrics.StepGuards; `last_step`, `n_steps`, source
+    'step_flags') and evaluation flags (`eval_flag_events`, source 'eval'). This file is the run's source of
+    truth: the warehouse derives events from the health/* step columns only for a run without it."""
     schema = pa.schema([("step", pa.int64()), ("guard_id", pa.string()), ("serious", pa.bool_()),
-                        ("reason", pa.string()), ("evidence", pa.string()), ("key", pa.string())])
+                        ("reason", pa.string()), ("evidence", pa.string()), ("key", pa.string()),
+                        ("last_step", pa.int64()), ("n_steps", pa.int64()), ("source", pa.string())])
     rows = [{"step": int(f["step"]), "guard_id": f["guard_id"], "serious": bool(f.get("serious")),
              "reason": f.get("reason"), "evidence": json.dumps(_json_safe(f.get("evidence") or {}), sort_keys=True),
-             "key": f.get("key") or ""} for f in firings]
+             "key": f.get("key") or "", "last_step": int(f.get("last_step", f["step"])),
+             "n_steps": int(f.get("n_steps", 1)), "source": f.get("source") or "firings"} for f in firings]
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def eval_flag_events(flags: list[dict[str, Any]], step: int, eval_id: str) -> list[dict[str, Any]]:
+    """Health events of an evaluation's flags (rlvr_core.eval.evaluate.eval_flags) at the training `step` of
+    the evaluated checkpoint (0: the base model), keyed `<eval id>/<metric>`."""
+    return [{"guard_id": f["guard_id"], "step": step, "serious": False, "reason": f"{eval_id}: {f['reason']}",
+             "evidence": {k: f[k] for k in ("benchmark", "metric", "value", "n", "limit")},
+             "key": f"{eval_id}/{f['metric']}", "source": "eval"} for f in flags]
 
 
 def _json_safe(v: Any) -> Any:

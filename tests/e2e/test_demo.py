@@ -233,12 +233,15 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     assert n_rollouts > 0
     q = rlvr(home, "warehouse", "query", f"select count(*) as n from rollout_samples where run_id = '{run}'", "--json")
     assert json.loads(q.stdout) == [{"n": n_rollouts}]
-    # ... the guard firings from the trainer's summary (the file is authoritative, even when empty) ...
+    # ... the guard firings and per-step flag episodes from the trainer's summary, then the evaluations'
+    # flags (the file is authoritative, even when empty) ...
     firings = json.loads((train_folder / "grpo_summary.json").read_text())["health_firings"]
-    assert pq.read_metadata(run_dir / "train" / "health_events.parquet").num_rows == len(firings)
-    q = rlvr(home, "warehouse", "query", "select count(*) filter (where source = 'firings') as firings, "
-             f"count(*) as n from health_events where run_id = '{run}'", "--json")
-    assert json.loads(q.stdout) == [{"firings": len(firings), "n": len(firings)}]
+    n_eval_flags = len(s["eval_flags"])
+    assert pq.read_metadata(run_dir / "train" / "health_events.parquet").num_rows == len(firings) + n_eval_flags
+    q = rlvr(home, "warehouse", "query", "select count(*) filter (where source in ('firings', 'step_flags')) as "
+             f"train, count(*) filter (where source = 'eval') as eval from health_events where run_id = '{run}'",
+             "--json")
+    assert json.loads(q.stdout) == [{"train": len(firings), "eval": n_eval_flags}]
     # ... a run that did not collapse carries no `collapsed` tag ...
     assert "tags" not in json.loads((run_dir / "run.json").read_text())
     # ... and pass@k for every k = 1..n of both evaluations and both scorings, where pass@n is the share of
