@@ -42,7 +42,7 @@ from rlvr_core.data.templates import get_template
 from rlvr_core.eval.compare import compare, from_tables, write_report
 from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, load_config, parse_config
 from rlvr_core.experiment.secrets import unseal
-from rlvr_core.grpo.trainer import ROLLOUTS_FILE
+from rlvr_core.grpo.checkpointing import ROLLOUTS_FILE, STEPS_FILE
 from rlvr_core.pipeline import stages
 from rlvr_core.probe.report import ProbeSettings, run_rl_probe
 from rlvr_core.probe.tables import Checkpoint
@@ -171,7 +171,12 @@ def _run(cfg: ExperimentConfig, run: _Run, progress: Progress, eval_base: bool, 
             base_eval = t.evaluate(cfg, data, model, "base", "base", in_process=in_process, progress=progress)
             run.tracker.log_metrics(child, _eval_metrics(base_eval))
     if cfg.grpo.enabled:
-        trained, exported, trained_eval = _train(cfg, run, data, model, curriculum, progress, in_process)
+        try:
+            trained, exported, trained_eval = _train(cfg, run, data, model, curriculum, progress, in_process)
+        except BaseException:
+            _record_stopped(cfg, run, _Evals(data, model, passrates, curriculum, base_eval, None, None, None),
+                            progress, t0)
+            raise
     evals = _Evals(data, model, passrates, curriculum, base_eval, trained, exported, trained_eval)
     return _record(cfg, run, evals, progress, t0)
 
@@ -319,6 +324,44 @@ def _summary(cfg: ExperimentConfig, run: _Run, ev: _Evals, comparison, t0: float
         "artifact_uri": run.store.url(run.prefix), "warehouse_path": str(settings.warehouse_path()),
         "duration_s": round(time.monotonic() - t0, 2),
     }
+
+
+def _record_stopped(cfg: ExperimentConfig, run: _Run, ev: _Evals, progress: Progress, t0: float) -> None:
+    """A serious guard stopped training (G-collapse, G-entropy, G-kl-explosion): record what the run has (its
+    steps, health events, the trainer's summary, the base evaluation if any) under the `collapsed` tag with
+    status FAILED, so that the warehouse's collapsed runs, the report and the MLflow run say why it stopped.
+    Nothing is exported: the trainer kept no checkpoint of the bad state. Any other failure records nothing
+    here (the flow run and the MLflow run fail with it)."""
+    stopped = stages.stopped_training(cfg, ev.model, ev.curriculum)
+    if stopped is None:
+        return
+    folder, train_summary = stopped
+    trained = stages.TrainArtifact(ev.model, str(folder / STEPS_FILE), str(folder), False, train_summary)
+    summary = {"mlflow_run_id": run.run_id, "experiment": cfg.tracking.experiment, "kind": run.kind, **run.sweep,
+               "status": "collapsed", "stopped_at_step": train_summary.get("stopped_at_step"),
+               "stopped_by": train_summary.get("stopped_by"), "health_firings": train_summary.get("health_firings"),
+               "train": {k: v for k, v in train_summary.items() if not isinstance(v, (list, dict))},
+               "config_hash": run.config_hash, "artifact_uri": run.store.url(run.prefix),
+               "mlflow_run_url": run.tracker.run_url(run.run_id), "duration_s": round(time.monotonic() - t0, 2)}
+    row = {**_run_row(cfg, run, ev, t0), "status": "FAILED",
+           "tags": {"collapsed": "true", "stopped_at_step": str(summary["stopped_at_step"])}}
+    tables = {**stages.record_tables(cfg, ev.model, ev.passrates, ev.curriculum), **_train_tables(trained),
+              "train/health_events.parquet": warehouse.health_events_table(
+                  (train_summary.get("health_firings") or []) + _eval_events(ev))}
+    if ev.base_eval:
+        tables.update({"evals/samples.parquet": ev.base_eval.samples, "evals/metrics.parquet": ev.base_eval.metrics,
+                       "passk_curves.parquet": ev.base_eval.curves})
+    reasons = "; ".join(f"{f.get('guard')} at step {f.get('step')}: {f.get('reason')}"
+                        for f in train_summary.get("health_firings") or [] if f.get("serious"))
+    report_md = (f"# Pipeline run `{run.run_id}`: stopped by a guard at step {summary['stopped_at_step']}\n\n"
+                 f"{reasons}\n\nNo checkpoint was exported. Artifacts: {summary['artifact_uri']}\n")
+    t.record(run.store, run.prefix, run.tracker, run.run_id, run=row, params=_params(run),
+             manifest=_manifest(cfg, run, ev), config=run.public, summary=summary, tables=tables,
+             metrics=_eval_metrics(ev.base_eval) if ev.base_eval else {},
+             tags={"collapsed": "true", "stopped_at_step": str(summary["stopped_at_step"]),
+                   "artifact_uri": summary["artifact_uri"]}, texts={"report.md": report_md})
+    progress("record", f"training stopped by a guard at step {summary['stopped_at_step']} ({reasons}); "
+                       f"recorded at {run.store.url(run.prefix)}")
 
 
 def _run_row(cfg: ExperimentConfig, run: _Run, ev: _Evals, t0: float) -> dict[str, Any]:

@@ -50,6 +50,11 @@ def cached_dir(stage: str, key: dict[str, Any], build: Callable[[Path], Any],
     return final, False
 
 
+def resumable_path(stage: str, key: dict[str, Any], root: Path | None = None) -> Path:
+    """Where `resumable_dir` keeps the stage with inputs `key` (not created here)."""
+    return (root or settings.paths().cache) / stage / key_hash(key)
+
+
 def resumable_dir(stage: str, key: dict[str, Any], root: Path | None = None) -> tuple[Path, bool]:
     """(folder, done) for a stage that checkpoints as it goes (training).
 
@@ -57,7 +62,7 @@ def resumable_dir(stage: str, key: dict[str, Any], root: Path | None = None) -> 
     killed or retried stage finds its own checkpoints there and resumes instead of starting over. The
     stage calls `mark_done` when its output is complete; until then nobody treats the folder as a result.
     """
-    folder = (root or settings.paths().cache) / stage / key_hash(key)
+    folder = resumable_path(stage, key, root)
     folder.mkdir(parents=True, exist_ok=True)
     key_file = folder / "cache_key.json"
     if not key_file.exists():

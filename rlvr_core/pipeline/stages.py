@@ -36,7 +36,7 @@ from rlvr_core.eval.evaluate import (RunSettings, curves_table, evaluate_spec, m
                                      samples_table)
 from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark
 from rlvr_core.experiment.config import ExperimentConfig
-from rlvr_core.pipeline.cache import cached_dir, mark_done, resumable_dir
+from rlvr_core.pipeline.cache import cached_dir, mark_done, resumable_dir, resumable_path
 from rlvr_core.records.tracking import StepMetricsSink
 from rlvr_core.sampling.models import model_hashes
 from rlvr_core.sampling.verified import sample_and_verify
@@ -327,13 +327,7 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     """
     from rlvr_core.grpo.trainer import train_grpo
 
-    key = {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
-           "grpo": cfg.grpo.model_dump(mode="json", exclude=set(GRPO_MEMORY_FIELDS)),
-           "template": get_template(cfg.prompt.template).key,
-           "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
-           "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),
-           "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine}
-    folder, done = resumable_dir("grpo", key)
+    folder, done = resumable_dir("grpo", _train_key(cfg, base, curriculum))
     if not done:
         memory = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS))
         run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(memory.items())})
@@ -355,6 +349,31 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     progress("grpo", f"trained model {folder.name} ({'cached' if done else 'trained'})")
     return TrainArtifact(ModelArtifact(str(final), f"grpo-{folder.name}", mh, th, done), paths["steps_path"],
                          str(folder), done, summary)
+
+
+def _train_key(cfg: ExperimentConfig, base: ModelArtifact, curriculum: CurriculumArtifact) -> dict[str, Any]:
+    """What names a training folder (see `train_stage`): every input that changes the trained weights."""
+    return {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
+            "grpo": cfg.grpo.model_dump(mode="json", exclude=set(GRPO_MEMORY_FIELDS)),
+            "template": get_template(cfg.prompt.template).key,
+            "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
+            "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),
+            "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine}
+
+
+def stopped_training(cfg: ExperimentConfig, base: ModelArtifact,
+                     curriculum: CurriculumArtifact) -> tuple[Path, dict[str, Any]] | None:
+    """(folder, the trainer's summary) when a serious guard stopped this training stage (the trainer writes
+    its rows and a summary tagged `collapsed`, then raises), else None. The flow records such a run (its
+    steps, health events and the `collapsed` tag) before it fails, so the warehouse and the report show why."""
+    from rlvr_core.grpo.checkpointing import SUMMARY_FILE
+
+    folder = resumable_path("grpo", _train_key(cfg, base, curriculum))
+    path = folder / SUMMARY_FILE
+    if (folder / "result.json").exists() or not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    return (folder, summary) if "collapsed" in (summary.get("tags") or []) else None
 
 
 def _track_numerics(folder: Path, progress: Progress, memory: dict[str, Any]) -> dict[str, Any]:

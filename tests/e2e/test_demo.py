@@ -272,6 +272,39 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     assert json.loads(q.stdout) == [{"n": n_tokens}]
 
 
+def test_a_run_stopped_by_a_guard_is_recorded_and_exports_nothing(demo_runs):
+    # beta 0.1 at lr 0.5 blows the token KL to the reference up within a few steps; `serious` makes the KL
+    # episode detector stop the run (docs/guards.md, G-kl-explosion). The cached stages of the demo are reused.
+    home = demo_runs[0]
+    grpo = ["--set", "grpo.enabled=true", "--set", "grpo.steps=12", "--set", "grpo.prompts_per_step=2",
+            "--set", "grpo.group_size=4", "--set", "grpo.lr=0.5", "--set", "grpo.beta=0.1",
+            "--set", "grpo.warmup_steps=2", "--set", "grpo.checkpoint_every=2",
+            "--set", "grpo.health={kl_explosion: {serious: true}}", "--set", "tracking.experiment=e2e-stop"]
+    proc = rlvr(home, "demo", "--json", *SMALL, *grpo)
+    assert proc.returncode != 0 and "G-kl-explosion" in proc.stderr, proc.stderr[-3000:]
+    q = rlvr(home, "warehouse", "query", "select r.run_id, r.status, t.value as stopped_at from runs r join run_tags t "
+             "using (run_id) where r.experiment = 'e2e-stop' and t.key = 'stopped_at_step'", "--json")
+    (run,) = json.loads(q.stdout)
+    stop = int(run["stopped_at"])
+    assert run["status"] == "FAILED" and 2 <= stop < 12
+    q = rlvr(home, "warehouse", "query", "select key, value from run_tags where run_id = "
+             f"'{run['run_id']}' and key = 'collapsed'", "--json")
+    assert json.loads(q.stdout) == [{"key": "collapsed", "value": "true"}]
+    # The serious firing and the steps up to the stop reached the warehouse; nothing after it ran.
+    q = rlvr(home, "warehouse", "query", "select guard_id, step from health_events where run_id = "
+             f"'{run['run_id']}' and serious", "--json")
+    assert json.loads(q.stdout) == [{"guard_id": "G-kl-explosion", "step": stop}]
+    q = rlvr(home, "warehouse", "query", "select max(step) as last from train_steps where run_id = "
+             f"'{run['run_id']}'", "--json")
+    assert json.loads(q.stdout) == [{"last": stop}]
+    # The run folder holds the summary and report; no checkpoint was exported from the bad state.
+    run_dir = next((home / "artifacts" / "e2e-stop").glob(f"demo-{run['run_id'][:8]}"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "collapsed" and summary["stopped_at_step"] == stop
+    assert "stopped by a guard" in (run_dir / "report.md").read_text()
+    assert not (run_dir / "checkpoints").exists()
+
+
 def test_collapse_is_read_from_the_trainer_summary():
     from flows.pipeline import _collapsed
 
