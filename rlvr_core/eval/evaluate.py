@@ -57,10 +57,10 @@ from rlvr_core.core.numerics import numerics
 from rlvr_core.core.passk import pass_at_k, passk_curve
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.core.stats import wilson_interval
+from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.benchmarks import (BenchmarkSpec, VerifierSpec, benchmark_data_hash, benchmark_hash,
                                              effective_stop, gold_for, load_benchmark_problems, parse_benchmark,
                                              parse_metric, prompt_template, resolved_benchmark, scoring_label, scorings)
-from rlvr_core.data.templates import get_template
 from rlvr_core.sampling import SamplingParams
 from rlvr_core.sampling.models import load_model, model_hashes
 from rlvr_core.sampling.vllm import VLLMEngine
