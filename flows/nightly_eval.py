@@ -34,6 +34,7 @@ from rlvr_core.artifacts.storage import ArtifactStore, join, open_store
 from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core import settings
 from rlvr_core.core.progress import SILENT
+from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import ExperimentConfig, config_hash
 from rlvr_core.pipeline import stages
 from rlvr_core.records import warehouse
@@ -91,7 +92,8 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                 data: stages.DataArtifact, ev: stages.EvalArtifact) -> dict[str, Any]:
     tracker = Tracker(EXPERIMENT, cfg.tracking.tracking_uri)
     tags = {"kind": "eval", "suite_version": suite, "checkpoint": store.url(prefix), "checkpoint_key": prefix,
-            "prefect_flow_run_id": str(flow_run.id) if flow_run.id else None}
+            "prefect_flow_run_id": str(flow_run.id) if flow_run.id else None,
+            "template_mismatch": str(bool(ev.summary.get("template_mismatch"))).lower()}
     # One MLflow run per (checkpoint, suite): a re-run after a crash reuses it.
     found = tracker.client.search_runs([tracker.experiment_id],
                                        f"tags.suite_version = '{suite}' and tags.checkpoint_key = '{prefix}'",
@@ -115,7 +117,7 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                                       template=cfg.prompt.template, extra={"suite_version": suite,
                                                                            "checkpoint": store.url(prefix)})
     report = (f"# Nightly evaluation of `{prefix}`\n\nSuite `{suite}`: greedy accuracy "
-              f"{ev.summary['accuracy_greedy']:.3f} (n = {ev.summary['n']})\n"
+              f"{ev.summary['accuracy_greedy']:.3f} (n = {ev.summary['n']})\n" + _mismatch_note(cfg, ev.summary)
               + "".join(f"\n- **flag** {f['reason']}" for f in ev.summary.get("flags") or []))
     # G-verifier-error / G-truncation flags become the run's health events, at the checkpoint's training step.
     events = warehouse.eval_flag_events(ev.summary.get("flags") or [], _export_step(model.path), "nightly")
@@ -135,13 +137,22 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                                                           "accuracy_greedy": ev.summary["accuracy_greedy"],
                                                           "evaluated_at": row["finished_at"]}))
     return {"checkpoint": prefix, "mlflow_run_id": run_id, "accuracy_greedy": ev.summary["accuracy_greedy"],
-            "n": ev.summary["n"], "flags": len(events)}
+            "n": ev.summary["n"], "flags": len(events), "train_template": ev.summary.get("train_template"),
+            "template_mismatch": bool(ev.summary.get("template_mismatch"))}
 
 
 def _export_step(model_dir: str) -> int:
     """The training step an exported checkpoint holds (its export_manifest.json), 0 when it has none."""
     path = Path(model_dir) / MANIFEST_FILE
     return int(json.loads(path.read_text()).get("step") or 0) if path.is_file() else 0
+
+
+def _mismatch_note(cfg: ExperimentConfig, summary: dict[str, Any]) -> str:
+    """G-prompt-mismatch: the checkpoint was trained on another prompt format than the suite's."""
+    if not summary.get("template_mismatch"):
+        return ""
+    return (f"\n**G-prompt-mismatch**: trained with `{summary['train_template']}`, evaluated with "
+            f"`{get_template(cfg.prompt.template).key}`; the score may understate what the model learned.\n")
 
 
 @sealed_flow(name="nightly-eval", log_prints=True, validate_parameters=False)
@@ -163,6 +174,9 @@ def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overri
         for prefix in new:
             model = fetch_checkpoint(store, prefix)
             ev = t.evaluate(cfg, data, model, f"nightly-{suite}", store.url(prefix))
+            if ev.summary.get("template_mismatch"):
+                log.warning(f"G-prompt-mismatch: {prefix} was trained with {ev.summary['train_template']}, "
+                            f"evaluated with {get_template(cfg.prompt.template).key}")
             results.append(record_eval(store, cfg, suite, prefix, model, data, ev))
     report = _report(suite, all_ckpts, results)
     store.put_text(join(EXPERIMENT, "reports", f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{suite}.md"), report)
@@ -176,9 +190,17 @@ def _report(suite: str, all_ckpts: list[str], results: list[dict[str, Any]]) -> 
     lines = [f"# Nightly evaluation — suite `{suite}`", "",
              f"{len(all_ckpts)} checkpoints in the store; {len(results)} evaluated in this run.", ""]
     if results:
-        lines += ["| checkpoint | greedy accuracy | n | MLflow run |", "|---|---|---|---|"]
-        lines += [f"| `{r['checkpoint']}` | {r['accuracy_greedy']:.3f} | {r['n']} | `{r['mlflow_run_id']}` |"
-                  for r in results]
+        lines += ["| checkpoint | greedy accuracy | n | trained with | MLflow run |", "|---|---|---|---|---|"]
+        lines += [f"| `{r['checkpoint']}` | {r['accuracy_greedy']:.3f} | {r['n']} | {_trained_with(r)} | "
+                  f"`{r['mlflow_run_id']}` |" for r in results]
+        if any(r.get("template_mismatch") for r in results):
+            lines += ["", "**G-prompt-mismatch**: a checkpoint marked ⚠ was trained on another prompt template "
+                      "than this suite's; its score may understate what it learned."]
     else:
         lines.append("Nothing new: every checkpoint already has an evaluation for this suite version.")
     return "\n".join(lines) + "\n"
+
+
+def _trained_with(r: dict[str, Any]) -> str:
+    t = r.get("train_template")
+    return "unknown" if t is None else f"`{t}`" + (" ⚠ template mismatch" if r.get("template_mismatch") else "")

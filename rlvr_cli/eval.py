@@ -27,7 +27,7 @@ from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core import settings
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.eval.compare import SettingsMismatch, compare, load_eval, to_markdown, write_report
-from rlvr_core.eval.evaluate import EvalLimits, RunSettings, evaluate
+from rlvr_core.eval.evaluate import EvalLimits, RunSettings, evaluate, template_mismatch_line
 from rlvr_core.experiment.benchmarks import load_benchmark, resolve_suite
 from rlvr_core.experiment.config import ConfigError, EvalConfig
 from rlvr_core.records import warehouse
@@ -111,6 +111,9 @@ def eval_command(
         typer.echo(line, err=True)
         for f in s.get("flags") or []:
             typer.echo(f"WARNING {f['reason']}", err=True)
+    for b in result.benchmarks:
+        if b.summary["template_mismatch"]:
+            typer.echo(f"warning: {template_mismatch_line(b.spec, b.summary['train_template'])}", err=True)
     for sk in result.skipped:
         typer.echo(f"skipped {sk['benchmark']}: {sk['why']}", err=True)
     typer.echo(f"results in {out}", err=True)

@@ -31,7 +31,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extens
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from rlvr_core.artifacts.export import (MANIFEST_FILE, ExportError, ExportVerificationError, export_checkpoint,  # noqa: E402
-                                        link_export_to_mlflow, upload_export, verify_export)
+                                        link_export_to_mlflow, upload_export, verify_export, verify_local_export)
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig  # noqa: E402
 from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier  # noqa: E402
 
@@ -503,6 +503,108 @@ def test_link_export_to_mlflow_run(runs, base, tmp_path, rlvr_home):
     assert local.read_bytes() == res.manifest_path.read_bytes()
     # The run's record pins the uploaded export: verification against it passes.
     verify_export(store, "exp/step2", expected_manifest_sha256=got["export_manifest_sha256"])
+
+
+# ------------------------------------------------------------------------------- G-prompt-mismatch
+def _benchmark_files(tmp_path: Path) -> dict[str, Path]:
+    """The synthetic benchmark cut to 2 greedy problems of 4 tokens, as written (template qa, the training
+    template) and with the Minerva template ("Problem: ... Solution:") instead."""
+    import yaml
+
+    from rlvr_core.experiment.benchmarks import load_benchmark
+
+    out = {}
+    for name, template in (("synthetic_qa", "qa"), ("synthetic_minerva", "minerva")):
+        d = load_benchmark("synthetic").model_dump(mode="json")
+        d.update(name=name, metrics=["accuracy"], side_by_side=[])
+        d["prompt"]["template"] = template
+        d["data"]["max_problems"] = 2
+        d["generation"].update(temperature=0.0, n=1, greedy=False, max_new_tokens=4)
+        out[name] = tmp_path / f"{name}.yaml"
+        out[name].write_text(yaml.safe_dump(d))
+    return out
+
+
+def test_export_records_the_training_template_and_rlvr_eval_flags_a_mismatch(runs, base, tmp_path, rlvr_home):
+    """The export carries the template the run trained with; `rlvr eval` of the export on a benchmark with another
+    template flags it (settings, summary, warning line, comparison report), on the training template it does not,
+    and a model we did not train (no export manifest) is never a mismatch."""
+    import subprocess
+
+    from rlvr_core.artifacts.export import train_template_of
+    from rlvr_core.eval.compare import compare, load_eval, to_markdown
+    from rlvr_core.eval.evaluate import evaluate
+    from rlvr_core.experiment.benchmarks import load_benchmark
+
+    model_dir, _ = base
+    res = export_checkpoint(runs["z2"] / "checkpoints", base_model_dir=model_dir, out_dir=tmp_path / "export",
+                            train_template="qa@1")
+    assert res.manifest["train_template"] == "qa@1" == train_template_of(res.out_dir)
+    verify_local_export(res.out_dir)
+    assert train_template_of(model_dir) is None  # a base model folder has no training template
+    # An export given only the pipeline's run manifest takes the template from it.
+    alt = export_checkpoint(runs["z2"] / "checkpoints", base_model_dir=model_dir, out_dir=tmp_path / "export2",
+                            run_manifest={"prompt_template": "minerva@1"})
+    assert train_template_of(alt.out_dir) == "minerva@1"
+
+    files = _benchmark_files(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "rlvr_cli.eval", "eval", str(res.out_dir), "--benchmark",
+                           str(files["synthetic_qa"]), "--benchmark", str(files["synthetic_minerva"]), "--quiet",
+                           "--verifier-workers", "0", "--out", str(tmp_path / "trained"), "--eval-id", "trained"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "RLVR_HOME": str(rlvr_home)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warned = [line for line in proc.stderr.splitlines() if "G-prompt-mismatch" in line]
+    assert warned == ["warning: G-prompt-mismatch: synthetic_minerva prompts with minerva@1 but the checkpoint "
+                      "was trained with qa@1; the score may understate what it learned"]
+    record = json.loads((tmp_path / "trained" / "eval.json").read_text())["benchmarks"]
+    for name, mismatch in (("synthetic_qa", False), ("synthetic_minerva", True)):
+        for part in ("settings", "summary"):
+            assert record[name][part]["train_template"] == "qa@1"
+            assert record[name][part]["template_mismatch"] is mismatch, (name, part)
+
+    # The base model on the same benchmark: no training template, no mismatch; the comparison with the trained
+    # checkpoint is allowed (same evaluation settings) and stamped with the trained side's mismatch.
+    spec = load_benchmark(str(files["synthetic_minerva"]))
+    base_eval = evaluate(model_dir, [spec], out=tmp_path / "base", eval_id="base",
+                         run=_eval_run()).benchmarks[0]
+    assert (base_eval.settings["train_template"], base_eval.settings["template_mismatch"]) == (None, False)
+    result = compare(load_eval(str(tmp_path / "base")), load_eval(str(tmp_path / "trained")),
+                     benchmarks=["synthetic_minerva"])
+    trained = result["b"]["label"]
+    assert result["template_mismatch"] == {"synthetic_minerva": {trained: "qa@1"}}
+    assert f"**G-prompt-mismatch** (synthetic_minerva): {trained} was trained with `qa@1`" in to_markdown(result)
+
+
+def _eval_run():
+    from rlvr_core.eval.evaluate import RunSettings
+
+    return RunSettings(verifier_workers=0)
+
+
+def test_pipeline_and_nightly_evaluation_flag_a_checkpoint_trained_on_another_template(runs, base, tmp_path,
+                                                                                       rlvr_home):
+    """`evaluate_stage` (the pipeline's held-out evaluation and the nightly flow's) compares the export's training
+    template with the config's: flagged in the summary and the metric settings when they differ, not otherwise."""
+    from rlvr_core.experiment.config import parse_config
+    from rlvr_core.pipeline import stages
+    from rlvr_core.sampling.models import model_hashes
+
+    model_dir, _ = base
+    res = export_checkpoint(runs["z2"] / "checkpoints", base_model_dir=model_dir, out_dir=tmp_path / "export",
+                            train_template="qa@1")
+    model = stages.ModelArtifact(str(res.out_dir), "export", *model_hashes(res.out_dir), True)
+    out = {}
+    for template in ("qa", "minerva"):
+        cfg = parse_config({"prompt": {"template": template}, "data": {"synthetic": {"n_train": 20, "n_test": 2}},
+                            "eval": {"temperature": 0.0, "max_new_tokens": 4, "verifier_workers": 0}})
+        lines = []
+        ev = stages.evaluate_stage(cfg, stages.prepare_data(cfg), model, eval_id=template,
+                                   progress=lambda stage, msg, **kw: lines.append(msg))
+        settings = {json.loads(s)["template_mismatch"] for s in ev.metrics.column("settings").to_pylist()}
+        out[template] = (ev.summary["train_template"], ev.summary["template_mismatch"], settings,
+                         [m for m in lines if "G-prompt-mismatch" in m])
+    assert out["qa"] == ("qa@1", False, {False}, [])
+    assert out["minerva"][:3] == ("qa@1", True, {True}) and len(out["minerva"][3]) == 1
 
 
 # ------------------------------------------------------------------------------------ 2 ranks (ZeRO 2, 3)

@@ -4,23 +4,26 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rlvr_core.data.templates import (QA_FEWSHOT_EXAMPLES, PromptTemplate, check_template_for_model, few_shot,
-                                      get_template, known_templates)
+from rlvr_core.data.templates import (QA_FEWSHOT_EXAMPLES, PromptTemplate, TemplateError, check_template_for_model,
+                                      few_shot, get_template, known_templates, require_template_for_model)
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def tokenizer(chat: bool) -> PreTrainedTokenizerFast:
+def tokenizer(chat: bool, chat_tokens: bool = True) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer; chat: with the ChatML template; chat_tokens: <|im_start|> and <|im_end|> are
+    tokens of it (without them, a base model's tokenizer given a chat template)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
+    extra = ["<|im_start|>", "<|im_end|>"] if chat_tokens else []
+    specials = ["<|endoftext|>", "<|pad|>", *extra]
     tok.train_from_iterator(["Question: one two three. Answer: 3"] * 10,
                             trainers.BpeTrainer(vocab_size=300, special_tokens=specials, show_progress=False,
                                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
-                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+                                   additional_special_tokens=extra,
                                    chat_template=CHATML if chat else None, padding_side="left")
 
 
@@ -91,3 +94,29 @@ def test_check_template_for_model():
     assert any("G-stop-seq" in x for x in check_template_for_model(nostop, "base"))
     with pytest.raises(ValueError):
         check_template_for_model(qa, "instruct")  # type: ignore[arg-type]
+
+
+def test_require_template_refuses_what_samples_garbage_and_returns_warnings():
+    qa, chat = get_template("qa"), get_template("chat_qa")
+    assert require_template_for_model(chat, "chat", tokenizer(chat=True)) == []
+    # A chat template whose control tokens the tokenizer lacks: each would be split into byte pieces.
+    bare = tokenizer(chat=True, chat_tokens=False)
+    assert len(bare.encode("<|im_start|>", add_special_tokens=False)) > 1  # the planted condition holds
+    with pytest.raises(TemplateError, match=r"<\|im_end\|>.*<\|im_start\|>.*not tokens of this tokenizer"):
+        require_template_for_model(chat, "chat", bare)
+    with pytest.raises(TemplateError, match="no chat_template"):
+        require_template_for_model(chat, "chat", tokenizer(chat=False))
+    # A kind mismatch is an error unless it is declared deliberate; then it is a warning.
+    with pytest.raises(TemplateError, match="G-chat-template"):
+        require_template_for_model(chat, "base", tokenizer(chat=True))
+    with pytest.raises(TemplateError, match="chat model"):
+        require_template_for_model(qa, "chat", tokenizer(chat=True))
+    (w,) = require_template_for_model(qa, "chat", tokenizer(chat=True), allow_kind_mismatch=True)
+    assert "chat model" in w
+    # Chat tokens inside a base prompt are an error; a base template without stops only a warning.
+    leaky = PromptTemplate(id="leaky", version="0", kind="base", pattern="<|im_start|>user\n{question}", stop=("\n",))
+    with pytest.raises(TemplateError, match="im_start"):
+        require_template_for_model(leaky, "base", tokenizer(chat=False))
+    nostop = PromptTemplate(id="nostop", version="0", kind="base", pattern="Q: {question}\nA:")
+    (w,) = require_template_for_model(nostop, "base", tokenizer(chat=False))
+    assert "G-stop-seq" in w

@@ -2,8 +2,9 @@
 -- of one eval metric (over its checkpoints), the confidence interval and n behind it, its rank among the
 -- runs evaluated the same way, and whether the run collapsed. Numbers are ranked only against numbers
 -- produced with the same settings (benchmark, problems, samples, template, temperature, max tokens, …):
--- `rlvr compare`'s rule, every setting but COMPARE_EXEMPT's (batch_size, verifier_workers,
--- numerics; rlvr_core/eval/evaluate.py). settings_group names the group (a hash of those settings).
+-- `rlvr compare`'s rule, every setting but COMPARE_EXEMPT's (batch_size, verifier_workers, numerics,
+-- and the checkpoint's train_template / template_mismatch; rlvr_core/eval/evaluate.py). settings_group
+-- names the group (a hash of those settings).
 -- param metric: text = accuracy_greedy | eval metric to rank by (eval_metrics.metric)
 -- param benchmark: text = NULL | only this benchmark (NULL: all)
 -- param experiment: text = NULL | only runs of this experiment (NULL: all)
@@ -11,7 +12,8 @@ WITH scored AS (
     SELECT run_id, benchmark, checkpoint, value, ci_low, ci_high, n, settings,
            substr(md5(benchmark || ' ' || CAST(json_merge_patch(
                CASE WHEN settings IS NULL OR settings = '' THEN '{}' ELSE settings END,
-               '{"batch_size": null, "verifier_workers": null, "numerics": null}') AS VARCHAR)), 1, 10) AS settings_group
+               '{"batch_size": null, "verifier_workers": null, "numerics": null,
+                 "train_template": null, "template_mismatch": null}') AS VARCHAR)), 1, 10) AS settings_group
     FROM eval_metrics
     WHERE metric = $metric AND ($benchmark IS NULL OR benchmark = $benchmark)
 ),

@@ -8,9 +8,9 @@ which fails loudly rather than producing something half-right:
      them into the model class built from the base model's config (`from_config`), refusing any missing,
      unexpected or mis-shaped key, casts to `dtype`, writes `save_pretrained` (safetensors) plus the
      tokenizer and generation config, re-reads the written safetensors and compares every tensor with
-     the model's, and finally writes `export_manifest.json` (run manifest, step, tag, dtype, ZeRO stage,
-     size and sha256 of every file). The folder is built under a temporary name and renamed into place,
-     so an `out_dir` that exists holds a complete export.
+     the model's, and finally writes `export_manifest.json` (run manifest, training template, step, tag,
+     dtype, ZeRO stage, size and sha256 of every file). The folder is built under a temporary name and renamed
+     into place, so an `out_dir` that exists holds a complete export.
   2. `upload_export(local_dir, store, prefix)` checks the local files against the manifest, uploads them
      through the ArtifactStore (local folder or S3), the manifest last, then runs `verify_export`.
   3. `verify_export(store, prefix)` streams every file listed in the uploaded manifest back and compares
@@ -43,7 +43,8 @@ from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join
 from rlvr_core.core.manifest import file_sha256, package_versions
 
 __all__ = ["MANIFEST_FILE", "DTYPES", "ExportResult", "ExportError", "ExportVerificationError", "export_checkpoint",
-           "upload_export", "verify_export", "verify_local_export", "link_export_to_mlflow", "resolve_tag"]
+           "upload_export", "verify_export", "verify_local_export", "link_export_to_mlflow", "resolve_tag",
+           "train_template_of"]
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,7 @@ def _check_saved_weights(model, folder: Path) -> None:
 
 def export_checkpoint(checkpoint_dir: str | Path, tag: str | None = None, *, base_model_dir: str | Path,
                       out_dir: str | Path, dtype: str = "float32", run_manifest: dict[str, Any] | None = None,
-                      step: int | None = None, overwrite: bool = False,
+                      train_template: str | None = None, step: int | None = None, overwrite: bool = False,
                       max_shard_size: str | int | None = None) -> ExportResult:
     """Export one DeepSpeed checkpoint (`checkpoint_dir/tag`, tag None = `latest`) as a Hugging Face folder.
 
@@ -292,7 +293,9 @@ def export_checkpoint(checkpoint_dir: str | Path, tag: str | None = None, *, bas
     master weights cast once. `step` defaults to the step in the checkpoint's client state (the trainer
     saves it), else DeepSpeed's global step; a `step` that contradicts the client state is refused.
     `out_dir` must not exist (or be empty) unless `overwrite`. `max_shard_size` is passed to
-    `save_pretrained` (default: its own, 50GB). Returns an ExportResult.
+    `save_pretrained` (default: its own, 50GB). `train_template`: the prompt template (id@version) the run
+    trained with (default: the run manifest's `prompt_template`), stored as the manifest's `train_template`
+    so every evaluation of the export can compare it with its own (G-prompt-mismatch). Returns an ExportResult.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -376,6 +379,7 @@ def export_checkpoint(checkpoint_dir: str | Path, tag: str | None = None, *, bas
                       "generation_config": gen_cfg is not None},
             "packages": package_versions(_EXPORT_PACKAGES),
             "run_manifest": run_manifest,
+            "train_template": train_template or (run_manifest or {}).get("prompt_template"),
             "files": files,
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
@@ -419,6 +423,16 @@ def _compare(manifest: dict[str, Any], actual: dict[str, tuple[int, str] | None]
         problems.append({"path": path, "problem": "not listed in the manifest", "expected_sha256": None,
                          "actual_sha256": sha, "expected_size": None, "actual_size": size})
     return problems
+
+
+def train_template_of(model_dir: str | Path) -> str | None:
+    """The prompt template (id@version) a model folder was trained with, from its `export_manifest.json`; None
+    for a folder that is not our export (a base or hub model) or an export that does not record it."""
+    path = Path(model_dir) / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    manifest = _read_manifest(path.read_text(), str(model_dir))
+    return manifest.get("train_template") or (manifest.get("run_manifest") or {}).get("prompt_template")
 
 
 def verify_local_export(local_dir: str | Path) -> dict[str, Any]:

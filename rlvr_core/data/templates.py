@@ -12,12 +12,14 @@ Two kinds:
     starts with worked examples written in the same format (``few_shot``).
   * ``chat``: ``pattern`` is the *user message*; the prompt is rendered by the tokenizer's own chat
     template (``render(question, tokenizer=tok)``), so the model's special tokens are exactly the ones it
-    was trained with. Such a template on a base model produces garbage from step 1; use
-    ``check_template_for_model`` before sampling.
+    was trained with. Such a template on a base model produces garbage from step 1: an experiment config
+    refuses a template whose kind is not ``model.kind``, and every sampling stage calls
+    ``require_template_for_model`` with the model's tokenizer before its first prompt.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -191,24 +193,34 @@ CHAT_MARKERS = ("<|im_start|>", "<|im_end|>", "[INST]", "[/INST]", "<|start_head
                 "<start_of_turn>", "<end_of_turn>", "<|user|>", "<|assistant|>", "<|system|>")
 
 
-def check_template_for_model(template: PromptTemplate, model_kind: Literal["base", "chat"],
-                             tokenizer=None) -> list[str]:
-    """Warnings (empty list = fine) about using `template` with a model of `model_kind`.
+class TemplateError(ValueError):
+    """A template that cannot work with the model it is about to be used with (G-chat-template)."""
 
-    Flags: a chat template on a base model (the G-chat-template failure); a raw template on a chat model;
-    chat special tokens or the tokenizer's additional special tokens inside a base template's rendered
-    prompt; a chat template with a tokenizer that has no chat template; a base template without stop
-    sequences (G-stop-seq).
+
+# Angle-bracket control tokens of chat formats (`<|im_start|>`, `<|eot_id|>`, `<start_of_turn>`): a chat prompt's
+# markers must each be one token of the tokenizer, or the model reads them as a string of byte pieces.
+_CONTROL_TOKEN = re.compile(r"<\|[^<>|\s]{1,40}\|>|<(?:start|end)_of_turn>")
+
+
+def template_findings(template: PromptTemplate, model_kind: Literal["base", "chat"], tokenizer=None,
+                      *, allow_kind_mismatch: bool = False) -> list[tuple[str, str]]:
+    """(severity, message) pairs about using `template` with a model of `model_kind` (empty = fine).
+
+    "error" where the model would see garbage from the first prompt: a chat template on a base model, a raw
+    template on a chat model (both "warning" with `allow_kind_mismatch`, a deliberate choice), chat or special
+    tokens inside a base prompt, a chat template with a tokenizer that has no chat template or lacks one of
+    the control tokens its chat template writes. "warning": a base template without stop sequences (G-stop-seq).
     """
     if model_kind not in ("base", "chat"):
         raise ValueError(f"model_kind must be 'base' or 'chat', got {model_kind!r}")
-    warnings: list[str] = []
+    out: list[tuple[str, str]] = []
+    kind_severity = "warning" if allow_kind_mismatch else "error"
     if template.kind == "chat" and model_kind == "base":
-        warnings.append(f"{template.key} is a chat template but the model is a base model: chat special tokens "
-                        "mean nothing to it and completions degenerate (G-chat-template); use a base template")
+        out.append((kind_severity, f"{template.key} is a chat template but the model is a base model: chat special "
+                    "tokens mean nothing to it and completions degenerate (G-chat-template); use a base template"))
     if template.kind == "base" and model_kind == "chat":
-        warnings.append(f"{template.key} is a raw base-model template but the model is a chat model: it expects "
-                        "its chat template; use a chat-kind template")
+        out.append((kind_severity, f"{template.key} is a raw base-model template but the model is a chat model: it "
+                    "expects its chat template; use a chat-kind template"))
     if template.kind == "base":
         probe = template.render("PROBE")
         markers = set(CHAT_MARKERS)
@@ -218,10 +230,43 @@ def check_template_for_model(template: PromptTemplate, model_kind: Literal["base
             markers |= {t for t in specials if t}
         found = sorted(m for m in markers if m in probe)
         if found:
-            warnings.append(f"{template.key} is a base template but its prompt contains chat/special tokens {found}")
+            out.append(("error", f"{template.key} is a base template but its prompt contains chat/special "
+                        f"tokens {found}"))
         if not template.stop:
-            warnings.append(f"{template.key} has no stop sequences: a base model will run on into a new "
-                            "question and the answer extractor may read it (G-stop-seq)")
-    if template.kind == "chat" and tokenizer is not None and not getattr(tokenizer, "chat_template", None):
-        warnings.append(f"{template.key} is a chat template but the tokenizer has no chat_template")
-    return warnings
+            out.append(("warning", f"{template.key} has no stop sequences: a base model will run on into a new "
+                        "question and the answer extractor may read it (G-stop-seq)"))
+    if template.kind == "chat" and tokenizer is not None:
+        if not getattr(tokenizer, "chat_template", None):
+            out.append(("error", f"{template.key} is a chat template but the tokenizer has no chat_template"))
+        else:
+            missing = _unknown_control_tokens(template.render("PROBE", tokenizer=tokenizer), tokenizer)
+            if missing:
+                out.append(("error", f"{template.key}: the tokenizer's chat template writes {missing}, which are not "
+                            "tokens of this tokenizer (each would be split into pieces the model never saw as one "
+                            "token; G-chat-template): use the model's own tokenizer and chat template"))
+    return out
+
+
+def _unknown_control_tokens(prompt: str, tokenizer) -> list[str]:
+    """The control tokens in a rendered chat prompt that the tokenizer does not encode as a single token."""
+    return sorted(m for m in set(_CONTROL_TOKEN.findall(prompt))
+                  if len(tokenizer.encode(m, add_special_tokens=False)) != 1)
+
+
+def check_template_for_model(template: PromptTemplate, model_kind: Literal["base", "chat"],
+                             tokenizer=None) -> list[str]:
+    """Every finding of `template_findings` as a message (empty list = fine), errors and warnings alike."""
+    return [message for _, message in template_findings(template, model_kind, tokenizer)]
+
+
+def require_template_for_model(template: PromptTemplate, model_kind: Literal["base", "chat"], tokenizer, *,
+                               allow_kind_mismatch: bool = False) -> list[str]:
+    """Raise `TemplateError` listing the error findings of `template_findings`; return its warnings.
+
+    Called at the start of every stage that samples with the experiment's template, with the model's real
+    tokenizer, so a run that would sample garbage stops before its first prompt."""
+    findings = template_findings(template, model_kind, tokenizer, allow_kind_mismatch=allow_kind_mismatch)
+    errors = [m for sev, m in findings if sev == "error"]
+    if errors:
+        raise TemplateError(f"prompt template {template.key} does not fit the {model_kind} model: " + "; ".join(errors))
+    return [m for sev, m in findings if sev == "warning"]

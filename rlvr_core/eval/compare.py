@@ -304,8 +304,12 @@ def compare(a: EvalSource, b: EvalSource, *, benchmarks: list[str] | None = None
         if not allow_different_settings:
             raise SettingsMismatch(message + "\n(pass --allow-different-settings to compare anyway)")
         warnings.warn("COMPARING ANYWAY: " + message, stacklevel=2)
+    # G-prompt-mismatch: a side whose checkpoint was trained on another template than the benchmark's.
+    mismatch = {x: {s.label: s.settings[x].get("train_template") for s in (a, b)
+                    if s.settings[x].get("template_mismatch")} for x in common}
     return {"a": {"label": a.label, "where": a.where}, "b": {"label": b.label, "where": b.where},
             "settings_differ": {x: [{"setting": k, "a": va, "b": vb} for k, va, vb in d] for x, d in diffs.items()},
+            "template_mismatch": {x: m for x, m in mismatch.items() if m},
             "ci_method": "paired t interval on per-problem differences (95%); McNemar exact test for greedy accuracy",
             "benchmarks": {x: compare_benchmark(a, b, x) for x in common}}
 
@@ -329,6 +333,10 @@ def to_markdown(result: dict[str, Any]) -> str:
         out += [f"> - {x}: `{d['setting']}`: A={d['a']!r}, B={d['b']!r}"
                 for x, ds in result["settings_differ"].items() for d in ds]
         out.append("")
+    for x, sides in (result.get("template_mismatch") or {}).items():
+        out += [f"> **G-prompt-mismatch** ({x}): " + "; ".join(
+            f"{label} was trained with `{t}`" for label, t in sides.items()) + ", not with this benchmark's "
+            "template: its numbers may understate what it learned.", ""]
     for name, r in result["benchmarks"].items():
         out += [f"## {name} ({r['n_problems']} problems, scoring {r['scoring']}, n = {r['n_samples']['a']} / "
                 f"{r['n_samples']['b']} samples)", "", "| metric | A | B | Δ | 95% CI | note |", "|---|---|---|---|---|---|"]

@@ -54,10 +54,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlvr_core.artifacts.export import train_template_of
 from rlvr_core.core.numerics import numerics
 from rlvr_core.core.passk import pass_at_k, passk_curve
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.core.stats import wilson_interval
+from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.benchmarks import (BenchmarkSpec, VerifierSpec, benchmark_data_hash, benchmark_hash,
                                              effective_stop, gold_for, load_benchmark_problems, parse_benchmark,
                                              parse_metric, prompt_template, resolved_benchmark, scoring_label, scorings)
@@ -69,7 +71,7 @@ from rlvr_core.verifiers.registry import can_hang, default_workers
 
 __all__ = ["RunSettings", "EvalLimits", "eval_flags", "BenchmarkResult", "EvalResult", "evaluate", "evaluate_spec", "compute_metrics",
            "override_spec", "continued_after_answer", "vote_key", "SAMPLES_FILE", "METRICS_FILE", "CURVES_FILE",
-           "EVAL_FILE", "COMPARE_EXEMPT"]
+           "EVAL_FILE", "COMPARE_EXEMPT", "template_check", "template_mismatch_line"]
 
 SAMPLES_FILE = "evals/samples.parquet"
 METRICS_FILE = "evals/metrics.parquet"
@@ -81,7 +83,9 @@ EVAL_FILE = "eval.json"
 # a completion does not depend on which requests shared its batch (tests/sampling checks this).
 # numerics (thread count, CPU instruction set) changes the exact samples like a different machine would, not what
 # is measured: it is stored with every result and two results that differ only there are still comparable.
-COMPARE_EXEMPT = frozenset({"batch_size", "verifier_workers", "numerics"})
+# train_template / template_mismatch describe the checkpoint (the format it was trained on), not how it was evaluated:
+# a base model and its trained checkpoint evaluated the same way compare (the mismatch is stamped on the report).
+COMPARE_EXEMPT = frozenset({"batch_size", "verifier_workers", "numerics", "train_template", "template_mismatch"})
 
 # The first final-answer line of a completion: GSM8K's "#### N", the CoT "The answer is N", Minerva's
 # "Final Answer: The final answer is X". Text after that line is a continuation (G-stop-seq).
@@ -483,11 +487,14 @@ def _instructions(outcome, mode: str | None) -> tuple[int | None, int | None]:
 def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = RunSettings(),
                   problems: list[dict[str, Any]] | None = None, eval_id: str = "eval", checkpoint: str = "",
                   identity: dict[str, Any] | None = None, progress: Progress = SILENT,
-                  timings: dict[str, float] | None = None, limits: EvalLimits = EvalLimits()) -> BenchmarkResult:
+                  timings: dict[str, float] | None = None, limits: EvalLimits = EvalLimits(),
+                  train_template: str | None = None) -> BenchmarkResult:
     """Evaluate one benchmark with a built sampling engine (an in-memory model works: the trainer uses this).
 
     problems: the benchmark's problems (default: `load_benchmark_problems(spec)`).
     identity: what was evaluated (model path and hashes), stored next to the settings but not compared.
+    train_template: the template (id@version) the checkpoint was trained with (`train_template_of`); None for a
+        model we did not train. Compared with the benchmark's (`template_check`, G-prompt-mismatch).
     timings: if given, gets `generate_s` and `verify_s` added (the benchmark's throughput split).
     limits: shares that flag the result (`summary["flags"]`, `eval_flags`; a progress line each).
     """
@@ -567,10 +574,13 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
         "max_new_tokens": g.max_new_tokens, "verifier": spec.verifier.name, "verifier_mode": spec.verifier.mode,
         "verifier_versions": {lab: outcomes[lab][1] for lab in outcomes},
         "side_by_side": [scoring_label(v) for v in spec.side_by_side],
-        "resolved": resolved["resolved"], **run.numbers_settings(),
+        "resolved": resolved["resolved"], **run.numbers_settings(), **template_check(spec, train_template),
     }
+    if settings["template_mismatch"]:
+        progress(stage, f"warning: {template_mismatch_line(spec, train_template)}")
     metrics, curves, summary = compute_metrics(spec, problems, records, settings, eval_id=eval_id, checkpoint=checkpoint)
     summary.update({"benchmark_hash": settings["benchmark_hash"], "identity": identity or {},
+                    "train_template": train_template, "template_mismatch": settings["template_mismatch"],
                     "duration_s": round(time.monotonic() - t0, 3), "generate_s": round(t_gen, 3),
                     "verify_s": round(t_ver, 3)})
     summary["flags"] = eval_flags(metrics, limits)
@@ -581,6 +591,22 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
                      f"{summary['accuracy_greedy_ci'][1]:.3f}] n={len(problems)}" if acc is not None else
                      f"n={len(problems)}") + "".join(f"; pass@{k} {v:.3f}" for k, v in summary["passk"].items()))
     return BenchmarkResult(spec, settings, records, metrics, curves, summary)
+
+
+def template_check(spec: BenchmarkSpec, train_template: str | None) -> dict[str, Any]:
+    """G-prompt-mismatch: {"train_template", "template_mismatch"} for a checkpoint trained with `train_template`
+    evaluated on `spec`. The benchmark's prompt format is its named template (id@version; a few-shot variant of
+    it shows the same format), and a mismatch is flagged, not refused: evaluating on a benchmark's own format is
+    legitimate, but the number then understates what the model learned. No training template (a base or hub
+    model) is no mismatch."""
+    eval_template = get_template(spec.prompt.template).key
+    return {"train_template": train_template,
+            "template_mismatch": train_template is not None and train_template != eval_template}
+
+
+def template_mismatch_line(spec: BenchmarkSpec, train_template: str | None) -> str:
+    return (f"G-prompt-mismatch: {spec.name} prompts with {get_template(spec.prompt.template).key} but the "
+            f"checkpoint was trained with {train_template}; the score may understate what it learned")
 
 
 # --------------------------------------------------------------------------------------------- entry point
@@ -641,6 +667,8 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
 
     model_kind: "base" or "chat"; benchmarks for the other kind are skipped and listed in `skipped`
         (G-chat-template). None evaluates every benchmark as written.
+    The template the checkpoint was trained with (its `export_manifest.json`) is compared with each benchmark's:
+        a mismatch is logged and flagged in the settings and summary (`template_check`, G-prompt-mismatch).
     max_problems, n, temperature, max_new_tokens, seed: overrides applied to every spec (`override_spec`);
         they change the benchmark hash, so the results say they were overridden.
     llm_options: for the vllm engine (`build_engine`).
@@ -654,6 +682,7 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
     eval_id = eval_id or path.name
     model_hash, tok_hash = model_hashes(path)
     identity = {"model_path": str(path.resolve()), "model_hash": model_hash, "tokenizer_hash": tok_hash}
+    train_template = train_template_of(path)
     todo, skipped = [], []
     for spec in specs:
         if model_kind is not None and spec.prompt.model_kind != model_kind:
@@ -673,7 +702,8 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
             for i in mine:
                 t = {} if timings is not None else None
                 results[i] = evaluate_spec(engine, tok, todo[i], run=run, eval_id=eval_id, checkpoint=checkpoint,
-                                           identity=identity, progress=progress, timings=t, limits=limits)
+                                           identity=identity, progress=progress, timings=t, limits=limits,
+                                           train_template=train_template)
                 if timings is not None:
                     timings[todo[i].name] = t
     result = EvalResult(eval_id, checkpoint, results, skipped)

@@ -16,11 +16,12 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from rlvr_core.core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, Registry
 
 from rlvr_core.data.curriculum import known_orderings
-from rlvr_core.data.templates import known_templates
+from rlvr_core.data.templates import get_template, known_templates
 from rlvr_core.experiment.guards import health_config
 from rlvr_core.verifiers.registry import can_hang, default_workers, verifier_class
 
@@ -112,7 +113,12 @@ class ModelConfig(_Strict):
 
 
 class PromptConfig(_Strict):
-    template: str = Field("qa", description="prompt template id (see rlvr_core.data.templates); part of every result")
+    template: str = Field("qa", description="prompt template id (see rlvr_core.data.templates); part of every result. "
+                          "Its kind (base or chat) must be model.kind (G-chat-template)")
+    allow_kind_mismatch: bool = Field(False, description="use a template whose kind differs from model.kind on "
+                                      "purpose (e.g. a raw 'Question: ...' prompt on a chat model, as zero-RL recipes "
+                                      "do); the stages then log the mismatch and write it to the run summary instead "
+                                      "of refusing the config (G-chat-template)")
 
     @field_validator("template")
     @classmethod
@@ -482,6 +488,19 @@ class ExperimentConfig(_Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig, description="training and pass-rate scoring")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+
+    @model_validator(mode="after")
+    def _template_fits_model(self) -> "ExperimentConfig":
+        """G-chat-template: a chat template on a base model (or a raw one on a chat model) is refused here,
+        before any work, unless `prompt.allow_kind_mismatch` says it is deliberate."""
+        kind = get_template(self.prompt.template).kind
+        if kind != self.model.kind and not self.prompt.allow_kind_mismatch:
+            why = (f"template {self.prompt.template!r} is for {kind} models but model.kind is {self.model.kind!r} "
+                   f"(G-chat-template): use a {self.model.kind} template, or set prompt.allow_kind_mismatch: true "
+                   "if this is deliberate")
+            raise ValidationError.from_exception_data("ExperimentConfig", [InitErrorDetails(
+                type=PydanticCustomError("value_error", why), loc=("prompt", "template"), input=self.prompt.template)])
+        return self
 
     @model_validator(mode="before")
     @classmethod

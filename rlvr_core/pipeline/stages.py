@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
-from rlvr_core.artifacts.export import MANIFEST_FILE, export_checkpoint, upload_export, verify_local_export
+from rlvr_core.artifacts.export import (MANIFEST_FILE, export_checkpoint, train_template_of, upload_export,
+                                       verify_local_export)
 from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core.numerics import numerics
 from rlvr_core.core.manifest import file_sha256, rows_sha256
@@ -31,7 +32,7 @@ from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pas
 from rlvr_core.data.jsonl import read_jsonl, write_jsonl
 from rlvr_core.data.loaders import load_problems
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-from rlvr_core.data.templates import get_template
+from rlvr_core.data.templates import get_template, require_template_for_model
 from rlvr_core.eval.evaluate import (RunSettings, curves_table, evaluate_spec, metrics_table, opened_engine,
                                      samples_table)
 from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark
@@ -168,6 +169,21 @@ def _sampling_kwargs(cfg: ExperimentConfig, *, n: int, temperature: float, max_n
                 verifier_workers=cfg.reward.workers, verifier_timeout_s=cfg.reward.timeout_s)
 
 
+def check_template_at_start(cfg: ExperimentConfig, model_path: str, progress: Progress = SILENT,
+                            stage: str = "template") -> list[str]:
+    """G-chat-template at the start of a sampling stage: the experiment's template against `model.kind` and the
+    model's own tokenizer (`require_template_for_model`). A finding that means garbage from the first prompt
+    raises `TemplateError` before anything is sampled; the warnings are logged and returned for the summary."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    warnings = require_template_for_model(get_template(cfg.prompt.template), cfg.model.kind, tok,
+                                          allow_kind_mismatch=cfg.prompt.allow_kind_mismatch)
+    for w in warnings:
+        progress(stage, f"warning: {w}")
+    return warnings
+
+
 # -------------------------------------------------------------------------------------- pass rates
 @dataclass(frozen=True)
 class PassRateArtifact:
@@ -187,6 +203,7 @@ def normalise_passk_columns(table: pa.Table) -> pa.Table:
 def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifact,
                     progress: Progress = SILENT) -> PassRateArtifact:
     """Sample n completions per training prompt, verify, and tabulate per-problem pass rates (cached)."""
+    template_warnings = check_template_at_start(cfg, model.path, progress, "pass@k")
     rows = data.train_rows()
     if cfg.passk.max_prompts:
         rows = rows[: cfg.passk.max_prompts]
@@ -228,6 +245,7 @@ def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtif
         "mean_pass_rate": sum(cols["pass_rate"]) / max(n_problems, 1),
         "mean_unique_frac": sum(samples.column("unique_frac").to_pylist()) / max(samples.num_rows, 1),
         "truncation_share": samples.column("finish_reason").to_pylist().count("length") / max(samples.num_rows, 1),
+        "template_warnings": template_warnings,
     }
     for k in cfg.passk.ks:
         col = f"pass_at_{k}"
@@ -327,6 +345,7 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     """
     from rlvr_core.grpo.trainer import train_grpo
 
+    template_warnings = check_template_at_start(cfg, base.path, progress, "grpo")
     folder, done = resumable_dir("grpo", _train_key(cfg, base, curriculum))
     if not done:
         memory = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS))
@@ -337,7 +356,9 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
                                 reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
                                 progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
                                 engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step)
-        summary = {**result.summary, **run_numerics}
+        # The template it trained with travels to the export (G-prompt-mismatch: every evaluation compares).
+        summary = {**result.summary, **run_numerics, "prompt_template": get_template(cfg.prompt.template).key,
+                   "template_warnings": template_warnings}
         (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
         (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))
@@ -425,7 +446,8 @@ def export_stage(trained: TrainArtifact, base: ModelArtifact, store: Any, prefix
         progress("export", f"reusing the verified export in {local}")
     except Exception:  # noqa: BLE001 — absent, partial or damaged: export again
         export_checkpoint(Path(trained.folder) / "checkpoints", base_model_dir=base.path, out_dir=local,
-                          dtype=dtype, run_manifest=run_manifest, overwrite=True)
+                          dtype=dtype, run_manifest=run_manifest, overwrite=True,
+                          train_template=trained.summary.get("prompt_template"))
     manifest = json.loads((local / MANIFEST_FILE).read_text())
     upload_export(local, store, prefix)
     mh, th = model_hashes(local)
@@ -586,19 +608,25 @@ def _run_settings(cfg: ExperimentConfig, engine: str | None = None):
 def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifact, *, eval_id: str = "base",
                    checkpoint: str = "base", progress: Progress = SILENT) -> EvalArtifact:
     """Greedy accuracy (with Wilson 95% CI and n) and sampled pass@k on the held-out split, through the
-    evaluator (`rlvr_core.eval.evaluate`) with `held_out_spec(cfg)`: the code path of `rlvr eval`."""
+    evaluator (`rlvr_core.eval.evaluate`) with `held_out_spec(cfg)`: the code path of `rlvr eval`.
+
+    An exported checkpoint's training template (its export manifest) is compared with the config's: the
+    pipeline evaluates with the training template by construction, the nightly flow with its own config's, so
+    a mismatch there is flagged in the settings and the summary (`train_template`, `template_mismatch`)."""
     spec = held_out_spec(cfg)
     problems = held_out_problems(cfg, data, spec)
     run = _run_settings(cfg)
     identity = {"model_path": model.path, "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash}
     with opened_engine(model.path, run, llm_options=_vllm_options(cfg)) as (engine, tok):
         res = evaluate_spec(engine, tok, spec, run=run, problems=problems, eval_id=eval_id,
-                            checkpoint=checkpoint, identity=identity, progress=progress, limits=cfg.eval.limits())
+                            checkpoint=checkpoint, identity=identity, progress=progress, limits=cfg.eval.limits(),
+                            train_template=train_template_of(model.path))
     s = res.summary
     summary = {"accuracy_greedy": s["accuracy_greedy"], "accuracy_greedy_ci": s["accuracy_greedy_ci"], "n": s["n"],
                "passk": s["passk"],
                **{k: s[k] for k in ("truncation_share", "verifier_error_share", "verifier_timeout_share",
-                                    "no_answer_share", "continuation_after_answer_share")},
+                                    "no_answer_share", "continuation_after_answer_share", "train_template",
+                                    "template_mismatch")},
                "benchmark": spec.name, "benchmark_version": spec.version, "benchmark_hash": s["benchmark_hash"],
                "duration_s": s["duration_s"], "flags": s["flags"]}
     return EvalArtifact(samples_table(res.samples), metrics_table(res.metrics), res.curve, summary,

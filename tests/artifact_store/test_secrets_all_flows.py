@@ -107,6 +107,8 @@ def test_pipeline_sweep_and_nightly_record_no_secret(prefect_api, rlvr_home, s3_
         single = pipeline_flow(str(ROOT / "configs" / "demo.yaml"), overrides)
         nightly = nightly_eval_flow(str(ROOT / "configs" / "demo.yaml"), TINY)
         assert nightly["evaluated"], nightly  # the sweep's checkpoint was found and evaluated
+        # G-prompt-mismatch: the trial's export carries the template it trained with, which is the nightly suite's.
+        assert [(e["train_template"], e["template_mismatch"]) for e in nightly["evaluated"]] == [("qa@1", False)]
         assert single["mlflow_tracking_uri"] == mlflow["url"].replace("http://", "http://rlvr:***@")
         assert swept["n_child_runs"] == 1
 

@@ -199,3 +199,20 @@ def test_mlflow_run_names_are_decided_in_one_place():
     assert mlflow_run_name("eval", checkpoint="exp/run-1/checkpoints/final") == "eval exp/run-1/checkpoints/final"
     with pytest.raises(ValueError, match="unknown run kind"):
         mlflow_run_name("nope", name="x")
+
+
+def test_template_kind_must_match_model_kind(tmp_path):
+    """G-chat-template: a chat template on a base model is a config error naming the file and the field."""
+    p = write(tmp_path, "model:\n  kind: base\nprompt:\n  template: chat_qa\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    (path, why), = e.value.problems
+    assert path == "prompt.template" and "chat models" in why and "model.kind is 'base'" in why
+    assert str(p) in str(e.value) and "G-chat-template" in str(e.value)
+    with pytest.raises(ConfigError, match="prompt.template: template 'qa' is for base models"):
+        parse_config({"model": {"kind": "chat"}})
+    # Kinds that agree, or a mismatch declared deliberate, validate.
+    assert parse_config({"model": {"kind": "chat"}, "prompt": {"template": "chat_qa"}}).prompt.template == "chat_qa"
+    ok = parse_config({"model": {"kind": "chat"}, "prompt": {"allow_kind_mismatch": True}})
+    assert ok.prompt.allow_kind_mismatch and ok.model.kind == "chat"
+    assert ExperimentConfig().prompt.allow_kind_mismatch is False

@@ -25,6 +25,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from rlvr_core.artifacts.export import train_template_of
+from rlvr_core.artifacts.storage import LocalStore
 from rlvr_core.core.progress import Progress
 from rlvr_core.experiment.config import parse_config
 from rlvr_core.pipeline import stages
@@ -98,3 +100,11 @@ def test_a_killed_training_resumes_from_its_checkpoint_at_another_thread_count(t
     assert len(said) == 1, lines.getvalue()
     assert f"checkpoint at step {at} (torch_threads 1 -> 2, grpo.micro_batch_size None -> 4)" in said[0], said[0]
     print(f"killed at step {at}, resumed and finished in {time.monotonic() - t0:.1f} s")
+
+    # G-prompt-mismatch: the stage records the template it trained with, its export carries it, and the pipeline's
+    # evaluation of the export (the nightly flow's too) compares it with the config's: the same template here.
+    assert trained.summary["prompt_template"] == "qa@1" and trained.summary["template_warnings"] == []
+    exported = stages.export_stage(trained, base, LocalStore(tmp_path / "store"), "run/checkpoints/final")
+    assert train_template_of(exported.model.path) == "qa@1"
+    ev = stages.evaluate_stage(cfg, data, exported.model, eval_id="trained")
+    assert (ev.summary["train_template"], ev.summary["template_mismatch"]) == ("qa@1", False)
