@@ -41,6 +41,7 @@ from rlvr_core.core.progress import Progress
 from rlvr_core.data.templates import get_template
 from rlvr_core.eval.compare import compare, from_tables, write_report
 from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, load_config, parse_config
+from rlvr_core.experiment.guard_coverage import guard_coverage
 from rlvr_core.experiment.secrets import unseal
 from rlvr_core.grpo.checkpointing import ROLLOUTS_FILE, STEPS_FILE
 from rlvr_core.pipeline import stages
@@ -171,8 +172,11 @@ def _run(cfg: ExperimentConfig, run: _Run, progress: Progress, eval_base: bool, 
             base_eval = t.evaluate(cfg, data, model, "base", "base", in_process=in_process, progress=progress)
             run.tracker.log_metrics(child, _eval_metrics(base_eval))
     if cfg.grpo.enabled:
+        # The base evaluation is G-reward-hacking's reference point (on the periodic evaluation's slice).
+        reference = stages.base_reference(cfg, data, base_eval) if base_eval else None
         try:
-            trained, exported, trained_eval = _train(cfg, run, data, model, curriculum, progress, in_process)
+            trained, exported, trained_eval = _train(cfg, run, data, model, curriculum, progress, in_process,
+                                                     reference)
         except BaseException:
             _record_stopped(cfg, run, _Evals(data, model, passrates, curriculum, base_eval, None, None, None),
                             progress, t0)
@@ -210,11 +214,13 @@ def _shared_stages(cfg: ExperimentConfig, progress: Progress, run: _Run | None):
     return data, model, passrates, curriculum
 
 
-def _train(cfg: ExperimentConfig, run: _Run, data, model, curriculum, progress: Progress, in_process: bool):
+def _train(cfg: ExperimentConfig, run: _Run, data, model, curriculum, progress: Progress, in_process: bool,
+           base_reference: dict[str, float] | None = None):
     """GRPO, then export, then evaluation of the exported, uploaded and checksum-verified copy (G-lost-ckpt):
     the numbers belong to the checkpoint users will download."""
     with run.stage("train", "grpo", "reward") as child:
-        trained = t.train(cfg, data, model, curriculum, child, in_process=in_process, progress=progress)
+        trained = t.train(cfg, data, model, curriculum, child, in_process=in_process, progress=progress,
+                          base_eval=base_reference)
         run.tracker.log_step_rows(child, pq.read_table(trained.steps_path).to_pylist())  # only what is missing
     with run.stage("export") as child:
         exported = t.export(trained, model, run.store, join(run.prefix, "checkpoints", "final"),
@@ -317,6 +323,7 @@ def _summary(cfg: ExperimentConfig, run: _Run, ev: _Evals, comparison, t0: float
                        "n_prompts": ev.curriculum.n_prompts},
         "cached": {"data": ev.data.cached, "base_model": ev.model.cached, "pass_rate_table": ev.passrates.cached,
                    "curriculum": ev.curriculum.cached, **({"train": ev.trained.cached} if ev.trained else {})},
+        "guard_coverage": guard_coverage(cfg),  # every guard: active, or the setting it needs (docs/guards.md)
         "numerics": numerics(),  # thread count and CPU instruction set: with the seed, they fix the numbers
         "config_hash": run.config_hash, "mlflow_child_run_ids": run.children,
         "mlflow_experiment_id": run.tracker.experiment_id, "mlflow_tracking_uri": run.tracker.display_uri,
@@ -537,11 +544,21 @@ def _report(cfg: ExperimentConfig, s: dict[str, Any]) -> str:
                      f"{tr.get('last_reward_mean', float('nan')):.3f} |")
     flags = [f"- **flag** {f['eval_id']} evaluation: {f['reason']}" for f in s.get("eval_flags") or []]
     lines += ["", *flags] if flags else []
+    lines += _coverage_lines(s.get("guard_coverage") or {})
     lines += ["", f"- MLflow run: {s['mlflow_run_url']}", f"- Artifacts: {s['artifact_uri']}",
               f"- Config hash: `{s['config_hash']}`; experiment `{cfg.tracking.experiment}`"]
     if "export" in s:
         lines.append(f"- Checkpoint: {s['export']['uri']} (step {s['export']['step']})")
     return "\n".join(lines) + "\n"
+
+
+def _coverage_lines(coverage: dict[str, str]) -> list[str]:
+    """The report's guard coverage: how many guards are active, and each one that needs a setting."""
+    needs = {g: v for g, v in coverage.items() if not v.startswith("active")}
+    if not coverage:
+        return []
+    lines = ["", f"Guards (docs/guards.md): {len(coverage) - len(needs)} of {len(coverage)} active."]
+    return lines + [f"- {g} {v}" for g, v in needs.items()]
 
 
 def _publish(summary: dict[str, Any], report_md: str, run: _Run) -> None:

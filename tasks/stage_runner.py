@@ -56,7 +56,8 @@ def run(stage: str, req: dict[str, Any]) -> dict[str, Any]:
     cfg, data, base, cur = _artifacts(req)
     progress = Progress(True)
     if stage == "train":
-        out = stages.train_stage(cfg, data, base, cur, progress, mlflow_run_id=req.get("mlflow_run_id"))
+        out = stages.train_stage(cfg, data, base, cur, progress, mlflow_run_id=req.get("mlflow_run_id"),
+                                 base_eval=req.get("base_eval"))
         return asdict(out)
     if stage == "evaluate":
         model = stages.ModelArtifact(**req["model"])

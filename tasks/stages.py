@@ -83,14 +83,17 @@ def build_curriculum(cfg: ExperimentConfig, data: stages.DataArtifact, passrates
 @task(name="grpo-train", tags=[GPU_TAG], **RETRY)
 def train(cfg: ExperimentConfig, data: stages.DataArtifact, base: stages.ModelArtifact,
           curriculum: stages.CurriculumArtifact, mlflow_run_id: str | None = None, *, in_process: bool = False,
-          progress: Progress = SILENT) -> stages.TrainArtifact:
+          progress: Progress = SILENT, base_eval: dict[str, float] | None = None) -> stages.TrainArtifact:
     """`mlflow_run_id`: the run that gets the per-step metrics while training runs (docs/tracking.md); a stage
-    process reaches it through `cfg.tracking` and the environment, so no credential is written to disk."""
+    process reaches it through `cfg.tracking` and the environment, so no credential is written to disk.
+    `base_eval`: G-reward-hacking's reference point (`stages.base_reference`)."""
     if in_process:
         with oom_says_what_to_lower("train"):
-            return stages.train_stage(cfg, data, base, curriculum, progress, mlflow_run_id=mlflow_run_id)
+            return stages.train_stage(cfg, data, base, curriculum, progress, mlflow_run_id=mlflow_run_id,
+                                      base_eval=base_eval)
     out = run_stage_process("train", {"config": cfg.resolved(), "data": asdict(data), "base": asdict(base),
-                                      "curriculum": asdict(curriculum), "mlflow_run_id": mlflow_run_id})
+                                      "curriculum": asdict(curriculum), "mlflow_run_id": mlflow_run_id,
+                                      "base_eval": base_eval})
     return stages.TrainArtifact(model=stages.ModelArtifact(**out.pop("model")), **out)
 
 

@@ -248,7 +248,15 @@ class GRPOConfig(_Strict):
     grad_clip: float = Field(1.0, gt=0, description="global gradient-norm clip; grad_norm in steps.parquet is "
                              "measured before it (G-collapse watches it)")
     rollout_batch_size: int = Field(128, ge=1, description="sequences decoded together by the rollout engine")
-    eval_every: int = Field(0, ge=0, description="call the trainer's `evaluate` hook every N steps (0 = only after the last)")
+    eval_every: int | Literal["auto"] = Field(
+        "auto", description="call the trainer's `evaluate` hook every N steps and after the last (G-no-eval). "
+        "'auto' = about 10 evaluation points for a run longer than 40 steps (every ceil(steps / 10) steps), "
+        "only after the last step for a shorter one. 0 = only after the last step: no curve to pick a "
+        "checkpoint from, and G-reward-hacking can never fire (it needs eval points during training)")
+    eval_max_problems: int | None = Field(
+        500, ge=1, description="the periodic evaluation scores greedily the first N held-out problems only (a "
+        "fixed slice, the same at every point, so the points compare); the pipeline's evaluation of the final "
+        "export stays on the whole held-out set. None = the whole set (the demo's 200 problems fit in 500)")
     eval_samples: int = Field(0, ge=0, description="periodic evaluation: sampled completions per held-out problem "
                               "for pass@k at eval.temperature (0 = greedy accuracy only)")
     checkpoint_every: int = Field(25, ge=1, description="DeepSpeed checkpoint every N steps (and always at the end)")
@@ -265,6 +273,14 @@ class GRPOConfig(_Strict):
     zero_var_guard_window: int = Field(5, ge=1, description="G-verifier-format: steps averaged (this one and the "
                                        "ones before it; fewer at the start of a run), so one unlucky step does not "
                                        "fire and a run with no signal fires within this many steps")
+    drift_every: int = Field(4, ge=0, description="beta 0 only (no reference model): every N steps, after the "
+                             "update, one no-grad forward over the step's trained completions gives the per-token "
+                             "KL from the policy that sampled them to the updated one (k3), recorded as "
+                             "drift/kl_mean and drift/kl_max, which G-kl-explosion and G-entropy's stop watch "
+                             "when kl_ref_* are missing (docs/guards_training.md). Costs one forward pass "
+                             "(no backward) on the measured steps, hence every 4th by default. 0 = off (those "
+                             "guards are blind at beta 0). Skipped with beta > 0, where the KL to the reference "
+                             "is measured every step")
     logprob_temperature: float = Field(1.0, gt=0, description="temperature the trainer divides logits by before "
                                        "log_softmax. Must stay 1 (rollout log-probs are raw); exists to plant "
                                        "the G-logprob-temp bug in tests")
@@ -343,6 +359,28 @@ class GRPOConfig(_Strict):
     def _registered(cls, v: str, info: ValidationInfo) -> str:
         registry = cls._REGISTRIES[info.field_name]
         return _one_of(v, registry.names(), registry.kind)
+
+    @field_validator("eval_every")
+    @classmethod
+    def _eval_every_count(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError(f"must be 'auto' or an integer >= 0, got {v}")
+        return v
+
+    AUTO_EVAL_MIN_STEPS: ClassVar[int] = 40  # runs up to this long evaluate only after the last step
+    AUTO_EVAL_POINTS: ClassVar[int] = 10
+
+    def eval_interval(self) -> int:
+        """The periodic evaluation's interval in steps that `eval_every` resolves to (0 = after the last only)."""
+        if self.eval_every != "auto":
+            return int(self.eval_every)
+        if self.steps <= self.AUTO_EVAL_MIN_STEPS:
+            return 0
+        return -(-self.steps // self.AUTO_EVAL_POINTS)
+
+    def drift_active(self) -> bool:
+        """Whether the beta-0 drift signal is measured (drift/kl_* columns)."""
+        return self.beta == 0 and self.drift_every > 0
 
     @model_validator(mode="after")
     def _lora_fits(self) -> "GRPOConfig":

@@ -124,6 +124,9 @@ class EntropyConfig:
     abs_floor: float = 0.03
     rel_floor: float = 0.2
     serious_kl_max: float | None = 1000.0     # None: never serious
+    # Without a reference (kl_ref_* unknown): serious when the window max drift/kl_max (beta-0 drift signal,
+    # one update's KL on the step's samples) reaches this. None: never serious without a reference.
+    serious_drift_max: float | None = 100.0
     rearm_steps: int | None = None
 
 
@@ -161,12 +164,17 @@ class RewardHackingConfig:
 @dataclass(frozen=True)
 class KLExplosionConfig:
     """G-kl-explosion (episode detector; the trainer also flags single steps above `grpo.kl_spike_max`):
-    window median kl_ref_mean >= mean_limit or window max kl_ref_max >= max_limit. Rows without a
-    reference model (kl NaN) never fire."""
+    window median kl_ref_mean >= mean_limit or window max kl_ref_max >= max_limit. A window without a
+    reference model (kl NaN) watches the beta-0 drift columns instead (drift_*_limit); without those
+    either, nothing fires."""
 
     window: int = 5
     mean_limit: float = 0.25
     max_limit: float = 1000.0
+    # Without a reference (no kl_ref_* in the window), the beta-0 drift signal: window median drift/kl_mean
+    # >= drift_mean_limit or window max drift/kl_max >= drift_max_limit. None: not watched.
+    drift_mean_limit: float | None = 0.5
+    drift_max_limit: float | None = 100.0
     serious: bool = False
     rearm_steps: int | None = None
 
@@ -414,6 +422,9 @@ class _EntropyScan:
         low = emed is not None and emed <= floor
         kl_max, kl_mean = _max(win, "kl_ref_max"), _median(win, "kl_ref_mean")
         kl_bad = low and cfg.serious_kl_max is not None and kl_max is not None and kl_max >= cfg.serious_kl_max
+        drift_max = _max(win, "drift/kl_max") if kl_max is None else None
+        kl_bad = kl_bad or (low and cfg.serious_drift_max is not None and drift_max is not None
+                            and drift_max >= cfg.serious_drift_max)
         new_floor, new_kl = self.ep_floor.update(low), self.ep_kl.update(kl_bad)
         if not (new_floor or new_kl):
             return []
@@ -426,9 +437,15 @@ class _EntropyScan:
             reason += f"; kl_ref_max {_fmt(kl_max)}, kl_ref_mean {_fmt(kl_mean)}"
             if serious:
                 reason += f" (>= {cfg.serious_kl_max:g}: the policy went deterministic far from the reference)"
+        elif drift_max is not None:
+            reason += f"; drift/kl_max {_fmt(drift_max)} (no reference model)"
+            if serious:
+                reason += (f" (>= {cfg.serious_drift_max:g}: the policy went deterministic while single updates "
+                           "still moved it violently)")
         evidence = {"entropy_window_median": emed, "entropy_baseline_median": self.base, "floor": floor,
                     "window": [first, step], "kl_ref_max_window_max": kl_max, "kl_ref_mean_window_median": kl_mean,
-                    "serious_kl_max": cfg.serious_kl_max}
+                    "serious_kl_max": cfg.serious_kl_max, "drift_kl_max_window_max": drift_max,
+                    "serious_drift_max": cfg.serious_drift_max}
         # One episode of low entropy fires once; it fires a second, serious, time only if the KL explodes
         # later inside it (an escalation, key "kl").
         key = "kl" if (new_kl and not new_floor) else ""
@@ -451,14 +468,34 @@ class _KLScan:
         kmean, kmax = _median(win, "kl_ref_mean"), _max(win, "kl_ref_max")
         hit_mean = kmean is not None and kmean >= cfg.mean_limit
         hit_max = kmax is not None and kmax >= cfg.max_limit
-        if not self.ep.update(hit_mean or hit_max):
+        drift = self._drift(win) if kmean is None and kmax is None else None
+        if not self.ep.update(hit_mean or hit_max or bool(drift and drift["hit"])):
             return []
         step, first = _step(rows, i), _step(rows, i - W + 1)
+        if drift is not None:
+            reason = (f"{GUARD_KL_EXPLOSION} at step {step}: no reference model; over steps {first}-{step} the "
+                      f"per-update drift/kl_mean median {_fmt(drift['mean'])} (limit {_fmt(cfg.drift_mean_limit)}), "
+                      f"drift/kl_max {_fmt(drift['max'])} (limit {_fmt(cfg.drift_max_limit)})")
+            evidence = {"drift_kl_mean_window_median": drift["mean"], "drift_kl_max_window_max": drift["max"],
+                        "drift_mean_limit": cfg.drift_mean_limit, "drift_max_limit": cfg.drift_max_limit,
+                        "window": [first, step]}
+            return [Firing(GUARD_KL_EXPLOSION, step, cfg.serious, reason, evidence)]
         reason = (f"{GUARD_KL_EXPLOSION} at step {step}: over steps {first}-{step} kl_ref_mean median "
                   f"{_fmt(kmean)} (limit {cfg.mean_limit:g}), kl_ref_max {_fmt(kmax)} (limit {cfg.max_limit:g})")
         evidence = {"kl_ref_mean_window_median": kmean, "kl_ref_max_window_max": kmax, "mean_limit": cfg.mean_limit,
                     "max_limit": cfg.max_limit, "window": [first, step]}
         return [Firing(GUARD_KL_EXPLOSION, step, cfg.serious, reason, evidence)]
+
+
+    def _drift(self, win: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+        """The beta-0 drift columns over the window (None when none was measured)."""
+        dmean, dmax = _median(win, "drift/kl_mean"), _max(win, "drift/kl_max")
+        if dmean is None and dmax is None:
+            return None
+        lm, lx = self.cfg.drift_mean_limit, self.cfg.drift_max_limit
+        hit = (lm is not None and dmean is not None and dmean >= lm) or (lx is not None and dmax is not None
+                                                                         and dmax >= lx)
+        return {"mean": dmean, "max": dmax, "hit": hit}
 
 
 # ------------------------------------------------------------------------------------------- G-reward-hacking

@@ -129,6 +129,9 @@ def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch"
                                  "logprob_mismatch/share_over_tol")},
         "kl_ref_mean": first.get("kl_ref_mean", float("nan")),
         "kl_ref_max": first.get("kl_ref_max", float("nan")),
+        # beta 0: how far the update moved the policy on the step's samples (NaN on steps not measured)
+        "drift/kl_mean": (upd.drift or {}).get("drift/kl_mean", float("nan")),
+        "drift/kl_max": (upd.drift or {}).get("drift/kl_max", float("nan")),
         "entropy": first["entropy"], "reward_mean": float(rewards[valid].mean()),
         "reward_std": float(rewards[valid].std()),
         "zero_var_group_share": b.zero_var_share(),

@@ -30,7 +30,7 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
   5. metrics (step_metrics.py): one row of steps.parquet per step (rollout statistics, loss/ratio/entropy,
      the rollout-vs-trainer log-prob mismatch `logprob_mismatch/*`, verifier `status/*` counts with errors
      and timeouts visible (G-verifier-error), timings), and `rollout_samples_per_step` completions for
-     rollouts.parquet; `evaluate` every `eval_every` steps and after the last.
+     rollouts.parquet; `evaluate` every `eval_every` steps and after the last (`eval_every: auto`: ~10 points).
   6. guards (step_metrics.py, guards.py): per-step flags (G-onpolicy-ratio, G-kl-explosion, G-fixed-seed,
      G-verifier-format, G-verifier-hang, G-verifier-error; G-logprob-temp stops the run at step 1) and the
      run-level HealthMonitor, and the non-finite-loss stop (G-kl-explosion); a serious firing stops every rank
@@ -56,6 +56,7 @@ held-out split.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -72,7 +73,7 @@ from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pas
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig
-from rlvr_core.experiment.guards import GuardError, health_config
+from rlvr_core.experiment.guards import GuardError, HealthConfig, health_config
 from rlvr_core.grpo.advantages import get_advantage, weight_negative_advantages
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE, RunState,
                                           _write_rows, resume, save_checkpoint, save_final_model, write_lora_config,
@@ -150,7 +151,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                progress: Callable[[str], None] | None = None,
                stop_after_steps: int | None = None,
                evaluate: Callable[[Any, Any], dict[str, float]] | None = None, engine: str = "hf",
-               engine_options: dict | None = None, on_step: Callable[[dict], None] | None = None) -> GRPOResult:
+               engine_options: dict | None = None, on_step: Callable[[dict], None] | None = None,
+               base_eval: dict[str, float] | None = None) -> GRPOResult:
     """Train the policy in `base_model_dir` with GRPO on the curriculum; see the module docstring.
 
     Resumes from `out_dir/checkpoints` when it holds a checkpoint. `stop_after_steps` ends this call
@@ -163,6 +165,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     `rlvr_core.records.tracking.StepMetricsSink` that sends it to MLflow while training runs. Returns a GRPOResult;
     `final_model_dir` exists only when all `cfg.steps` steps are done. `reward` says how completions are scored
     (verifier, mode, worker processes, time limit, what a timeout scores, the G-verifier-hang threshold).
+    `base_eval` ({name: value} of the base model, on what `evaluate` scores) is G-reward-hacking's reference
+    point; without it the first eval point is.
 
     Under a launcher every rank calls this with the same arguments; P must be divisible by the world
     size. Rank 0 alone calls `progress` and `evaluate` and writes steps/summary/final model; every rank
@@ -171,7 +175,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     run = _setup(base_model_dir, train_rows, curriculum_ids, Path(out_dir), cfg, template_id=template_id,
                  reward=reward, max_new_tokens=max_new_tokens, seed=seed,
                  progress=progress, stop_after_steps=stop_after_steps, evaluate=evaluate, engine=engine,
-                 engine_options=engine_options)
+                 engine_options=engine_options, base_eval=base_eval)
     policy, state, dp, say = run.policy, run.state, run.policy.dp, run.say
     ahead = None
     try:
@@ -259,7 +263,7 @@ class _Run:
 
 def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOConfig, *, template_id: str,
            reward: RewardConfig, max_new_tokens: int, seed: int, progress, stop_after_steps,
-           evaluate, engine: str, engine_options: dict | None) -> _Run:
+           evaluate, engine: str, engine_options: dict | None, base_eval: dict[str, float] | None = None) -> _Run:
     """Check the request and start the verifier pool (before any work), then `_load` the rest."""
     t_start = time.perf_counter()
     rows = rows_for_curriculum(train_rows, list(curriculum_ids))
@@ -277,7 +281,8 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
     try:
         return _load(base_model_dir, rows, out_dir, cfg, template_id=template_id, reward=reward, pool=pool,
                      max_new_tokens=max_new_tokens, seed=seed, progress=progress, stop_after_steps=stop_after_steps,
-                     evaluate=evaluate, engine=engine, engine_options=engine_options, t_start=t_start)
+                     evaluate=evaluate, engine=engine, engine_options=engine_options, t_start=t_start,
+                     health=run_health(cfg, base_eval))
     except BaseException:
         pool.close()
         raise
@@ -285,7 +290,7 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
 
 def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, template_id: str,
           reward: RewardConfig, pool: Any, max_new_tokens: int, seed: int, progress, stop_after_steps, evaluate,
-          engine: str, engine_options: dict | None, t_start: float) -> _Run:
+          engine: str, engine_options: dict | None, t_start: float, health: HealthConfig) -> _Run:
     """The expensive half of `_setup`: the policy under DeepSpeed, its resume state, the rollout side."""
     from transformers import AutoTokenizer
 
@@ -316,10 +321,20 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                                  timeout_reward=reward.timeout_reward,
                                  lockstep=policy.lockstep and getattr(rollout_engine, "samples_policy", False))
     return _Run(cfg, out_dir, rows, tok, policy, rollout_engine, pool, reward, collector, state,
-                StepGuards(state.step_rows, health_config(cfg.health), cfg),
+                StepGuards(state.step_rows, health, cfg),
                 cfg.steps if stop_after_steps is None else min(cfg.steps, state.start_step + stop_after_steps),
                 max_new_tokens if cfg.loss_agg == "seq-mean-token-sum-norm" else None,
                 cfg.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)
+
+
+def run_health(cfg: GRPOConfig, base_eval: dict[str, float] | None) -> HealthConfig:
+    """The run-level detectors' settings: `grpo.health`, with the base model's evaluation as G-reward-hacking's
+    reference unless the config names one itself."""
+    health = health_config(cfg.health)
+    if base_eval and health.reward_hacking.base_eval is None:
+        health = dataclasses.replace(health, reward_hacking=dataclasses.replace(
+            health.reward_hacking, base_eval={k: float(v) for k, v in base_eval.items()}))
+    return health
 
 
 def _group_advantages(name: str, rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -355,9 +370,10 @@ def _snapshot(run: _Run) -> dict[str, torch.Tensor]:
 
 
 def _evaluate(run: _Run, row: dict, step: int) -> None:
-    """The evaluate hook every eval_every steps and after the last one (rank 0; eval/* columns in `row`)."""
+    """The evaluate hook every `cfg.eval_interval()` steps and after the last one (rank 0; eval/* columns in `row`)."""
     cfg = run.cfg
-    if run.evaluate is None or not ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps):
+    every = cfg.eval_interval()
+    if run.evaluate is None or not ((every and (step + 1) % every == 0) or step + 1 == cfg.steps):
         return
     with run.policy.full_weights() as evaluated:  # every rank: a collective under ZeRO-3
         if run.policy.dp.is_main:

@@ -79,6 +79,7 @@ import torch
 from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.experiment.guards import GuardError
 from rlvr_core.grpo.distributed import DataParallel, global_normalisers, reduce_loss_metrics
+from rlvr_core.grpo.kl import token_kl
 from rlvr_core.grpo.logprobs import sequence_logprobs
 from rlvr_core.grpo.losses import mask_from_lengths, truncated_is_weights
 from rlvr_core.grpo.micro_batches import empty_like, plan_micro_batches, take_rows
@@ -420,6 +421,7 @@ class UpdateResult:
     grad_norm: float           # the last epoch's pre-clip global grad norm
     n_tokens: int              # response tokens trained, all ranks
     has_reference: bool        # KL metrics are meaningful (a reference model existed)
+    drift: dict[str, float] | None = None  # drift/kl_mean, drift/kl_max on steps that measured it (`drift_kl`)
 
 
 def _first_epoch_metrics(dp: DataParallel, m: dict, logp: torch.Tensor, ent: torch.Tensor, inputs: TrainInputs,
@@ -497,6 +499,7 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
               num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"])
     olds, extras = [p.rollout_logp for p in parts], [{} for _ in parts]
     first: dict[str, float] = {}
+    sampled: list[torch.Tensor] = []  # the first epoch's log-probs: the weights that sampled (on-policy)
     with _checkpointing_active(policy.module, cfg.gradient_checkpointing):
         for ep in range(cfg.epochs_per_step):
             loss_sum, seen = torch.zeros(()), []
@@ -515,6 +518,7 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
                 loss_sum = loss_sum + m["loss"].cpu()
                 if ep == 0:
                     seen.append((logp.detach(), ent, m))
+                    sampled.append(logp.detach())
                 # `loss` is this micro-batch's share of the global loss; DeepSpeed divides the summed gradients
                 # by the world size, so scale it back up to get the single-process gradient.
                 engine.backward(loss * dp.world)
@@ -528,7 +532,34 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
             if grad_norm is None:
                 gn = engine.get_global_grad_norm()
                 grad_norm = float(gn) if gn is not None else float("nan")
-    return UpdateResult(first, dp.sum([float(loss_sum)])[0], lr, grad_norm, norm["n_tokens"], refs[0] is not None)
+    drift = drift_kl(policy, cfg, parts, sampled) if measure_drift(cfg, step) else None
+    return UpdateResult(first, dp.sum([float(loss_sum)])[0], lr, grad_norm, norm["n_tokens"], refs[0] is not None,
+                        drift)
+
+
+def measure_drift(cfg: GRPOConfig, step: int) -> bool:
+    """Whether step `step` (0-based) measures the beta-0 drift signal: every `drift_every` steps, the first included."""
+    return cfg.drift_active() and step % cfg.drift_every == 0
+
+
+def drift_kl(policy: Policy, cfg: GRPOConfig, parts: list[TrainInputs], sampled: list[torch.Tensor]) -> dict[str, float]:
+    """The drift signal without a reference model: per-token k3 KL(pi_before || pi_after) on the step's trained
+    completions, pi_before = the trainer's first-epoch log-probs (the weights that sampled them, on-policy) and
+    pi_after = one no-grad forward under the updated weights. Token mean and max over every rank (collective)."""
+    total, n, peak = 0.0, 0, -math.inf
+    with torch.no_grad():
+        for part, before in zip(parts, sampled):
+            after = sequence_logprobs(policy.engine, part.batch, temperature=cfg.logprob_temperature,
+                                      chunk_size=cfg.logprob_chunk_size)[0]
+            kl = token_kl(before, after, "k3")
+            m = part.mask
+            total += float(torch.where(m, kl, torch.zeros_like(kl)).sum())
+            n += int(m.sum())
+            if bool(m.any()):
+                peak = max(peak, _masked_max(kl, m))
+    s, cnt = policy.dp.sum([total, float(n)])
+    mx = policy.dp.max([peak])[0]
+    return {"drift/kl_mean": s / cnt if cnt else float("nan"), "drift/kl_max": mx if cnt else float("nan")}
 
 
 def _epoch0_metrics(cfg: GRPOConfig, dp: DataParallel, plan: list, seen: list, refs: list, inputs: TrainInputs,

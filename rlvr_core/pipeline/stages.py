@@ -37,6 +37,7 @@ from rlvr_core.eval.evaluate import (RunSettings, curves_table, evaluate_spec, m
                                      samples_table)
 from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark
 from rlvr_core.experiment.config import ExperimentConfig
+from rlvr_core.experiment.guard_coverage import guard_coverage
 from rlvr_core.pipeline.cache import cached_dir, mark_done, resumable_dir, resumable_path
 from rlvr_core.records.tracking import StepMetricsSink
 from rlvr_core.sampling.models import model_hashes
@@ -330,8 +331,12 @@ def _live_metrics(cfg: ExperimentConfig, run_id: str | None):
 
 
 def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, curriculum: CurriculumArtifact,
-                progress: Progress = SILENT, mlflow_run_id: str | None = None) -> TrainArtifact:
+                progress: Progress = SILENT, mlflow_run_id: str | None = None,
+                base_eval: dict[str, float] | None = None) -> TrainArtifact:
     """GRPO on the curriculum, starting from the base model.
+
+    `base_eval`: the base model's score on what the periodic evaluation scores (`base_reference`), handed to
+    G-reward-hacking as its reference point (without it, the first eval point during training is).
 
     With `mlflow_run_id` each step's metrics reach that run (in `cfg.tracking`'s store) while training runs
     (`StepMetricsSink`); the caller still records steps.parquet afterwards, which logs only what is missing.
@@ -355,10 +360,11 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
             result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
                                 reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
                                 progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
-                                engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step)
+                                engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step,
+                                base_eval=base_eval)
         # The template it trained with travels to the export (G-prompt-mismatch: every evaluation compares).
         summary = {**result.summary, **run_numerics, "prompt_template": get_template(cfg.prompt.template).key,
-                   "template_warnings": template_warnings}
+                   "template_warnings": template_warnings, "guard_coverage": guard_coverage(cfg)}
         (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
         (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))
@@ -461,13 +467,14 @@ def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, A
     G-reward-hacking): the evaluator (`rlvr_core.eval.evaluate`) on the same held-out benchmark as
     `evaluate_stage`, so the curve's last point is the trained model's `accuracy_greedy`. Greedy accuracy
     always; pass@k from `grpo.eval_samples` sampled completions per problem at `eval.temperature` when
-    both are > 0. Always the hf engine on the trainer's own module: a vLLM engine would need a weight push
-    for a handful of greedy problems (docs/engines.md)."""
+    both are > 0, on the first `grpo.eval_max_problems` held-out problems (`periodic_problems`). Always the
+    hf engine on the trainer's own module: a vLLM engine would need a weight push for a handful of greedy
+    problems (docs/engines.md)."""
     from rlvr_core.sampling.hf import HFEngine
 
     n = cfg.grpo.eval_samples
     spec = held_out_spec(cfg, n=n if n else None, greedy_only=not n)
-    problems = held_out_problems(cfg, data, spec)
+    problems = periodic_problems(cfg, held_out_problems(cfg, data, spec))
     run = _run_settings(cfg, engine="hf")
 
     def evaluate(model: Any, tokenizer: Any) -> dict[str, float]:
@@ -480,6 +487,23 @@ def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, A
         return out
 
     return evaluate
+
+
+def periodic_problems(cfg: ExperimentConfig, problems: list[dict]) -> list[dict]:
+    """The fixed slice the periodic evaluation scores: the first `grpo.eval_max_problems` held-out problems."""
+    return problems[: cfg.grpo.eval_max_problems or None]
+
+
+def base_reference(cfg: ExperimentConfig, data: DataArtifact, base_eval: "EvalArtifact") -> dict[str, float]:
+    """The base model's `greedy_pass_at_1` on the periodic evaluation's slice, from the base evaluation's greedy
+    samples (same problems, template and greedy decoding), for G-reward-hacking's reference point; `{}` when
+    the base evaluation lacks a problem of the slice."""
+    keep = {p["id"] for p in periodic_problems(cfg, held_out_problems(cfg, data, held_out_spec(cfg)))}
+    hits = {r["problem_id"]: r["status"] == "correct" for r in base_eval.samples.to_pylist()
+            if r["greedy"] and r["problem_id"] in keep}
+    if set(hits) != keep:
+        return {}
+    return {"greedy_pass_at_1": sum(hits.values()) / len(hits), "greedy_pass_at_1_n": float(len(hits))}
 
 
 def steps_long(steps_path: str | Path) -> pa.Table:

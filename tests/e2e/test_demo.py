@@ -189,6 +189,12 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     assert {m.step for m in client.get_metric_history(train_run, "train/eval/pass_at_2")} == {2, 3}
     assert client.get_run(run).data.metrics["eval/synthetic/trained/accuracy_greedy"] == pytest.approx(
         s["trained_pass_at_1"])
+    # The run lists every guard of docs/guards.md as active or with the setting it needs.
+    from rlvr_core.experiment.guard_coverage import GUARDS
+
+    assert list(s["guard_coverage"]) == list(GUARDS)
+    assert s["guard_coverage"]["G-no-eval"].startswith("active: every 2 steps")
+    assert s["guard_coverage"]["G-reward-hacking"].startswith("needs at least 3 eval points")  # 2 points in 3 steps
     # The trained numbers come from the exported checkpoint, uploaded and verified in the artifact store.
     from rlvr_core.artifacts.export import verify_export
     from rlvr_core.artifacts.storage import open_store

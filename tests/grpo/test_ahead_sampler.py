@@ -104,6 +104,7 @@ def test_a_failing_producer_reaches_the_trainer_and_a_failing_trainer_stops_the_
 
 
 def test_no_wait_is_forever():
+    # G-partial-batch: a consumer never waits forever for a step that does not come.
     model = torch.nn.Linear(1, 1)
     ahead = AheadSampler(model.load_state_dict, lambda step: step, first_step=0, last_step=3, max_staleness=1, timeout_s=0.2)
     ahead.start()  # version 0 is never published: the producer gives up, the trainer hears why

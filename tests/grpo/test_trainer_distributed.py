@@ -77,7 +77,7 @@ EXACT = ("step", "epoch", "reward_mean", "reward_std", "zero_var_group_share", "
          "samples_per_prompt_max")
 CLOSE = ("loss", "pg_loss", "loss_last_epoch", "ratio_mean", "ratio_max", "ratio_min", "clip_frac",
          "clip_frac_low", "clip_frac_high", "approx_kl_old_new", "logprob_abs_diff", "entropy", "kl_ref_mean",
-         "kl_ref_max")
+         "kl_ref_max", "drift/kl_mean", "drift/kl_max")
 
 
 def _probe(model, tok) -> dict[str, float]:

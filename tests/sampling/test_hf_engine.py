@@ -148,6 +148,7 @@ def test_logprobs_are_raw_teacher_forced_logprobs(model, tokenizer):
 
 
 def test_pad_id_inside_prompt_and_pad_value_irrelevant(model, tokenizer):
+    # G-pad-mask: prompt masks come from lengths, so a pad token inside a prompt is a real token.
     pad, eos = tokenizer.pad_token, tokenizer.eos_token
     prompt = f"Question: {pad} two {pad}{pad} and {eos} zero\nAnswer:"
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
@@ -174,6 +175,7 @@ def first_prefix_containing(tokenizer, tokens, stop):
 
 
 def test_stop_sequences_cut_text_and_tokens(model, tokenizer):
+    # G-stop-seq: the engine cuts each completion at its first stop string.
     free = SamplingParams(n=4, temperature=1.0, max_new_tokens=30, seed=9)
     eng = engine(model, tokenizer, batch_size=3, eos_token_ids=[])  # only max_new_tokens or a stop string
     unconstrained = flat(eng.generate(PROMPTS, IDS, free))
