@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from rlvr_core.artifacts.layout import RUN_FILE, find_run_folders, resolve_run, sweep_prefix
+from rlvr_core.artifacts.layout import RUN_FILE, find_run_folders, sweep_prefix
 from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join, open_store
 from rlvr_core.core import settings, svgplot
 
@@ -31,7 +31,7 @@ _RUN_FIELDS = ("experiment", "name", "kind", "status", "started_at", "finished_a
                "git_sha", "model_id", "dataset_hash", "mlflow_run_id", "prefect_flow_run_id")
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -78,9 +78,9 @@ def render_index(run_prefix: str, sizes: dict[str, int], run: dict | None = None
         out.append("<h2>Reports</h2><ul>" + "".join(f"<li>{_link(r)}</li>" for r in reports) + "</ul>")
     for g in order:
         out.append(f"<h2>{html.escape(g + '/') if g else 'Files'}</h2><table>")
-        out += [f"<tr><td>{_link(rel)}</td><td class='n'>{_size(files[rel])}</td></tr>" for rel in groups[g]]
+        out += [f"<tr><td>{_link(rel)}</td><td class='n'>{human_size(files[rel])}</td></tr>" for rel in groups[g]]
         out.append("</table>")
-    out.append(f"<p><small>{len(files)} files, {_size(sum(files.values()))}; written "
+    out.append(f"<p><small>{len(files)} files, {human_size(sum(files.values()))}; written "
                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC</small></p></body></html>\n")
     return "\n".join(out)
 
@@ -218,27 +218,12 @@ class NoIndexError(FileNotFoundError):
     """A folder exists but has no index.html to open."""
 
 
-def find_key(store: ArtifactStore, key: str) -> tuple[str, bool]:
-    """(key, is_file) for an artifact or a folder; a run id (or EXP/RUN_ID) that names no key is looked up
-    as a run (rlvr_core.artifacts.layout.resolve_run). FileNotFoundError when neither exists."""
-    key = key.strip("/")
-    if key and store.exists(key):
-        return key, True
-    if store.list(key):
-        return key, False
-    try:
-        return resolve_run(store, key), False
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no artifact, folder or run {key!r} in {store.uri}") from None
-
-
-def local_view(store: ArtifactStore, key: str, *, with_checkpoints: bool = False) -> Path:
-    """A local path showing `key`: a file, or a folder's index page.
+def local_view(store: ArtifactStore, key: str, *, is_file: bool, with_checkpoints: bool = False) -> Path:
+    """A local path showing `key` (rlvr_core.records.locate finds it): a file, or a folder's index page.
 
     Local stores answer with the path in place; S3 keys are downloaded to `view_cache` (a folder is
-    copied whole, checkpoints/ only with `with_checkpoints`, so its index's relative links work).
-    A folder without an index.html raises NoIndexError saying how to get one."""
-    key, is_file = find_key(store, key)
+    copied whole, every checkpoints/ folder in it only with `with_checkpoints`, so its index's relative
+    links work). A folder without an index.html raises NoIndexError saying how to get one."""
     if not is_file and not store.exists(join(key, INDEX)):
         is_run = bool(key) and store.exists(join(key, RUN_FILE))
         hint = f"write one with: rlvr artifacts index {key}" if is_run else f"list it with: rlvr artifacts ls {key}"
@@ -250,7 +235,10 @@ def local_view(store: ArtifactStore, key: str, *, with_checkpoints: bool = False
         if is_file:
             store.get_file(key, path)
         else:
-            store.get_dir(key, path, skip=() if with_checkpoints else ("checkpoints/",))
+            for k in store.list(key):
+                rel = k[len(key) + 1:] if key else k
+                if with_checkpoints or "checkpoints" not in rel.split("/")[:-1]:  # a sweep's trials have theirs
+                    store.get_file(k, path / rel)
     return path if is_file else path / INDEX
 
 

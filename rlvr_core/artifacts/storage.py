@@ -43,6 +43,12 @@ class ArtifactStore(ABC):
     def url(self, key: str) -> str:
         """A URI a person or another tool can open (a path or s3://…)."""
 
+    def folders(self, prefix: str = "") -> list[str]:
+        """The names of the folders right below `prefix`, sorted."""
+        base = prefix.strip("/")
+        cut = len(base) + 1 if base else 0
+        return sorted({k[cut:].split("/", 1)[0] for k in self.list(base) if "/" in k[cut:]})
+
     def put_file(self, key: str, local: str | Path) -> str:
         return self.put_bytes(key, Path(local).read_bytes())
 
@@ -142,6 +148,10 @@ class LocalStore(ArtifactStore):
     def sizes(self, prefix: str = "") -> dict[str, int]:
         return {k: (self.root / k).stat().st_size for k in self.list(prefix)}
 
+    def folders(self, prefix: str = "") -> list[str]:
+        base = self.root / prefix.strip("/") if prefix.strip("/") else self.root
+        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+
     def url(self, key: str) -> str:
         return str(self._path(key))
 
@@ -205,6 +215,16 @@ class S3Store(ArtifactStore):
 
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
+
+    def folders(self, prefix: str = "") -> list[str]:
+        """One delimited listing, not every key below (a sweep folder holds hundreds)."""
+        full = join(self.prefix, prefix.strip("/"))
+        out = set()
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=full + "/" if full else "", Delimiter="/")
+        for page in pages:
+            out.update(cp["Prefix"].rstrip("/").rsplit("/", 1)[-1] for cp in page.get("CommonPrefixes", []))
+        return sorted(out)
 
 
 def open_store(uri: str | None = None, endpoint_url: str | None = None) -> ArtifactStore:

@@ -46,6 +46,7 @@ DEFAULT_PG_PORT = 5432
 DEFAULT_PREFECT_PORT = 4200
 DATA = ("s3", "postgres", "mlflow.db", "mlflow-artifacts", "artifacts")  # under stack/: what --delete-data removes
 START_TIMEOUT_S = 120.0
+PORT_WAIT_S = 5.0  # a port still held by a stopping server: how long `up` waits for it
 
 class StackError(RuntimeError):
     pass
@@ -85,16 +86,49 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _port(requested: int, what: str, option: str) -> int:
-    """0 → any free port; otherwise the port, which must be free."""
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server can bind `port` now, probed the way ours bind: with SO_REUSEADDR, as uvicorn (MLflow,
+    Prefect), werkzeug (S3) and PostgreSQL do on Linux. So the sockets a stopped server leaves in TIME_WAIT
+    (for about a minute) do not count; a socket that listens does."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _listener(port: int) -> str:
+    """Who listens on `port`, as far as the system tells (other users' processes need root), else ""."""
+    import psutil
+
+    try:
+        pids = {c.pid for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    except (psutil.Error, OSError):
+        return ""
+    for pid in sorted(p for p in pids if p):
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline()[:4])
+        except psutil.Error:
+            cmd = ""
+        return f" by pid {pid}" + (f" ({cmd})" if cmd else "")
+    return " by another user's process" if pids else ""
+
+
+def _port(requested: int, what: str, wait_s: float = PORT_WAIT_S) -> int:
+    """0 → any free port; otherwise the port, once free. A port still held by a server that is stopping
+    gets `wait_s` to close; after that the error names the port and its listener. It never proposes another
+    port: clients were given these ones by `rlvr stack env`."""
     if requested == 0:
         return _free_port()
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", requested))
-        except OSError:
-            raise StackError(f"{what}: port {requested} on 127.0.0.1 is in use; pass {option} 0 for a free one "
-                             f"or {option} N") from None
+    deadline = time.monotonic() + wait_s
+    while not port_free(requested):
+        if time.monotonic() >= deadline:
+            raise StackError(f"{what}: port {requested} on 127.0.0.1 is in use{_listener(requested)} (waited "
+                             f"{wait_s:.0f} s); stop that process, then run `rlvr stack up` again")
+        time.sleep(0.2)
     return requested
 
 
@@ -328,16 +362,16 @@ def up(*, home: Path | None = None, mlflow_port: int = DEFAULT_MLFLOW_PORT, s3_p
     state: dict[str, Any] = {"home": str(home), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         if s3:
-            state["s3"] = _start_s3(_port(s3_port, "S3", "--s3-port"), sdir, logs)
+            state["s3"] = _start_s3(_port(s3_port, "S3"), sdir, logs)
             _write_state(state, home)  # recorded at once: a failure below still lets `down` clean up
-        state["mlflow"] = _start_mlflow(_port(mlflow_port, "mlflow server", "--mlflow-port"), sdir, state.get("s3"),
+        state["mlflow"] = _start_mlflow(_port(mlflow_port, "mlflow server"), sdir, state.get("s3"),
                                         logs)
         _write_state(state, home)
         hooks = prefect_hooks if prefect else None
         if hooks is not None:
-            ports = {"prefect": _port(prefect_port, "prefect server", "--prefect-port")}
+            ports = {"prefect": _port(prefect_port, "prefect server")}
             if prefect_db == "postgres":
-                state["postgres"] = _start_postgres(_port(pg_port, "postgres", "--pg-port"), sdir, logs)
+                state["postgres"] = _start_postgres(_port(pg_port, "postgres"), sdir, logs)
                 _write_state(state, home)
             # The worker inherits this environment, so deployed flow runs log to this stack.
             os.environ.update(exports(state))

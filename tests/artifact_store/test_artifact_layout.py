@@ -89,8 +89,8 @@ def test_compare_names_the_run_it_cannot_find(store, tmp_path, monkeypatch):
 
 
 def test_open_resolves_run_ids_and_refuses_folders_without_an_index(store, tmp_path, rlvr_home, monkeypatch):
-    """`rlvr artifacts open`: a run id opens its folder's page; a folder without index.html is a clear
-    error with exit 1 (before: it printed a path to a page that did not exist)."""
+    """`rlvr artifacts open`: a run id opens its folder's page; a folder without index.html is listed (as
+    `ls` lists it), never a path to a page that does not exist."""
     from rlvr_cli.artifacts import artifacts_open
     from rlvr_core.artifacts.artifacts_index import write_run_index
 
@@ -105,11 +105,11 @@ def test_open_resolves_run_ids_and_refuses_folders_without_an_index(store, tmp_p
     def open_(*args):
         return CliRunner().invoke(app, ["open", *args, "--print", "--artifact-uri", store.uri])
 
-    res = open_(folder)
-    assert res.exit_code == 1 and f"{store.url(folder)}: a folder without index.html" in res.output
-    assert f"rlvr artifacts index {folder}" in res.output
-    res = open_("rlvr-demo")  # not a run: says how to list it instead
-    assert res.exit_code == 1 and "a folder without index.html; list it with: rlvr artifacts ls rlvr-demo" in res.output
+    res = open_(folder)  # no page: the folder's listing instead, and how to get a page
+    assert res.exit_code == 0 and res.output.split()[:2] == ["run", folder + "/"], res.output
+    assert f"no index.html in this run folder; write one with: rlvr artifacts index {folder}" in res.output
+    res = open_("rlvr-demo")  # not a run: its listing, one line per run folder
+    assert res.exit_code == 0 and res.output.split()[:2] == ["run", folder + "/"], res.output
     write_run_index(store, folder)
     for ref in (folder, SINGLE, SINGLE[:8]):
         res = open_(ref)

@@ -147,6 +147,43 @@ def test_sweep_2x2_through_the_cli(stack):
     assert wh(stack, "select count(*) as n from runs where kind = 'trial'") == [{"n": 4}]
 
 
+def test_artifacts_open_takes_what_the_sweep_printed(stack):
+    """Each form `rlvr sweep` prints at its end (`status` prints the same ending as `run --watch`): the sweep
+    id, the `artifacts:` folder (as printed, with its trailing slash, and without), the MLflow parent run's
+    page and id, the Prefect flow run id, opens the sweep's index.html; a trial's MLflow run id opens the
+    trial's page; `ls` by sweep id groups the sweep's files and each trial's."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from rlvr_cli.artifacts import artifacts_app
+
+    status = rlvr_cli(stack, "sweep", "status", "demo-2x2")
+    out = status.stdout
+    assert status.returncode == 0, out[-2000:] + status.stderr[-2000:]
+    sweep_id = re.search(r"^sweep (\S+): Completed$", out, re.M).group(1)
+    flow_run_id = re.search(r"^sweep demo-2x2: flow run \S+ \(([0-9a-f-]{36})\)", out, re.M).group(1)
+    folder = re.search(r"^artifacts: (.+)$", out, re.M).group(1)
+    page_url = re.search(r"^MLflow parent run: (\S+)$", out, re.M).group(1)
+    parent, children = sweep_runs(stack, "demo-2x2")
+    env = {"RLVR_HOME": stack["home"], "MLFLOW_TRACKING_URI": stack["mlflow_url"], "RLVR_ARTIFACT_URI": None}
+
+    def open_(ref: str) -> str:
+        res = CliRunner().invoke(artifacts_app, ["open", ref, "--print"], env=env)
+        assert res.exit_code == 0, (ref, res.output)
+        return res.output.strip().splitlines()[-1]
+
+    sweep_page = str(Path(stack["home"]) / "artifacts" / "rlvr-sweeps" / sweep_id / "index.html")
+    for ref in (sweep_id, folder, folder.rstrip("/"), page_url, parent.info.run_id, flow_run_id):
+        assert open_(ref) == sweep_page, ref
+    trial = next(c for c in children if c.data.tags["trial_id"] == "t01")
+    assert re.fullmatch(re.escape(str(Path(sweep_page).parent)) + r"/t01_[^/]+/index\.html", open_(trial.info.run_id))
+    ls = CliRunner().invoke(artifacts_app, ["ls", sweep_id], env=env)
+    rows = [ln.split() for ln in ls.output.strip().splitlines()[:-1]]
+    assert [r[0] for r in rows] == ["sweep", "run", "run", "run", "run"], ls.output
+    assert rows[0][1] == f"rlvr-sweeps/{sweep_id}/" and all(int(r[2]) > 5 for r in rows[1:]), ls.output
+
+
 def test_the_sweep_in_a_browser(stack):
     """What a person sees (Debian's chromium): the experiment link opens MLflow's runs table (not the GenAI
     page) with the sweep's parent run; the compare view of the sweep's trials shows their names and the

@@ -161,3 +161,31 @@ def test_artifacts_cli_browses_the_bucket(stack_demo, env_for):
     by_id = subprocess.run([sys.executable, "-c", code, "open", s["mlflow_run_id"], "--print"], env=env,
                            capture_output=True, text=True, timeout=120)
     assert by_id.returncode == 0 and Path(by_id.stdout.strip().splitlines()[-1]) == page, by_id.stderr
+
+
+def test_artifacts_open_and_ls_take_what_the_demo_printed(stack_demo):
+    """The `MLflow run:` and `artifacts:` lines of `rlvr demo`, copied as printed (and the folder URI with a
+    trailing slash, the page's MLflow URL, a stage run's id), open the run's page; `ls` groups it."""
+    import mlflow
+    from typer.testing import CliRunner
+
+    from rlvr_cli.artifacts import artifacts_app
+
+    printed = dict(ln.strip().split(": ", 1) for ln in stack_demo["stderr"].splitlines()
+                   if ln.strip().startswith(("MLflow run: ", "artifacts: ")))
+    run_id, uri = printed["MLflow run"].split()[0], printed["artifacts"].strip()
+    assert uri.startswith("s3://rlvr/artifacts/team-stack/demo-") and run_id == stack_demo["summary"]["mlflow_run_id"]
+    exp = stack_demo["summary"]["mlflow_experiment_id"]
+    stage = mlflow.MlflowClient(stack_demo["mlflow"]).search_runs(
+        [exp], f"tags.mlflow.parentRunId = '{run_id}' and tags.kind = 'stage'")[0].info.run_id
+    url = f"{stack_demo['mlflow']}/#/experiments/{exp}/runs/{run_id}?workflowType=machine_learning"
+    env = {**stack_demo["state"]["env"], "RLVR_HOME": str(stack_demo["home"])}
+    pages = set()
+    for ref in (uri, uri + "/", run_id, url, stage):
+        res = CliRunner().invoke(artifacts_app, ["open", ref, "--print"], env=env)
+        assert res.exit_code == 0, (ref, res.output[-2000:])
+        pages.add(res.output.strip().splitlines()[-1])
+    assert len(pages) == 1 and pages.pop().endswith(f"team-stack/demo-{run_id[:8]}/index.html")
+    ls = CliRunner().invoke(artifacts_app, ["ls", "team-stack"], env=env)
+    row = next(ln.split() for ln in ls.output.splitlines() if f"team-stack/demo-{run_id[:8]}/" in ln)
+    assert row[0] == "run" and int(row[2]) >= 10 and row[3] == "files", ls.output

@@ -4,9 +4,10 @@ server, pools, workers, deployments), left alone, stopped and started again.
 1. Schedules fire: with `--nightly-cron '* * * * *'` the Prefect server itself creates runs of
    `nightly-eval/nightly` and a worker executes one to Completed; nobody asks for a run. Meanwhile the
    server's log stays free of errors (SQLAlchemy 2.1 broke the scheduler; SQLite gave "database is locked").
-2. A restart keeps the data: an MLflow run with artifacts, a checkpoint folder (with a multipart-sized
-   file) and a report in the artifact store, and Prefect's flow runs are all there, byte for byte, after
-   `down` and `up`. Only `down --delete-data` removes them.
+2. `down` then `up` at once, three times, on the same ports (the servers' TIME_WAIT sockets do not block
+   them), and the data is kept: an MLflow run with artifacts, a checkpoint folder (with a multipart-sized
+   file) and a report in the artifact store, and Prefect's flow runs are all there, byte for byte. Only
+   `down --delete-data` removes them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -126,14 +128,42 @@ def _read_everything(state: dict, written: dict, tmp: Path, monkeypatch) -> None
     assert (tmp / "r.html").read_bytes() == written["report"].read_bytes()
 
 
-def test_down_and_up_keep_every_artifact_checkpoint_run_and_flow_run(stack, tmp_path, monkeypatch):
+def _same_ports(state: dict) -> list[str]:
+    """The ports `rlvr stack env` exported, as `up` options: a restart must come back on them."""
+    def port(url: str) -> str:
+        return urlsplit(url).netloc.rsplit(":", 1)[1]
+
+    return ["--mlflow-port", port(state["mlflow"]["url"]), "--s3-port", port(state["s3"]["url"]),
+            "--prefect-port", port(state["prefect"]["api_url"]), "--pg-port", str(state["postgres"]["port"])]
+
+
+def _time_wait_on(ports: list[str]) -> set[int]:
+    """Those of the ports that hold a socket in TIME_WAIT (left by the servers `down` just stopped)."""
+    import psutil
+
+    wanted = {int(p) for p in ports[1::2]}
+    return {c.laddr.port for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_TIME_WAIT and c.laddr and c.laddr.port in wanted}
+
+
+def test_down_then_up_at_once_on_the_same_ports_keeps_every_artifact_run_and_flow_run(stack, tmp_path, monkeypatch):
+    """Three times `down` then `up` at once, with the ports of the first `up`: the servers' TIME_WAIT
+    sockets (every HTTP request leaves one on the server's port for a minute) must not block the restart,
+    and the URLs `rlvr stack env` exported stay valid. The data is all there after the restarts."""
     home, state = stack
     written = _write_everything(state, tmp_path, monkeypatch)
     before = {r["id"] for r in _nightly_runs(state) if r["state_type"] == "COMPLETED"}
-    down = stack_cmd(home, "down")
-    assert down.returncode == 0 and "data kept" in down.stderr, down.stderr
-    state = _up(home)  # new ports: clients follow the new `rlvr stack env`
+    ports, env, waited = _same_ports(state), state["env"], set()
     try:
+        for i in range(3):
+            down = stack_cmd(home, "down")
+            assert down.returncode == 0 and "data kept" in down.stderr, down.stderr
+            waited |= _time_wait_on(ports)
+            t0 = time.monotonic()
+            state = _up(home, *ports)
+            print(f"restart {i + 1}: up took {time.monotonic() - t0:.1f} s")
+            assert state["env"] == env, (state["env"], env)  # the same URLs: clients need not re-read `stack env`
+        assert waited, "no TIME_WAIT socket on the stack's ports at any restart: the test did not test it"
         _read_everything(state, written, tmp_path / "after", monkeypatch)
         assert before and before <= {r["id"] for r in _nightly_runs(state)}  # Prefect's history is in PostgreSQL
     finally:

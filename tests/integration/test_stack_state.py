@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -55,14 +58,62 @@ def test_state_file_is_private_and_holds_no_real_credentials(rlvr_home, monkeypa
     assert json.loads(stack.state_path().read_text())["env"]["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
 
 
-def test_a_busy_port_is_a_clear_error():
+def _time_wait_port() -> int:
+    """A port whose only socket is in TIME_WAIT, as a stopped server leaves it: the server (which set
+    SO_REUSEADDR, as uvicorn, werkzeug and PostgreSQL do) closes an accepted connection first, then stops."""
+    import psutil
+
+    with socket.socket() as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = srv.accept()
+        conn.close()  # the server closes first: its side of the connection ends in TIME_WAIT
+        client.recv(1)
+        client.close()
+    deadline = time.monotonic() + 5
+    while not any(c.status == psutil.CONN_TIME_WAIT and c.laddr.port == port
+                  for c in psutil.net_connections(kind="tcp")):
+        assert time.monotonic() < deadline, f"no TIME_WAIT socket on port {port}"
+        time.sleep(0.05)
+    return port
+
+
+def test_a_port_in_time_wait_is_free_and_a_listening_one_is_busy():
+    """`rlvr stack up` right after `down`: the stopped servers' TIME_WAIT sockets must not block their ports
+    (a plain bind, the check before, fails on them for a minute); a listening socket must."""
+    port = _time_wait_port()
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # what the old check did: "port … is in use" while nothing listens
+    assert stack.port_free(port)
+    t0 = time.monotonic()
+    assert stack._port(port, "mlflow server") == port and time.monotonic() - t0 < 1.0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        assert not stack.port_free(busy)
+        t0 = time.monotonic()
+        with pytest.raises(stack.StackError) as e:
+            stack._port(busy, "mlflow server", wait_s=0.5)
+    assert time.monotonic() - t0 >= 0.5  # waited for it before giving up
+    msg = str(e.value)
+    assert msg.startswith(f"mlflow server: port {busy} on 127.0.0.1 is in use by pid {os.getpid()} (")
+    assert "port 0" not in msg and "--mlflow-port" not in msg  # never moves the stack off its exported ports
+    assert stack._port(0, "x") > 0
+
+
+def test_up_waits_for_a_port_its_previous_server_is_still_closing():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(stack.StackError, match=f"port {port} on 127.0.0.1 is in use; pass --mlflow-port 0"):
-            stack._port(port, "mlflow server", "--mlflow-port")
-    assert stack._port(0, "x", "--x") > 0
+        threading.Timer(0.6, s.close).start()
+        t0 = time.monotonic()
+        assert stack._port(port, "S3", wait_s=5.0) == port
+    assert 0.5 < time.monotonic() - t0 < 5.0
 
 
 def test_corrupt_state_file_names_the_file(rlvr_home):
