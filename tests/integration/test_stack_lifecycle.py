@@ -66,7 +66,8 @@ def test_the_server_schedules_the_nightly_run_and_a_worker_runs_it(stack):
     home, state = stack
     assert state["prefect"]["database"] == "postgresql" and state["prefect"]["nightly_cron"] == "* * * * *"
     dep = _api(state, "/deployments/filter", {"deployments": {"name": {"any_": ["nightly"]}}})[0]
-    assert dep["concurrency_limit"] == 1 and dep["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+    limit, options = dep["global_concurrency_limit"], dep["concurrency_options"]
+    assert limit["limit"] == 1 and options["collision_strategy"] == "CANCEL_NEW", (limit, options)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         runs = _nightly_runs(state)
