@@ -12,6 +12,10 @@ prompt template, decoding, verifier), so changing any of them makes every checkp
 Done marker: `nightly-eval/index/<suite>/<checkpoint hash>.json` in the artifact store, written after
 the evaluation is recorded and ingested, so a crash in between re-evaluates (idempotently: the eval run
 id is derived from checkpoint + suite, and ingest is delete-then-insert).
+Claim: before evaluating a checkpoint a run claims it (`nightly-eval/claims/<suite>/<checkpoint hash>/`,
+rlvr_core.artifacts.claims: create-if-absent, one winner), so a concurrent run skips what this one is doing.
+A claim whose flow run is over (crashed, cancelled, failed, or completed without the marker) or gone from
+the server is taken over by the next run. One run at a time per deployment: prefect.yaml's concurrency limit.
 """
 
 from __future__ import annotations
@@ -19,16 +23,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_client, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from flows.pipeline import resolve_config
 from flows.sealed import sealed_flow
-from rlvr_core.artifacts import layout
+from rlvr_core.artifacts import claims, layout
 from rlvr_core.artifacts.export import MANIFEST_FILE, verify_local_export
 from rlvr_core.artifacts.storage import ArtifactStore, join, open_store
 from rlvr_core.core import manifest as manifest_mod
@@ -45,6 +50,7 @@ from tasks import stages as t
 
 EXPERIMENT = "nightly-eval"
 INDEX = "nightly-eval/index"
+CLAIMS = "nightly-eval/claims"
 
 
 def suite_version(cfg: ExperimentConfig) -> str:
@@ -68,6 +74,30 @@ def _ckpt_hash(prefix: str) -> str:
 
 def marker_key(suite: str, prefix: str) -> str:
     return join(INDEX, suite, _ckpt_hash(prefix) + ".json")
+
+
+def claim_folder(suite: str, prefix: str) -> str:
+    return join(CLAIMS, suite, _ckpt_hash(prefix))
+
+
+def flow_run_over(claim: dict[str, Any]) -> bool:
+    """True when the claim's flow run has ended (any final state) or the server does not know it."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(uuid.UUID(claim["owner"]))
+    except (ObjectNotFound, ValueError):  # ValueError: not a flow run id (a claim made outside Prefect)
+        return True
+    return run.state is None or run.state.is_final()
+
+
+def claim_checkpoint(store: ArtifactStore, suite: str, prefix: str) -> bool:
+    """Claim (checkpoint, suite) for this flow run; False when another live run holds it or it is done."""
+    owner = str(flow_run.id) if flow_run.id else f"local-{uuid.uuid4()}"
+    held = claims.claim(store, claim_folder(suite, prefix), owner, flow_run_over, checkpoint=prefix, suite=suite)
+    # A run that finished it between our listing and our claim left its marker: nothing to do.
+    return held is not None and not store.exists(marker_key(suite, prefix))
 
 
 @task(name="fetch-checkpoint", **t.RETRY)
@@ -164,31 +194,52 @@ def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overri
     suite = suite_version(cfg)
     store = open_store(cfg.storage.artifact_uri, cfg.storage.s3_endpoint_url)
     all_ckpts = find_checkpoints(store)
-    new = [p for p in all_ckpts if not store.exists(marker_key(suite, p))]
-    if max_checkpoints:
-        new = new[:max_checkpoints]
-    log.info(f"suite {suite}: {len(all_ckpts)} checkpoints, {len(new)} without an evaluation")
-    results = []
+    done = set(store.list(join(INDEX, suite)))
+    new = [p for p in all_ckpts if marker_key(suite, p) not in done]
+    results, elsewhere = [], []
     if new:
-        data = t.make_data(cfg, SILENT)
-        for prefix in new:
-            model = fetch_checkpoint(store, prefix)
-            ev = t.evaluate(cfg, data, model, f"nightly-{suite}", store.url(prefix))
-            if ev.summary.get("template_mismatch"):
-                log.warning(f"G-prompt-mismatch: {prefix} was trained with {ev.summary['train_template']}, "
-                            f"evaluated with {get_template(cfg.prompt.template).key}")
-            results.append(record_eval(store, cfg, suite, prefix, model, data, ev))
-    report = _report(suite, all_ckpts, results)
+        log.info(f"suite {suite}: {len(all_ckpts)} checkpoints, {len(new)} without an evaluation")
+        results, elsewhere = _evaluate_unclaimed(store, cfg, suite, new, max_checkpoints)
+    out = {"suite_version": suite, "n_checkpoints": len(all_ckpts), "evaluated": results,
+           "claimed_elsewhere": elsewhere}
+    if not results:
+        busy = f", {len(elsewhere)} being evaluated by another run" if elsewhere else ""
+        done_n = len(all_ckpts) - len(elsewhere)
+        log.info(f"nothing new: {done_n} checkpoints already evaluated for suite {suite}{busy}")
+        return out
+    report = _report(suite, all_ckpts, results, elsewhere)
     store.put_text(join(EXPERIMENT, "reports", f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{suite}.md"), report)
     create_markdown_artifact(report, key="nightly-eval-report", description=f"nightly evaluation, suite {suite}")
-    if results:
-        create_table_artifact(results, key="nightly-eval-results", description=f"checkpoints evaluated ({suite})")
-    return {"suite_version": suite, "n_checkpoints": len(all_ckpts), "evaluated": results}
+    create_table_artifact(results, key="nightly-eval-results", description=f"checkpoints evaluated ({suite})")
+    return out
 
 
-def _report(suite: str, all_ckpts: list[str], results: list[dict[str, Any]]) -> str:
+def _evaluate_unclaimed(store: ArtifactStore, cfg: ExperimentConfig, suite: str, new: list[str],
+                        max_checkpoints: int | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Evaluate each checkpoint of `new` this run can claim; (results, checkpoints another run holds)."""
+    results: list[dict[str, Any]] = []
+    elsewhere: list[str] = []
+    data = None
+    for prefix in new:
+        if max_checkpoints and len(results) >= max_checkpoints:
+            break
+        if not claim_checkpoint(store, suite, prefix):
+            elsewhere.append(prefix)
+            continue
+        data = data if data is not None else t.make_data(cfg, SILENT)
+        model = fetch_checkpoint(store, prefix)
+        ev = t.evaluate(cfg, data, model, f"nightly-{suite}", store.url(prefix))
+        if ev.summary.get("template_mismatch"):
+            get_run_logger().warning(f"G-prompt-mismatch: {prefix} was trained with {ev.summary['train_template']}, "
+                                     f"evaluated with {get_template(cfg.prompt.template).key}")
+        results.append(record_eval(store, cfg, suite, prefix, model, data, ev))
+    return results, elsewhere
+
+
+def _report(suite: str, all_ckpts: list[str], results: list[dict[str, Any]], elsewhere: list[str] = ()) -> str:
     lines = [f"# Nightly evaluation — suite `{suite}`", "",
-             f"{len(all_ckpts)} checkpoints in the store; {len(results)} evaluated in this run.", ""]
+             f"{len(all_ckpts)} checkpoints in the store; {len(results)} evaluated in this run"
+             + (f"; {len(elsewhere)} being evaluated by another run." if elsewhere else "."), ""]
     if results:
         lines += ["| checkpoint | greedy accuracy | n | trained with | MLflow run |", "|---|---|---|---|---|"]
         lines += [f"| `{r['checkpoint']}` | {r['accuracy_greedy']:.3f} | {r['n']} | {_trained_with(r)} | "

@@ -26,6 +26,11 @@ class ArtifactStore(ABC):
     def put_bytes(self, key: str, data: bytes) -> str: ...
 
     @abstractmethod
+    def create(self, key: str, data: bytes) -> bool:
+        """Write `key` only if it does not exist yet, atomically: of several concurrent writers (processes,
+        hosts) exactly one gets True; the others get False and the object keeps the winner's bytes."""
+
+    @abstractmethod
     def get_bytes(self, key: str) -> bytes: ...
 
     @abstractmethod
@@ -115,6 +120,20 @@ class LocalStore(ArtifactStore):
         os.replace(tmp, dest)
         return _check_key(key)
 
+    def create(self, key: str, data: bytes) -> bool:
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        try:  # a hard link fails if the name exists: the file appears whole, and only once
+            os.link(tmp, dest)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
     def put_file(self, key: str, local: str | Path) -> str:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -174,6 +193,17 @@ class S3Store(ArtifactStore):
     def put_bytes(self, key: str, data: bytes) -> str:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
         return _check_key(key)
+
+    def create(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:  # S3 conditional write: If-None-Match: * fails with 412 when the key exists
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict", "412"):
+                return False
+            raise
 
     def put_file(self, key: str, local: str | Path) -> str:
         self.client.upload_file(str(local), self.bucket, self._key(key))

@@ -4,7 +4,9 @@ deployments from infra/prefect/prefect.yaml, driven with the `prefect` CLI like 
 One stack for the module (its start-up and the tiny base model are paid once):
 1. `rlvr sweep run demo-2x2 --watch` (2 cells x 2 seeds): one MLflow parent with four child runs, a
    two-row warehouse pivot with t intervals across seeds, one shared pass-rate table.
-2. `nightly-eval` twice: the four new checkpoints are evaluated once; the second run is a no-op.
+2. `nightly-eval`: a deployment run and a direct flow run at once evaluate the four new checkpoints once between
+   them (claims); two deployment runs created together: one is cancelled (concurrency limit 1), the other finds
+   nothing new and ends in seconds.
 3. Fault injection: the GPU worker's process group (worker, trial flow run, trainer) is SIGKILLed
    after the trainer's first checkpoint; a new worker starts; the lost-worker automation marks the run
    Crashed, the sweep launches the trial again, and it resumes from the checkpoint: the step count
@@ -18,6 +20,9 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
+from datetime import datetime
+import uuid
 from pathlib import Path
 
 import pytest
@@ -271,24 +276,82 @@ def test_sweep_cli_errors_in_one_line(stack, tmp_path):
     assert parent.info.status == "FAILED" and "G-logprob-temp" in parent.data.tags["error"]
 
 
-def test_nightly_eval_evaluates_new_checkpoints_once(stack):
-    params = ["--param", f"overrides={json.dumps(TINY_EVAL)}"]
-    first = prefect_cli(stack, "deployment", "run", "nightly-eval/nightly", *params, "--watch", timeout=900)
-    assert first.returncode == 0 and "Completed" in first.stdout, first.stdout[-3000:] + first.stderr[-3000:]
-    evals = wh(stack, "select run_id from runs where kind = 'eval'")
-    ckpts = wh(stack, "select count(*) as n from runs where kind = 'trial'")[0]["n"]
-    assert len(evals) == ckpts == 4
+def _api(state, path: str, body: dict | None = None):
+    req = urllib.request.Request(state["api_url"] + path, data=json.dumps(body or {}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _nightly_deployment_run(state) -> str:
+    dep = _api(state, "/deployments/filter", {"deployments": {"name": {"any_": ["nightly"]}}})[0]
+    return _api(state, f"/deployments/{dep['id']}/create_flow_run", {"parameters": {"overrides": TINY_EVAL}})["id"]
+
+
+def _wait_final(state, ids: list[str], timeout_s: float = 600) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = _api(state, "/flow_runs/filter", {"flow_runs": {"id": {"any_": ids}}})
+        if len(runs) == len(ids) and all(r["state_type"] in ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+                                         for r in runs):
+            return sorted(runs, key=lambda r: r["state_type"])
+        time.sleep(1)
+    raise AssertionError(f"flow runs not final after {timeout_s:.0f} s: {[r['state_type'] for r in runs]}")
+
+
+def test_nightly_eval_evaluates_each_checkpoint_once(stack):
+    from flows.nightly_eval import claim_folder, find_checkpoints, suite_version
+    from flows.pipeline import resolve_config
+    from rlvr_core.artifacts import claims
+    from rlvr_core.artifacts.storage import LocalStore
+
+    store = LocalStore(Path(stack["home"]) / "artifacts")
+    suite, ckpts = suite_version(resolve_config("configs/demo.yaml", TINY_EVAL)), find_checkpoints(store)
+    assert len(ckpts) == 4
+    # A claim left by a run the server does not know (its worker and database row are gone): reclaimable.
+    dead = str(uuid.uuid4())
+    assert claims.claim(store, claim_folder(suite, ckpts[0]), dead, lambda c: False)
+    # Two runs at once over the same four checkpoints: a deployment run on the worker and the flow called
+    # directly (no deployment, so no deployment concurrency limit between them).
+    first = _nightly_deployment_run(stack)
+    code = ("import json, sys; from flows.nightly_eval import nightly_eval_flow; "
+            "nightly_eval_flow(overrides=json.loads(sys.argv[1]))")
+    direct = subprocess.run([os.sys.executable, "-c", code, json.dumps(TINY_EVAL)], cwd=str(ROOT), timeout=900,
+                            env=stack_env(Path(stack["home"]), stack["api_url"]), capture_output=True, text=True)
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    assert _wait_final(stack, [first])[0]["state_type"] == "COMPLETED"
+    runs = [r for r in _api(stack, "/flow_runs/filter", {"flows": {"name": {"any_": ["nightly-eval"]}}})
+            if r["state_type"] != "SCHEDULED"]  # the cron's future runs are already on the server
+    assert len(runs) == 2 and all(r["state_type"] == "COMPLETED" for r in runs), [r["state_type"] for r in runs]
+    # Each checkpoint evaluated and recorded once, by one of the two runs; the warehouse holds one row each.
+    tasks = _api(stack, "/task_runs/filter", {"flow_runs": {"id": {"any_": [r["id"] for r in runs]}}})
+    for name in ("evaluate", "record-nightly-eval"):
+        assert sum(t["name"].startswith(name + "-") and t["state_type"] == "COMPLETED" for t in tasks) == 4, name
+    evals = wh(stack, "select name from runs where kind = 'eval' order by name")
+    assert [e["name"] for e in evals] == [f"eval {p}" for p in ckpts]
+    taken = claims.current(store, claim_folder(suite, ckpts[0]))
+    assert taken["generation"] == 1 and taken["reclaimed_from"] == dead and taken["owner"] in {r["id"] for r in runs}
     # Each checkpoint's nightly greedy accuracy equals the pipeline's own evaluation of it (same suite settings).
     same = wh(stack, """select count(*) as n from eval_metrics a join eval_metrics b
                         on a.checkpoint = b.checkpoint and a.metric = b.metric
                         where a.eval_id = 'trained' and b.eval_id like 'nightly-%' and a.metric = 'accuracy_greedy'
                         and abs(a.value - b.value) < 1e-12""")
     assert same == [{"n": 4}]
-    second = prefect_cli(stack, "deployment", "run", "nightly-eval/nightly", *params, "--watch", timeout=600)
-    assert second.returncode == 0, second.stdout[-3000:]
-    assert [r["run_id"] for r in wh(stack, "select run_id from runs where kind = 'eval'")] == [r["run_id"] for r in evals]
-    reports = sorted((Path(stack["home"]) / "artifacts" / "nightly-eval" / "reports").glob("*.md"))
-    assert len(reports) == 2 and "Nothing new" in reports[-1].read_text() and "Nothing new" not in reports[0].read_text()
+
+    # The deployment runs one at a time: of two runs created together one is cancelled by the concurrency
+    # limit, the other finds nothing new and says so in one line, in seconds.
+    t0 = time.monotonic()
+    cancelled, completed = _wait_final(stack, [_nightly_deployment_run(stack), _nightly_deployment_run(stack)])
+    wall = time.monotonic() - t0
+    assert (cancelled["state_type"], completed["state_type"]) == ("CANCELLED", "COMPLETED")
+    assert "concurrency limit" in cancelled["state"]["message"]
+    run_s = (datetime.fromisoformat(completed["end_time"]) - datetime.fromisoformat(completed["start_time"]))
+    run_s = run_s.total_seconds()
+    assert run_s < 30 and wall < 30, (run_s, wall)
+    logs = [m["message"] for m in _api(stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [completed["id"]]}}})]
+    assert f"nothing new: 4 checkpoints already evaluated for suite {suite}" in logs, logs
+    assert wh(stack, "select name from runs where kind = 'eval' order by name") == evals
+    print(f"nightly, nothing new: {run_s:.1f} s from Running to Completed, {wall:.1f} s from creation")
 
 
 def _trainer_folder(home: Path, steps: int) -> Path | None:

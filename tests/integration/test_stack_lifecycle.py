@@ -2,7 +2,8 @@
 server, pools, workers, deployments), left alone, stopped and started again.
 
 1. Schedules fire: with `--nightly-cron '* * * * *'` the Prefect server itself creates runs of
-   `nightly-eval/nightly` and a worker executes one to Completed; nobody asks for a run. Meanwhile the
+   `nightly-eval/nightly` and a worker executes one to Completed (in seconds: nothing to evaluate); nobody asks
+   for a run, and never more than one is Pending or Running (the deployment's concurrency limit). Meanwhile the
    server's log stays free of errors (SQLAlchemy 2.1 broke the scheduler; SQLite gave "database is locked").
 2. `down` then `up` at once, three times, on the same ports (the servers' TIME_WAIT sockets do not block
    them), and the data is kept: an MLflow run with artifacts, a checkpoint folder (with a multipart-sized
@@ -16,6 +17,7 @@ import json
 import os
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -48,6 +50,10 @@ def _nightly_runs(state: dict) -> list[dict]:
                                              "limit": 200})
 
 
+def _seconds(start: str, end: str) -> float:
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     home = tmp_path_factory.mktemp("lifecycle")
@@ -61,14 +67,21 @@ def stack(tmp_path_factory):
 def test_the_server_schedules_the_nightly_run_and_a_worker_runs_it(stack):
     home, state = stack
     assert state["prefect"]["database"] == "postgresql" and state["prefect"]["nightly_cron"] == "* * * * *"
+    dep = _api(state, "/deployments/filter", {"deployments": {"name": {"any_": ["nightly"]}}})[0]
+    limit, options = dep["global_concurrency_limit"], dep["concurrency_options"]
+    assert limit["limit"] == 1 and options["collision_strategy"] == "CANCEL_NEW", (limit, options)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         runs = _nightly_runs(state)
+        assert sum(r["state_type"] in ("PENDING", "RUNNING") for r in runs) <= 1, [r["state_type"] for r in runs]
         done = [r for r in runs if r["state_type"] == "COMPLETED"]
         if done:
             break
-        time.sleep(5)
+        time.sleep(2)
     assert done, f"no scheduled nightly run completed in 4 min; states: {[r['state_type'] for r in runs]}"
+    # An empty store: nothing new, so the run ends in seconds.
+    took = [_seconds(r["start_time"], r["end_time"]) for r in done]
+    assert max(took) < 30, took
     assert all(r["auto_scheduled"] for r in runs)  # the scheduler made every one of them, not this test
     assert any(r["state_type"] == "SCHEDULED" for r in runs)  # and keeps the next ones queued
     log = (home / "logs" / "prefect-server.log").read_text(errors="replace")
