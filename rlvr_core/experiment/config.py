@@ -494,13 +494,6 @@ class EvalConfig(_Scoring):
                                         "eval.max_new_tokens rather than this")
     _WORKERS: ClassVar[str] = "verifier_workers"
 
-    def limits(self) -> "EvalLimits":
-        """The thresholds that flag an evaluation (rlvr_core.eval.evaluate.EvalLimits)."""
-        from rlvr_core.eval.evaluate import EvalLimits
-
-        return EvalLimits(max_verifier_error_share=self.max_verifier_error_share,
-                          max_truncation_share=self.max_truncation_share)
-
 
 class TrackingConfig(_Strict):
     experiment: str = Field("rlvr-demo", min_length=1, description="MLflow experiment name")

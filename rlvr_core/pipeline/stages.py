@@ -33,7 +33,7 @@ from rlvr_core.data.jsonl import read_jsonl, write_jsonl
 from rlvr_core.data.loaders import load_problems
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import get_template, require_template_for_model
-from rlvr_core.eval.evaluate import (RunSettings, curves_table, evaluate_spec, metrics_table, opened_engine,
+from rlvr_core.eval.evaluate import (EvalLimits, RunSettings, curves_table, evaluate_spec, metrics_table, opened_engine,
                                      samples_table)
 from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark
 from rlvr_core.experiment.config import ExperimentConfig
@@ -378,6 +378,12 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
                          str(folder), done, summary)
 
 
+def _eval_limits(cfg: ExperimentConfig) -> EvalLimits:
+    """The shares that flag an evaluation (G-verifier-error, G-truncation), from the `eval:` section."""
+    return EvalLimits(max_verifier_error_share=cfg.eval.max_verifier_error_share,
+                      max_truncation_share=cfg.eval.max_truncation_share)
+
+
 def _train_key(cfg: ExperimentConfig, base: ModelArtifact, curriculum: CurriculumArtifact) -> dict[str, Any]:
     """What names a training folder (see `train_stage`): every input that changes the trained weights."""
     return {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
@@ -643,7 +649,7 @@ def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifa
     identity = {"model_path": model.path, "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash}
     with opened_engine(model.path, run, llm_options=_vllm_options(cfg)) as (engine, tok):
         res = evaluate_spec(engine, tok, spec, run=run, problems=problems, eval_id=eval_id,
-                            checkpoint=checkpoint, identity=identity, progress=progress, limits=cfg.eval.limits(),
+                            checkpoint=checkpoint, identity=identity, progress=progress, limits=_eval_limits(cfg),
                             train_template=train_template_of(model.path))
     s = res.summary
     summary = {"accuracy_greedy": s["accuracy_greedy"], "accuracy_greedy_ci": s["accuracy_greedy_ci"], "n": s["n"],
