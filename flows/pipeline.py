@@ -358,8 +358,7 @@ def _record_stopped(cfg: ExperimentConfig, run: _Run, ev: _Evals, progress: Prog
     if ev.base_eval:
         tables.update({"evals/samples.parquet": ev.base_eval.samples, "evals/metrics.parquet": ev.base_eval.metrics,
                        "passk_curves.parquet": ev.base_eval.curves})
-    reasons = "; ".join(f"{f.get('guard')} at step {f.get('step')}: {f.get('reason')}"
-                        for f in train_summary.get("health_firings") or [] if f.get("serious"))
+    reasons = "; ".join(f["reason"] for f in train_summary.get("health_firings") or [] if f.get("serious"))
     report_md = (f"# Pipeline run `{run.run_id}`: stopped by a guard at step {summary['stopped_at_step']}\n\n"
                  f"{reasons}\n\nNo checkpoint was exported. Artifacts: {summary['artifact_uri']}\n")
     t.record(run.store, run.prefix, run.tracker, run.run_id, run=row, params=_params(run),
