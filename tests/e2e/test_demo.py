@@ -279,14 +279,15 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
 
 
 def test_a_run_stopped_by_a_guard_is_recorded_and_exports_nothing(demo_runs):
-    # beta 0.1 at lr 0.02 blows the token KL to the reference up within a few steps (mean ~6 by step 3 on this
-    # model); `serious` makes the KL episode detector (default thresholds) stop the run (docs/guards.md,
-    # G-kl-explosion). The cached stages of the demo are reused.
+    # beta 0.1 at lr 0.02 blows the token KL to the reference up within a few steps (mean ~6 at step 3 on this
+    # model); `serious` makes the KL episode detector stop the run (docs/guards.md, G-kl-explosion). Its window is
+    # 2 steps, not 5: here most steps' groups have no reward variance, train no token and measure no KL (NaN),
+    # so a 5-step window never holds enough values. The cached stages of the demo are reused.
     home = demo_runs[0]
     grpo = ["--set", "grpo.enabled=true", "--set", "grpo.steps=12", "--set", "grpo.prompts_per_step=2",
             "--set", "grpo.group_size=4", "--set", "grpo.lr=0.02", "--set", "grpo.beta=0.1",
             "--set", "grpo.warmup_steps=2", "--set", "grpo.checkpoint_every=2",
-            "--set", "grpo.health={kl_explosion: {serious: true}}", "--set", "tracking.experiment=e2e-stop"]
+            "--set", "grpo.health={kl_explosion: {serious: true, window: 2}}", "--set", "tracking.experiment=e2e-stop"]
     proc = rlvr(home, "demo", "--json", *SMALL, *grpo)
     assert proc.returncode != 0 and "G-kl-explosion" in proc.stderr, proc.stderr[-3000:]
     q = rlvr(home, "warehouse", "query", "select r.run_id, r.status, t.value as stopped_at from runs r join run_tags t "
