@@ -177,6 +177,8 @@ def check_template_at_start(cfg: ExperimentConfig, model_path: str, progress: Pr
     raises `TemplateError` before anything is sampled; the warnings are logged and returned for the summary."""
     from transformers import AutoTokenizer
 
+    if not Path(model_path).is_dir():  # transformers would read a missing folder as a hub repo id
+        raise FileNotFoundError(f"{stage}: model folder {model_path} does not exist")
     tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     warnings = require_template_for_model(get_template(cfg.prompt.template), cfg.model.kind, tok,
                                           allow_kind_mismatch=cfg.prompt.allow_kind_mismatch)
