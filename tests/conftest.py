@@ -34,6 +34,19 @@ def pytest_runtest_setup(item):
             pytest.skip(f"shared data not found at {root} (set RLVR_DATA_DIR)")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests, restored afterwards: what a test worker has under xdist (two
+    workers share two cores), and what bounds that compare two orders of the same sums are measured at.
+    Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
     """One temporary Prefect API (`prefect_test_harness`: a real server on a temporary SQLite database) for every

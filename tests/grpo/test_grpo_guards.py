@@ -698,15 +698,7 @@ def test_health_settings_come_from_the_yaml_config():
 from test_trainer import _cfg, _train  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """2 shared cores: the tiny model's warm start and training run on one thread (restored afterwards)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _run_rows(tiny, out, cfg) -> list[dict]:

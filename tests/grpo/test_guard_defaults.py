@@ -101,14 +101,7 @@ def test_base_reference_scores_the_base_evaluation_on_the_periodic_slice(rlvr_ho
 from test_trainer import _cfg, _train  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def test_base_eval_is_the_reward_hacking_reference_in_a_real_run(tiny, tmp_path):

@@ -45,13 +45,7 @@ def no_eps_advantage(monkeypatch):
     return NO_EPS
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """2 shared cores: training runs on one thread (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _stopped_run(tiny, out: Path, cfg, guard: str) -> tuple[dict, list[dict], str]:

@@ -51,15 +51,10 @@ def make_model_dir(path: Path, *, vocab: int = 300, hidden: int = 32, layers: in
     return path
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The bounds below compare two ways of computing the same sums; with several threads the reduction order
-    of a matrix kernel also depends on the shapes, which adds ulps unrelated to the split (measured 1.07e-5 on a
-    LoRA gradient at 2 threads, 1e-5 being the bound). One thread, as under the suite's two workers."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The bounds below compare two ways of computing the same sums; with several threads the reduction order of a
+# matrix kernel also depends on the shapes, which adds ulps unrelated to the split (measured 1.07e-5 on a LoRA
+# gradient at 2 threads, 1e-5 being the bound). One thread, as under the suite's two workers.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
