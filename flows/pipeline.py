@@ -178,8 +178,11 @@ def _run(cfg: ExperimentConfig, run: _Run, progress: Progress, eval_base: bool, 
             trained, exported, trained_eval = _train(cfg, run, data, model, curriculum, progress, in_process,
                                                      reference)
         except BaseException:
-            _record_stopped(cfg, run, _Evals(data, model, passrates, curriculum, base_eval, None, None, None),
-                            progress, t0)
+            try:
+                _record_stopped(cfg, run, _Evals(data, model, passrates, curriculum, base_eval, None, None, None),
+                                progress, t0)
+            except Exception as exc:  # noqa: BLE001 - the stage's own error is the one to raise
+                progress("record", f"could not record the stopped run: {type(exc).__name__}: {exc}")
             raise
     evals = _Evals(data, model, passrates, curriculum, base_eval, trained, exported, trained_eval)
     return _record(cfg, run, evals, progress, t0)
