@@ -85,7 +85,8 @@ def test_math_several_answers_score_zero(verifier, response, gold):
 
 @pytest.mark.parametrize("response, gold", MINERVA_SPRAYS)
 def test_minerva_several_answers_score_zero(response, gold):
-    assert_scores_zero(MINERVA.verify(response, gold))
+    # Under CI's load sympy's simplify of an interval ran into the 0.5 s CPU limit once: a timeout scores 0 too.
+    assert_scores_zero(MINERVA.verify(response, gold), (Status.INCORRECT, Status.TIMEOUT))
 
 
 MATH_HONEST = [  # the same formats with one answer (restated, or a set/interval gold) still score 1
