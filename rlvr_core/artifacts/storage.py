@@ -111,21 +111,22 @@ class LocalStore(ArtifactStore):
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
 
-    def put_bytes(self, key: str, data: bytes) -> str:
+    def _staged(self, key: str, data: bytes) -> tuple[Path, str]:
+        """(destination, a temporary file beside it holding `data`): renamed or linked into place whole."""
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        return dest, tmp
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        dest, tmp = self._staged(key, data)
         os.replace(tmp, dest)
         return _check_key(key)
 
     def create(self, key: str, data: bytes) -> bool:
-        dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        dest, tmp = self._staged(key, data)
         try:  # a hard link fails if the name exists: the file appears whole, and only once
             os.link(tmp, dest)
             return True
