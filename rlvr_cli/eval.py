@@ -23,7 +23,10 @@ from rlvr_core.artifacts.artifacts_index import write_run_index
 from rlvr_core.artifacts.export import MANIFEST_FILE, verify_local_export
 from rlvr_core.artifacts.layout import run_prefix
 from rlvr_core.artifacts.storage import open_store
+from rlvr_core.core import hub
 from rlvr_core.core import manifest as manifest_mod
+from rlvr_core.core.hub import HubMissing
+from rlvr_core.data.loaders import DataFormatError
 from rlvr_core.core import settings
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.eval.compare import SettingsMismatch, compare, load_eval, to_markdown, write_report
@@ -39,7 +42,9 @@ __all__ = ["eval_command", "compare_command", "app"]
 def eval_command(
     # A str, not a Path: Path("s3://b/k") would become "s3:/b/k".
     checkpoint: str = typer.Argument(..., help="model folder (Hugging Face layout, e.g. an exported checkpoint), "
-                                     "local or s3://bucket/key (downloaded to the cache first)"),
+                                     "local or s3://bucket/key (downloaded to the cache first), or a hub id "
+                                     "org/name[@revision] (the Hugging Face cache first, then a download unless "
+                                     "HF_HUB_OFFLINE; the commit is recorded)"),
     benchmark: list[str] = typer.Option([], "--benchmark", "-b", help="benchmark name or YAML file (repeatable)"),
     suite: Optional[str] = typer.Option(None, "--suite", "-s", help="suite name or YAML file"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default $RLVR_HOME/evals/<eval id>)"),
@@ -82,8 +87,11 @@ def eval_command(
         specs = resolve_suite(suite) if suite else [load_benchmark(b) for b in benchmark]
     except ConfigError as e:
         _fail(str(e))
-    folder = _model_folder(checkpoint)  # after the cheap checks: an s3:// checkpoint is downloaded here
+    # After the cheap checks: an s3:// checkpoint or a hub id is fetched here (a hub id from its cache first).
+    folder, model_source = _model_folder(checkpoint)
 
+    if eval_id is None and model_source:  # a hub snapshot's folder is named by its commit alone
+        eval_id = f"{model_source['repo'].split('/')[-1]}-{model_source['commit'][:8]}"
     eval_id = eval_id or folder.resolve().name
     out = out or settings.rlvr_home() / "evals" / f"{eval_id}-{time.strftime('%Y%m%d-%H%M%S')}"
     run = RunSettings(engine=engine, dtype=dtype, device=device, tensor_parallel=tensor_parallel,
@@ -92,10 +100,12 @@ def eval_command(
         result = evaluate(folder, specs, out=out, run=run, eval_id=eval_id, model_kind=model_kind,
                           max_problems=max_problems, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
                           seed=seed, progress=SILENT if quiet else Progress(),
-                          limits=EvalLimits(max_verifier_error_share, max_truncation_share))
-    except ConfigError as e:
+                          limits=EvalLimits(max_verifier_error_share, max_truncation_share),
+                          model_source=model_source)
+    except (ConfigError, DataFormatError, HubMissing) as e:
         _fail(str(e))
     summary: dict[str, Any] = {"eval_id": eval_id, "checkpoint": str(checkpoint), "out": str(out),
+                               "model_commit": (model_source or {}).get("commit"),
                                "skipped": result.skipped,
                                "benchmarks": {b.spec.name: _short(b.summary) for b in result.benchmarks}}
     if record:
@@ -124,11 +134,20 @@ def eval_command(
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-def _model_folder(checkpoint: str) -> Path:
-    """The local folder to evaluate: the path itself, or an s3:// folder downloaded (and checked against its
-    export manifest when it has one). Exits with a one-line error naming the folder when it holds no model."""
+def _model_folder(checkpoint: str) -> tuple[Path, dict[str, Any] | None]:
+    """The local folder to evaluate and, for a hub id, its snapshot's record: the path itself, an s3:// folder
+    downloaded (and checked against its export manifest when it has one), or a hub snapshot. Exits with a
+    one-line error naming the folder when it holds no model."""
+    source = None
     if checkpoint.startswith("s3://"):
         folder = _download(checkpoint)
+    elif hub.is_hub_id(checkpoint):
+        repo, revision = hub.split_ref(checkpoint)
+        try:
+            snap = hub.snapshot(repo, revision=revision)
+        except hub.HubMissing as e:
+            _fail(str(e))
+        folder, source = snap.folder, snap.record()
     else:
         folder = Path(checkpoint)
         if not folder.is_dir():
@@ -138,7 +157,7 @@ def _model_folder(checkpoint: str) -> Path:
     if not any(next(folder.glob(w), None) for w in WEIGHTS):
         _fail(f"{checkpoint}: no model weights (*.safetensors or pytorch_model*.bin): not a model folder, or an "
               "export that did not finish")
-    return folder
+    return folder, source
 
 
 def _download(uri: str) -> Path:

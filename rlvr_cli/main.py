@@ -20,6 +20,7 @@ from rlvr_cli.common import parse_sets as _parse_sets
 from rlvr_cli.common import print_table as _print_table
 from rlvr_cli.eval import compare_command, eval_command
 from rlvr_cli.probe import probe_app
+from rlvr_cli.pull import pull_app
 from rlvr_cli.records import dashboard_command, ingest_command, query_command, report_command
 from rlvr_cli.stack import stack_app
 from rlvr_cli.sweep import sweep_app
@@ -27,6 +28,7 @@ from rlvr_cli.verify import verify_command
 from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core import settings
 from rlvr_core.core.progress import Progress
+from rlvr_core.experiment.benchmarks import check_experiment_data
 from rlvr_core.experiment.config import (ConfigError, apply_overrides, check_files, demo_config, dump_yaml, load_config,
                                          parse_config, read_yaml_file)
 from rlvr_core.pipeline import stages
@@ -40,6 +42,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(warehouse_app, name="warehouse")
 app.add_typer(artifacts_app, name="artifacts")
 app.add_typer(sweep_app, name="sweep")
+app.add_typer(pull_app, name="pull")
 
 
 def _load(config: Optional[Path], sets: list[str]):
@@ -52,6 +55,8 @@ def _load(config: Optional[Path], sets: list[str]):
         source = str(config)
         cfg = load_config(config, overrides)
     check_files(cfg, source)
+    if cfg.data.benchmark is not None:
+        check_experiment_data(cfg.data.benchmark, cfg.data.source, source)
     return cfg
 
 

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from rlvr_core.data.jsonl import DataFormatError, iter_jsonl
 
-__all__ = ["DataFormatError", "load_problems", "load_jsonl_problems", "load_hf_problems", "make_id",
+__all__ = ["DataFormatError", "load_problems", "load_problem_files", "load_jsonl_problems", "load_hf_problems", "make_id",
            "normalize_id", "known_datasets", "DEFAULT_FILES", "last_boxed", "PACKAGED_FILES", "packaged_file"]
 
 
@@ -300,6 +300,29 @@ def load_problems(name: str, path: str | Path, *, split: str | None = None) -> l
         raise KeyError(f"unknown data set {name!r}; known: {known_datasets()} (or use load_jsonl_problems)")
     file, split = _resolve(name, path, split)
     return _map_all(_jsonl_rows(file), _MAPPERS[name], split, str(file))
+
+
+def _file_rows(files: list[Path]) -> Iterator[tuple[int, int, dict]]:
+    """Rows of jsonl and parquet files read as one sequence: (1-based row number, 0-based index, row)."""
+    index = 0
+    for f in files:
+        if f.name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            rows: Iterable[dict] = pq.read_table(f).to_pylist()
+        else:
+            rows = (obj for _, obj in iter_jsonl(f))
+        for row in rows:
+            yield index + 1, index, row
+            index += 1
+
+
+def load_problem_files(name: str, files: list[Path], *, split: str, where: str) -> list[dict]:
+    """Problems of the named set from the files of one split as a hub repo holds them (jsonl or parquet
+    shards, in the order given); `where` names them in errors. Row numbers run across the files."""
+    if name not in _MAPPERS:
+        raise KeyError(f"unknown data set {name!r}; known: {known_datasets()}")
+    return _map_all(_file_rows(files), _MAPPERS[name], split, where)
 
 
 def load_jsonl_problems(path: str | Path, field_map: dict[str, str], *, dataset: str | None = None,

@@ -61,6 +61,7 @@ from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.core.stats import wilson_interval
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.benchmarks import (BenchmarkSpec, VerifierSpec, benchmark_data_hash, benchmark_hash,
+                                             data_source_record,
                                              effective_stop, gold_for, load_benchmark_problems, parse_benchmark,
                                              parse_metric, prompt_template, resolved_benchmark, scoring_label, scorings)
 from rlvr_core.sampling import SamplingParams
@@ -499,6 +500,7 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
     limits: shares that flag the result (`summary["flags"]`, `eval_flags`; a progress line each).
     """
     t0 = time.monotonic()
+    source = data_source_record(spec) if problems is None else {"kind": "given"}
     problems = load_benchmark_problems(spec) if problems is None else problems
     template = prompt_template(spec)
     stop = tuple(effective_stop(spec))
@@ -579,7 +581,7 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
     if settings["template_mismatch"]:
         progress(stage, f"warning: {template_mismatch_line(spec, train_template)}")
     metrics, curves, summary = compute_metrics(spec, problems, records, settings, eval_id=eval_id, checkpoint=checkpoint)
-    summary.update({"benchmark_hash": settings["benchmark_hash"], "identity": identity or {},
+    summary.update({"benchmark_hash": settings["benchmark_hash"], "identity": identity or {}, "data_source": source,
                     "train_template": train_template, "template_mismatch": settings["template_mismatch"],
                     "duration_s": round(time.monotonic() - t0, 3), "generate_s": round(t_gen, 3),
                     "verify_s": round(t_ver, 3)})
@@ -662,7 +664,8 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
              model_kind: str | None = None, max_problems: int | None = None, n: int | None = None,
              temperature: float | None = None, max_new_tokens: int | None = None, seed: int | None = None,
              progress: Progress = SILENT, timings: dict[str, dict[str, float]] | None = None,
-             llm_options: dict[str, Any] | None = None, limits: EvalLimits = EvalLimits()) -> EvalResult:
+             llm_options: dict[str, Any] | None = None, limits: EvalLimits = EvalLimits(),
+             model_source: dict[str, Any] | None = None) -> EvalResult:
     """Evaluate a model folder on benchmarks; write the results to `out` (when given) and return them.
 
     model_kind: "base" or "chat"; benchmarks for the other kind are skipped and listed in `skipped`
@@ -673,6 +676,8 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
         they change the benchmark hash, so the results say they were overridden.
     llm_options: for the vllm engine (`build_engine`).
     limits: shares that flag a benchmark's result (`EvalLimits`; its summary's `flags`).
+    model_source: where the folder came from (a hub snapshot's `record()`: repo, revision, commit, file
+        hashes), stored in every summary's `identity.hub`.
     """
     path = Path(checkpoint_dir)
     if not (path / "config.json").is_file():
@@ -682,6 +687,8 @@ def evaluate(checkpoint_dir: str | Path, specs: Sequence[BenchmarkSpec], *, out:
     eval_id = eval_id or path.name
     model_hash, tok_hash = model_hashes(path)
     identity = {"model_path": str(path.resolve()), "model_hash": model_hash, "tokenizer_hash": tok_hash}
+    if model_source:
+        identity["hub"] = model_source
     train_template = train_template_of(path)
     todo, skipped = [], []
     for spec in specs:

@@ -41,9 +41,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
+from rlvr_core.core import hub
 from rlvr_core.core.manifest import rows_sha256
-from rlvr_core.data.loaders import (DEFAULT_FILES, DataFormatError, known_datasets, load_problems,
-                                    packaged_file)
+from rlvr_core.data.loaders import (DEFAULT_FILES, DataFormatError, known_datasets, load_problem_files,
+                                    load_problems, packaged_file)
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import PromptTemplate, few_shot, get_template, known_templates
 from rlvr_core.experiment.config import ConfigError, SyntheticDataConfig, _Strict, _one_of, config_hash
@@ -55,7 +56,8 @@ __all__ = [
     "resolved_benchmark", "load_benchmark_problems", "few_shot_examples", "prompt_template", "effective_stop",
     "scorings", "scoring_label", "build_verifier", "gold_for", "problem_issue", "parse_metric", "data_root",
     "data_file", "known_suites", "load_suite", "resolve_suite", "BENCHMARK_DIR", "SUITE_DIR", "DATA_DIR_ENV",
-    "BREAKDOWN_FIELDS",
+    "BREAKDOWN_FIELDS", "HubDataSpec", "hub_split", "data_source_record",
+    "split_problems", "check_experiment_data", "hub_rows", "hub_splits",
 ]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +87,25 @@ def data_root() -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- schema
+class HubDataSpec(_Strict):
+    repo: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="hub data set id (org/name), e.g. openai/gsm8k")
+    config: str | None = Field(None, description="the `datasets` config name of these files (e.g. gsm8k's 'main'); "
+                               "documents which config `files` are, it does not select anything")
+    revision: str | None = Field(None, description="commit to read (40 hex digits); None = the commit `rlvr pull "
+                                 "benchmark` fetched (the cache's default branch), recorded with every result")
+    files: dict[str, str] = Field(min_length=1, description="split -> file glob in the repo holding that split's rows "
+                                  "(jsonl or parquet; shards read in name order), e.g. test: main/test-*.parquet")
+
+    @field_validator("revision")
+    @classmethod
+    def _commit(cls, v: str | None) -> str | None:
+        if v is not None and not hub.COMMIT.match(v):
+            raise ValueError(f"revision must be a full commit hash (40 hex digits), got {v!r}: a branch or tag "
+                             "can move and change the numbers")
+        return v
+
+
 class DataSpec(_Strict):
     source: str = Field(description="data set: one of rlvr_core.data.loaders.known_datasets(), or 'synthetic' "
                         "(the demo's generated task, settings in `synthetic`)")
@@ -98,6 +119,11 @@ class DataSpec(_Strict):
                                     "random.Random(subset_seed), kept in file order; None = the first max_problems")
     synthetic: SyntheticDataConfig | None = Field(None, description="generator settings (SyntheticSpec fields); "
                                                   "required when source is 'synthetic', forbidden otherwise")
+    hub: HubDataSpec | None = Field(None, description="the set's public copy on the Hugging Face hub: read from the "
+                                    "hub cache (downloaded unless HF_HUB_OFFLINE) when the data root has no file")
+    rows_sha256: dict[str, str] = Field(default_factory=dict, description="split -> content hash of the split's rows "
+                                        "as our loader maps them (rlvr_core.core.manifest.rows_sha256, before any "
+                                        "subset); rows read from anywhere (data root, package, hub) must hash to it")
 
     @field_validator("source")
     @classmethod
@@ -272,6 +298,13 @@ def _semantic_problems(spec: BenchmarkSpec) -> list[tuple[str, str]]:
             out.append(("data.split", f"synthetic splits are 'train' and 'test', got {d.split!r}"))
     elif d.synthetic is not None:
         out.append(("data.synthetic", f"only for source 'synthetic' (source is {d.source!r})"))
+    if d.hub is not None:
+        if d.source == SYNTHETIC:
+            out.append(("data.hub", "source 'synthetic' is generated; it has no hub copy"))
+        needed = [d.split] + ([fs.split] if fs.source == "split" and fs.split else [])
+        for split in needed:
+            if split not in d.hub.files:
+                out.append(("data.hub.files", f"no file for split {split!r} (the benchmark reads it)"))
     if d.subset_seed is not None and d.max_problems is None:
         out.append(("data.subset_seed", "a seeded subset needs max_problems"))
 
@@ -392,10 +425,107 @@ def _synthetic_rows(spec: BenchmarkSpec, split: str) -> list[dict]:
              "meta": {"difficulty": r["difficulty"], "n_steps": r["n_steps"]}} for r in rows]
 
 
+def hub_split(spec: BenchmarkSpec, split: str) -> hub.Snapshot:
+    """The hub snapshot holding `split` of the benchmark's data (cache first, then a download unless offline);
+    HubMissing names `rlvr pull benchmark <name>` when neither works."""
+    h = spec.data.hub
+    if h is None or split not in h.files:
+        raise KeyError(f"benchmark {spec.name} names no hub file for split {split!r}")
+    return hub.snapshot(h.repo, repo_type="dataset", revision=h.revision, allow_patterns=[h.files[split]],
+                        pull=f"rlvr pull benchmark {spec.name}")
+
+
+def _uses_hub(spec: BenchmarkSpec, split: str, file: Path | None) -> bool:
+    """The data root first (air-gapped clusters): the hub only when its file is missing and the hub has the split."""
+    h = spec.data.hub
+    return file is not None and not file.is_file() and h is not None and split in h.files
+
+
 def _read(spec: BenchmarkSpec, split: str, file: Path | None) -> list[dict]:
     if spec.data.source == SYNTHETIC:
         return _synthetic_rows(spec, split)
-    return load_problems(spec.data.source, file, split=split)
+    if _uses_hub(spec, split, file):
+        return hub_rows(spec, split)[1]
+    rows = load_problems(spec.data.source, file, split=split)
+    _check_rows_hash(spec, split, rows, str(file))
+    return rows
+
+
+def hub_rows(spec: BenchmarkSpec, split: str) -> tuple[hub.Snapshot, list[dict]]:
+    """One split read from the benchmark's hub copy (whatever the data root holds), hash-checked."""
+    snap = hub_split(spec, split)
+    files = sorted(snap.folder / f for f in snap.files)
+    where = f"hf://datasets/{snap.repo}@{snap.commit}/{spec.data.hub.files[split]}"
+    if not files:
+        raise DataFormatError(f"{where}: no file matches")
+    rows = load_problem_files(spec.data.source, files, split=split, where=where)
+    _check_rows_hash(spec, split, rows, where)
+    return snap, rows
+
+
+def hub_splits(spec: BenchmarkSpec) -> list[str]:
+    """The splits a benchmark reads that its hub copy provides: the evaluated one, the shots' one, and `train`
+    (what an experiment with `data.benchmark` trains on) when listed."""
+    h, fs = spec.data.hub, spec.prompt.few_shot
+    if h is None:
+        return []
+    wanted = [spec.data.split] + ([fs.split] if fs.source == "split" and fs.split else []) + ["train"]
+    return [s for s in dict.fromkeys(wanted) if s in h.files]
+
+
+def split_problems(spec: BenchmarkSpec, split: str, root: str | Path | None = None) -> list[dict]:
+    """All rows of one split of the benchmark's data set in the loaders' schema (no subset, no checks for the
+    verifiers): the data root's file, else the hub copy, hash-checked. What an experiment trains on
+    (`data.benchmark`)."""
+    path = spec.data.path if split == spec.data.split else None
+    root = Path(root) if root else data_root()
+    return _read(spec, split, None if spec.data.source == SYNTHETIC else
+                 _resolve_path(spec.data.source, split, path, root))
+
+
+def check_experiment_data(benchmark: str, source: str, where: str) -> None:
+    """An experiment's `data.benchmark`: the file exists, is for `source`, and has a train split to give
+    (locally or on the hub; offline, in the cache). ConfigError naming `where` otherwise."""
+    try:
+        spec = load_benchmark(benchmark)
+    except ConfigError as e:
+        raise ConfigError(where, [("data.benchmark", str(e).replace("invalid config\n  ", ""))]) from None
+    if spec.data.source != source:
+        raise ConfigError(where, [("data.benchmark", f"benchmark {benchmark!r} reads {spec.data.source!r} data but "
+                                   f"data.source is {source!r}")])
+    train = _resolve_path(spec.data.source, "train", None, data_root())
+    if not train.is_file() and not _uses_hub(spec, "train", train):
+        raise ConfigError(where, [("data.benchmark", f"no train split: no file {train} and benchmark {benchmark!r} "
+                                   "names no hub file for 'train'")])
+    if _uses_hub(spec, "train", train):
+        try:
+            hub_split(spec, "train")
+        except hub.HubMissing as e:
+            raise ConfigError(where, [("data.benchmark", f"no data file {train}, and {e}")]) from None
+
+
+def data_source_record(spec: BenchmarkSpec, root: str | Path | None = None) -> dict[str, Any]:
+    """Where the evaluated split is read from, for the result: the local file, or the hub snapshot (repo,
+    requested revision, commit, file hashes)."""
+    if spec.data.source == SYNTHETIC:
+        return {"kind": "synthetic"}
+    file = data_file(spec, root)
+    if _uses_hub(spec, spec.data.split, file):
+        return {"kind": "hub", **hub_split(spec, spec.data.split).record()}
+    return {"kind": "file", "path": str(file)}
+
+
+def _check_rows_hash(spec: BenchmarkSpec, split: str, rows: list[dict], where: str) -> None:
+    """The rows must be the ones the benchmark file was written for: a changed upstream set or an edited local
+    copy would otherwise change the numbers silently."""
+    want = spec.data.rows_sha256.get(split)
+    if want is None:
+        return
+    got = rows_sha256(rows)
+    if got != want:
+        raise DataFormatError(f"{where}: the {split} rows hash to {got[:16]}…, but benchmark {spec.name} "
+                              f"(data.rows_sha256.{split}) expects {want[:16]}…: the data differs from the set "
+                              "the benchmark was written for (another upstream revision or an edited file)")
 
 
 def gold_for(spec: BenchmarkSpec, problem: dict) -> Any:
@@ -502,19 +632,29 @@ def _data_problems(spec: BenchmarkSpec, root: Path) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if spec.data.source != SYNTHETIC:
         f = data_file(spec, root)
-        if not f.is_file():
-            out.append(("data.path", f"missing data file {f} (data root: ${DATA_DIR_ENV} or ../shared/data)"))
+        missing = f"missing data file {f} (data root: ${DATA_DIR_ENV} or ../shared/data)"
+        if not f.is_file() and not _uses_hub(spec, spec.data.split, f):
+            out.append(("data.path", missing))
+        elif not f.is_file() or spec.data.split in spec.data.rows_sha256:
+            try:  # a hub copy is fetched here, and the rows hash checked, before any work
+                _read(spec, spec.data.split, f)
+            except hub.HubMissing as e:
+                out.append(("data.path", f"{missing}, and {e}"))
+            except DataFormatError as e:
+                out.append(("data.rows_sha256" if "rows_sha256" in str(e) else "data.path", str(e)))
     fs = spec.prompt.few_shot
     if fs.source == "split":
         f = _few_shot_file(spec, root)
         if f is not None and f.resolve() == data_file(spec, root).resolve():
             out.append(("prompt.few_shot.split", f"shots drawn from the evaluated file {f} would leak problems "
                         "into their own prompts"))
-        elif f is not None and not f.is_file():
+        elif f is not None and not f.is_file() and not _uses_hub(spec, fs.split or "", f):
             out.append(("prompt.few_shot.path" if fs.path else "prompt.few_shot.split", f"missing data file {f}"))
         else:
             try:
                 few_shot_examples(spec, root)
+            except hub.HubMissing as e:
+                out.append(("prompt.few_shot.split", f"missing data file {f}, and {e}"))
             except (ValueError, DataFormatError) as e:
                 out.append(("prompt.few_shot", str(e)))
     return out
@@ -523,8 +663,10 @@ def _data_problems(spec: BenchmarkSpec, root: Path) -> list[tuple[str, str]]:
 # ------------------------------------------------------------------------------------ hash / resolved
 def resolved_benchmark(spec: BenchmarkSpec) -> dict[str, Any]:
     """What is stored with results and hashed: the spec without its description, stop sequences resolved,
-    plus the template's key (id@version) and each scoring's verifier version."""
-    out = spec.model_dump(mode="json", exclude={"description"})
+    plus the template's key (id@version) and each scoring's verifier version. `data.hub` is left out: where
+    the rows are read from changes no number (their content is `benchmark_data_hash`, and `data.rows_sha256`
+    makes a different copy fail), so moving a set from a folder to the hub keeps the hash."""
+    out = spec.model_dump(mode="json", exclude={"description": True, "data": {"hub", "rows_sha256"}})
     out["generation"]["stop"] = effective_stop(spec)
     out["resolved"] = {
         "template": get_template(spec.prompt.template).key,

