@@ -489,7 +489,8 @@ def check_experiment_data(benchmark: str, source: str, where: str) -> None:
     try:
         spec = load_benchmark(benchmark)
     except ConfigError as e:
-        raise ConfigError(where, [("data.benchmark", str(e).replace("invalid config\n  ", ""))]) from None
+        raise ConfigError(where, [("data.benchmark", f"{e.source}: {p}: {why}" if p else f"{e.source}: {why}")
+                                  for p, why in e.problems]) from None
     if spec.data.source != source:
         raise ConfigError(where, [("data.benchmark", f"benchmark {benchmark!r} reads {spec.data.source!r} data but "
                                    f"data.source is {source!r}")])

@@ -47,7 +47,8 @@ def _hub_repo(cache: Path, kind: str, repo: str, commit: str, files: dict[str, P
 def _bench(path: Path, repo: str, rows_hash: str) -> Path:
     spec = {"name": path.stem, "version": 1, "description": "arithmetic word problems read from a hub data set",
             "data": {"source": "gsm8k", "split": "test",
-                     "hub": {"repo": repo, "revision": DATA_COMMIT, "files": {"test": "main/test-*.parquet"}},
+                     "hub": {"repo": repo, "revision": DATA_COMMIT, "files": {"test": "main/test-*.parquet",
+                                                                             "train": "main/train-*.parquet"}},
                      "rows_sha256": {"test": rows_hash}},
             "prompt": {"template": "qa", "model_kind": "base"},
             "generation": {"temperature": 0.0, "max_new_tokens": 48, "n": 1, "seed": 0},
@@ -64,10 +65,16 @@ def hub_env(tiny_checkpoints, tmp_path_factory):
     weak = Path(tiny_checkpoints[0])
     cache = tmp / "hf" / "hub"
     _hub_repo(cache, "model", "org/tiny", MODEL_COMMIT, {p.name: p for p in weak.iterdir() if p.is_file()})
-    rows = [{"question": r["question"], "answer": r["answer"]}
-            for r in make_synthetic_dataset(SyntheticSpec(n_train=1, n_test=12, seed=3))["test"]]
+    splits = make_synthetic_dataset(SyntheticSpec(n_train=20, n_test=12, seed=3))
+    rows = [{"question": r["question"], "answer": r["answer"]} for r in splits["test"]]
     pq.write_table(pa.Table.from_pylist(rows), tmp / "test.parquet")
-    _hub_repo(cache, "dataset", "org/arith", DATA_COMMIT, {"main/test-00000-of-00001.parquet": tmp / "test.parquet"})
+    train = [{"question": r["question"], "answer": r["answer"]} for r in splits["train"]]
+    for i in (0, 1):  # two shards, read in name order as one split
+        pq.write_table(pa.Table.from_pylist(train[10 * i:10 * i + 10]), tmp / f"train{i}.parquet")
+    _hub_repo(cache, "dataset", "org/arith", DATA_COMMIT, {"main/test-00000-of-00001.parquet": tmp / "test.parquet",
+                                                            "main/train-00000-of-00002.parquet": tmp / "train0.parquet",
+                                                            "main/train-00001-of-00002.parquet": tmp / "train1.parquet"})
+    write_jsonl(train, tmp / "local" / "train.jsonl")
     # The expected hash comes from the same rows read the other way: a local jsonl file through the loader.
     write_jsonl(rows, tmp / "local" / "test.jsonl")
     rows_hash = rows_sha256(load_problems("gsm8k", tmp / "local" / "test.jsonl"))
@@ -199,3 +206,34 @@ def test_model_stage_records_the_commit_in_the_manifest(hub_env, monkeypatch):
     hub_rec = man["model"]["hub"]
     assert (hub_rec["repo"], hub_rec["revision"], hub_rec["commit"]) == ("org/tiny", "main", MODEL_COMMIT)
     assert hub_rec["files"]["model.safetensors"] == file_sha256(hub_env["weak"] / "model.safetensors")
+
+
+def test_experiment_data_from_a_benchmark_on_the_hub(hub_env, monkeypatch, tmp_path):
+    """`data.benchmark`: the data stage reads the benchmark's train split (two parquet shards) and its test split
+    from the hub cache, the same rows as the local jsonl copies; the held-out spec reads the same place."""
+    from rlvr_core.experiment.benchmarks import check_experiment_data
+    from rlvr_core.experiment.config import ConfigError, parse_config
+    from rlvr_core.pipeline import stages
+
+    for k in ("HF_HOME", "HF_HUB_OFFLINE", "RLVR_DATA_DIR"):
+        monkeypatch.setenv(k, hub_env["env"][k])
+    monkeypatch.setenv("RLVR_HOME", str(tmp_path / "home"))
+    cfg = parse_config({"data": {"source": "gsm8k", "benchmark": str(hub_env["bench"])}})
+    check_experiment_data(str(hub_env["bench"]), "gsm8k", "cfg.yaml")
+    data = stages.prepare_data(cfg)
+    local = hub_env["tmp"] / "local"
+    assert data.train_rows() == load_problems("gsm8k", local / "train.jsonl")
+    assert data.test_rows() == load_problems("gsm8k", local / "test.jsonl")
+    assert (data.n_train, data.n_test) == (20, 12)
+    spec = stages.held_out_spec(cfg)
+    assert spec.data.hub is not None and spec.data.hub.repo == "org/arith" and spec.data.split == "test"
+    with pytest.raises(ConfigError, match="data.benchmark: benchmark .* reads 'gsm8k' data but data.source is 'svamp'"):
+        check_experiment_data(str(hub_env["bench"]), "svamp", "cfg.yaml")
+
+
+@pytest.mark.shared_data
+def test_recipe_validates():
+    """The shipped GSM8K recipe validates (its data from the data root; its model fetched at run time)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLVR_HOME", "HF_HUB_OFFLINE"))}
+    proc, _ = rlvr(env, "config", "validate", "configs/examples/qwen2.5-0.5b-gsm8k.yaml")
+    assert proc.returncode == 0 and "valid" in proc.stdout, proc.stderr
