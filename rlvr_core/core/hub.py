@@ -66,7 +66,9 @@ def offline() -> bool:
 
 def _pull_hint(repo: str, revision: str | None, repo_type: str, pull: str | None) -> str:
     ref = repo + (f"@{revision}" if revision else "")
-    return pull or (f"rlvr pull model {ref}" if repo_type == "model" else f"rlvr pull dataset {ref}")
+    hint = pull or (f"rlvr pull model {ref}" if repo_type == "model" else "rlvr pull benchmark <the benchmark reading it>")
+    # `models/Qwen2.5-0.5B` reads as a hub id too: say so when the user may have meant a local folder.
+    return hint + (f"`, or fix the path: there is no local folder {repo} either" if repo_type == "model" else "`")
 
 
 def snapshot(repo: str, *, repo_type: str = "model", revision: str | None = None,
@@ -75,7 +77,7 @@ def snapshot(repo: str, *, repo_type: str = "model", revision: str | None = None
     """The snapshot of `repo` at `revision`: from the cache, else downloaded (unless offline).
 
     allow_patterns: only these files (globs; a data set's split files). pull: the command a `HubMissing`
-    error names (default `rlvr pull model|dataset REF`). Raises HubMissing, one line, when the snapshot
+    error names (default `rlvr pull model REF` for a model). Raises HubMissing, one line, when the snapshot
     is not cached and cannot be downloaded now.
     """
     from huggingface_hub import snapshot_download
@@ -90,13 +92,13 @@ def snapshot(repo: str, *, repo_type: str = "model", revision: str | None = None
     except Exception:  # noqa: BLE001 — not cached (huggingface_hub raises several kinds): download or say so
         if offline():
             raise HubMissing(f"{repo_type} {ref} is not in the Hugging Face cache ({_cache_dir()}) and "
-                             f"HF_HUB_OFFLINE is set: run `{hint}` where there is network (same HF_HOME)") from None
+                             f"HF_HUB_OFFLINE is set: run `{hint} (pull where there is network, same HF_HOME)") from None
         try:
             folder = Path(snapshot_download(repo, **kw))
         except Exception as e:  # noqa: BLE001 — no network, no such repo or revision: one line either way
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise HubMissing(f"{repo_type} {ref} is not in the Hugging Face cache ({_cache_dir()}) and could not "
-                             f"be downloaded ({type(e).__name__}: {why}): run `{hint}` where there is network"
+                             f"be downloaded ({type(e).__name__}: {why}): run `{hint} where there is network"
                              ) from None
     files = _files(folder, allow_patterns) if hash_files else {}
     return Snapshot(repo, repo_type, revision, folder.name, folder, files)
