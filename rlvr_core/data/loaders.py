@@ -148,6 +148,19 @@ def _minerva_math(row, i, split):
             "answer": answer.strip(), "solution": solution, "meta": {"type": row.get("type")}}
 
 
+def _hendrycks_math(row, i, split):
+    # Hendrycks et al.'s MATH as the hub's EleutherAI/hendrycks_math holds it (problem, level, type, solution; one
+    # config per subject). No id of its own: the key is the row's index in the split as read (subjects in file-name
+    # order), so ids are stable for one revision. The answer is the last \boxed{} of the solution, as minerva_math.
+    solution = _req(row, "solution")
+    answer = last_boxed(solution)
+    if answer is None:
+        raise ValueError("solution has no \\boxed{} answer")
+    return {"id": make_id("hendrycks_math", split, i), "question": _req(row, "problem").strip(),
+            "answer": answer.strip(), "solution": solution,
+            "meta": {"level": row.get("level"), "subject": row.get("type")}}
+
+
 def _aime24(row, i, split):
     return {"id": make_id("aime24", split, _req(row, "id", (int, str))), "question": _req(row, "problem").strip(),
             "answer": _number_str(_req(row, "answer", (str, int, float))), "solution": row.get("solution"),
@@ -235,7 +248,7 @@ def _humaneval(row, i, split):
 _MAPPERS: dict[str, Callable[[dict, int, str], dict]] = {
     "gsm8k": _gsm8k, "math500": _math500, "minerva_math": _minerva_math, "aime24": _aime24, "amc23": _amc23,
     "svamp": _svamp, "asdiv": _asdiv, "aqua": _aqua, "mmlu_stem": _mmlu_stem, "ifeval": _ifeval,
-    "humaneval": _humaneval,
+    "humaneval": _humaneval, "hendrycks_math": _hendrycks_math,
 }
 
 # File read when `path` is the set's folder (as in ../shared/data/<name>/).

@@ -70,6 +70,7 @@ SYNTHETIC = "synthetic"
 # Fields of a problem's `meta` a result can be broken down by, per data source (what the loaders keep).
 BREAKDOWN_FIELDS: dict[str, tuple[str, ...]] = {
     "math500": ("level", "subject"),
+    "hendrycks_math": ("level", "subject"),
     "minerva_math": ("type",),
     "mmlu_stem": ("subject",),
     "svamp": ("type",),
@@ -734,6 +735,9 @@ def parse_benchmark(data: Any, source: str = "<benchmark>", *, check_data: bool 
     problems = _semantic_problems(spec)
     if not problems and check_data:
         problems = _data_problems(spec, Path(root) if root else data_root())
+        if spec.name not in known_benchmarks():  # not shipped: `rlvr pull benchmark` takes its file
+            pull = f"rlvr pull benchmark {spec.name}`"
+            problems = [(f, why.replace(pull, f"rlvr pull benchmark {source}`")) for f, why in problems]
     if problems:
         raise ConfigError(source, problems)
     return spec

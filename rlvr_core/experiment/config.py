@@ -57,7 +57,7 @@ class SyntheticDataConfig(_Strict):
 
 class DataConfig(_Strict):
     source: Literal["synthetic", "jsonl", "gsm8k", "math500", "minerva_math", "aime24", "amc23", "svamp",
-                    "asdiv", "aqua", "mmlu_stem", "ifeval"] = Field(
+                    "asdiv", "aqua", "mmlu_stem", "ifeval", "hendrycks_math"] = Field(
         "synthetic", description="'synthetic' generates the demo task; other names load that data set from `train_path`")
     train_path: str | None = Field(None, description="jsonl file of training problems (for non-synthetic sources)")
     test_path: str | None = Field(None, description="jsonl file of held-out problems (for non-synthetic sources)")

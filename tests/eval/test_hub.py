@@ -57,6 +57,23 @@ def _bench(path: Path, repo: str, rows_hash: str) -> Path:
     return path
 
 
+MATH_COMMIT = "3" * 8 + "c" * 32
+
+
+def _math_repo(cache: Path, tmp: Path) -> None:
+    """EleutherAI/hendrycks_math's layout in small: one folder per subject, a train and a test parquet each."""
+    files = {}
+    for subject in ("geometry", "algebra"):
+        for split in ("train", "test"):
+            rows = [{"problem": f"{subject} {split} {i}: what is {i}+1?", "level": f"Level {i + 1}",
+                     "type": subject.title(), "solution": f"{i}+1=\\boxed{{{i + 1}}}"} for i in range(2)]
+            local = tmp / "math" / subject / f"{split}.parquet"
+            local.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.Table.from_pylist(rows), local)
+            files[f"{subject}/{split}-00000-of-00001.parquet"] = local
+    _hub_repo(cache, "dataset", "EleutherAI/hendrycks_math", MATH_COMMIT, files)
+
+
 @pytest.fixture(scope="module")
 def hub_env(tiny_checkpoints, tmp_path_factory):
     """HF_HOME with org/tiny (the weaker tiny checkpoint) and org/arith (12 synthetic problems in GSM8K's
@@ -75,6 +92,7 @@ def hub_env(tiny_checkpoints, tmp_path_factory):
                                                             "main/train-00000-of-00002.parquet": tmp / "train0.parquet",
                                                             "main/train-00001-of-00002.parquet": tmp / "train1.parquet"})
     write_jsonl(train, tmp / "local" / "train.jsonl")
+    _math_repo(cache, tmp)
     # The expected hash comes from the same rows read the other way: a local jsonl file through the loader.
     write_jsonl(rows, tmp / "local" / "test.jsonl")
     rows_hash = rows_sha256(load_problems("gsm8k", tmp / "local" / "test.jsonl"))
@@ -148,7 +166,7 @@ def test_missing_model_fails_fast_naming_pull(hub_env):
 def test_missing_dataset_fails_fast_naming_pull(hub_env):
     bench = _bench(hub_env["tmp"] / "nodata.yaml", "org/absent-data", hub_env["rows_hash"])
     proc, cpu = rlvr(hub_env["env"], "eval", f"org/tiny@{MODEL_COMMIT}", "--benchmark", str(bench))
-    _one_line_failure(proc, cpu, "rlvr pull benchmark nodata", f"{bench}: data.path")
+    _one_line_failure(proc, cpu, f"rlvr pull benchmark {bench}`", f"{bench}: data.path")
     assert proc.stderr.strip().splitlines()[0] == "invalid config" and len(proc.stderr.strip().splitlines()) == 2
 
 
@@ -236,4 +254,24 @@ def test_recipe_validates():
     """The shipped GSM8K recipe validates (its data from the data root; its model fetched at run time)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RLVR_HOME", "HF_HUB_OFFLINE"))}
     proc, _ = rlvr(env, "config", "validate", "configs/examples/qwen2.5-0.5b-gsm8k.yaml")
+    assert proc.returncode == 0 and "valid" in proc.stdout, proc.stderr
+
+
+def test_math_recipe_reads_hendrycks_math_from_the_hub_cache(hub_env, monkeypatch):
+    """The MATH recipe's data file (unpinned) resolves to the cached commit; rows come in subject (file-name)
+    order with the last \\boxed{} as answer; the recipe validates with its data only in the hub cache."""
+    from rlvr_core.experiment import benchmarks as B
+
+    env = {k: v for k, v in hub_env["env"].items() if k != "HF_HUB_OFFLINE"}  # the cache answers first
+    for k in ("HF_HOME", "RLVR_DATA_DIR"):
+        monkeypatch.setenv(k, env[k])
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    spec = B.load_benchmark("configs/examples/data/hendrycks_math.yaml")
+    train = B.split_problems(spec, "train")
+    assert [p["question"][:18] for p in train] == ["algebra train 0: w", "algebra train 1: w",
+                                                   "geometry train 0: ", "geometry train 1: "]
+    assert [p["answer"] for p in train] == ["1", "2", "1", "2"]
+    assert train[2]["id"] == "hendrycks_math/train/2" and train[2]["meta"]["subject"] == "Geometry"
+    assert B.data_source_record(spec)["commit"] == MATH_COMMIT
+    proc, _ = rlvr(env, "config", "validate", "configs/examples/qwen2.5-math-1.5b-math.yaml")
     assert proc.returncode == 0 and "valid" in proc.stdout, proc.stderr
