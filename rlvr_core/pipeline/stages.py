@@ -58,6 +58,9 @@ SYNTHETIC_BENCHMARK_VERSION = "2"  # 2: 32 samples per problem (pass@k to 32); 1
 # that ran out of memory resumes from its checkpoint once they are lowered (the G-oom line, tasks/retry.py).
 GRPO_MEMORY_FIELDS = frozenset({"micro_batch_size", "max_tokens_per_micro_batch", "logprob_chunk_size",
                                 "gradient_checkpointing"})
+# How the stage starts its ranks (docs/gpu.md, "Multi-node"): N ranks train like one process, so these stay out of
+# the key too, and a run started on one node resumes on two (the change is recorded like the thread count).
+GRPO_LAUNCH_FIELDS = frozenset({"launch", "nnodes", "nproc_per_node", "rdzv_endpoint", "node_command", "hosts"})
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -348,21 +351,22 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     there; finished runs with the same inputs are reused. The thread count and CPU instruction set
     (`numerics`) are recorded, not keyed: a retry on another host or at another thread count resumes
     instead of starting over, and says so (`_track_numerics`). So do the memory settings
-    (`GRPO_MEMORY_FIELDS`): a run that ran out of memory resumes with smaller micro-batches.
+    (`GRPO_MEMORY_FIELDS`): a run that ran out of memory resumes with smaller micro-batches; and so do the
+    launch settings (`GRPO_LAUNCH_FIELDS`): with `grpo.launch: torchrun` the training runs in a group of ranks
+    the stage starts (`rlvr_core.pipeline.launch.train_group`) instead of this process.
     """
-    from rlvr_core.grpo.trainer import train_grpo
-
     template_warnings = check_template_at_start(cfg, base.path, progress, "grpo")
     folder, done = resumable_dir("grpo", _train_key(cfg, base, curriculum))
     if not done:
-        memory = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS))
-        run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(memory.items())})
-        ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
-        with _live_metrics(cfg, mlflow_run_id) as on_step:
-            result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
-                                reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
-                                progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
-                                engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step,
+        recorded = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS | GRPO_LAUNCH_FIELDS))
+        run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(recorded.items())})
+        if cfg.grpo.launch == "torchrun":
+            from rlvr_core.pipeline.launch import train_group
+
+            result = train_group(cfg, data, base, curriculum, folder, progress, mlflow_run_id=mlflow_run_id,
+                                 base_eval=base_eval)
+        else:
+            result = train_here(cfg, data, base, curriculum, folder, progress, mlflow_run_id=mlflow_run_id,
                                 base_eval=base_eval)
         # The template it trained with travels to the export (G-prompt-mismatch: every evaluation compares).
         summary = {**result.summary, **run_numerics, "prompt_template": get_template(cfg.prompt.template).key,
@@ -380,6 +384,22 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
                          str(folder), done, summary)
 
 
+def train_here(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, curriculum: CurriculumArtifact,
+               folder: Path, progress: Progress = SILENT, *, mlflow_run_id: str | None = None,
+               base_eval: dict[str, float] | None = None):
+    """`train_grpo` into `folder` in this process: the whole stage (launch local) or one rank of a launched group
+    (every rank calls it with the same arguments; only rank 0 reports and writes files)."""
+    from rlvr_core.grpo.trainer import train_grpo
+
+    ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
+    with _live_metrics(cfg, mlflow_run_id) as on_step:
+        return train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
+                          reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
+                          progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
+                          engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step,
+                          base_eval=base_eval)
+
+
 def _eval_limits(cfg: ExperimentConfig) -> EvalLimits:
     """The shares that flag an evaluation (G-verifier-error, G-truncation), from the `eval:` section."""
     return EvalLimits(max_verifier_error_share=cfg.eval.max_verifier_error_share,
@@ -389,7 +409,7 @@ def _eval_limits(cfg: ExperimentConfig) -> EvalLimits:
 def _train_key(cfg: ExperimentConfig, base: ModelArtifact, curriculum: CurriculumArtifact) -> dict[str, Any]:
     """What names a training folder (see `train_stage`): every input that changes the trained weights."""
     return {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
-            "grpo": cfg.grpo.model_dump(mode="json", exclude=set(GRPO_MEMORY_FIELDS)),
+            "grpo": cfg.grpo.model_dump(mode="json", exclude=set(GRPO_MEMORY_FIELDS | GRPO_LAUNCH_FIELDS)),
             "template": get_template(cfg.prompt.template).key,
             "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
             "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),
