@@ -9,6 +9,7 @@ inputs (data, base model, pass-rate table) are content-addressed in the stage ca
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from rlvr_core.eval.evaluate import (EvalLimits, RunSettings, curves_table, eval
 from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.experiment.guard_coverage import guard_coverage
-from rlvr_core.pipeline.cache import cached_dir, mark_done, resumable_dir, resumable_path
+from rlvr_core.pipeline.cache import cached_dir, localize, mark_done, resumable_dir, resumable_path
 from rlvr_core.records.tracking import StepMetricsSink
 from rlvr_core.sampling.models import model_hashes
 from rlvr_core.sampling.verified import sample_and_verify
@@ -61,6 +62,22 @@ GRPO_MEMORY_FIELDS = frozenset({"micro_batch_size", "max_tokens_per_micro_batch"
 # How the stage starts its ranks (docs/gpu.md, "Multi-node"): N ranks train like one process, so these stay out of
 # the key too, and a run started on one node resumes on two (the change is recorded like the thread count).
 GRPO_LAUNCH_FIELDS = frozenset({"launch", "nnodes", "nproc_per_node", "rdzv_endpoint", "node_command", "hosts"})
+
+
+_PATH_FIELDS = frozenset({"path", "train_path", "test_path", "table_path", "samples_path", "steps_path", "folder"})
+
+
+def here(artifact):
+    """The artifact with every path it names on this worker: a path in another worker's stage cache becomes the
+    same folder in this one, fetched from the stage store (`rlvr_core.pipeline.cache.localize`)."""
+    changes = {}
+    for f in dataclasses.fields(artifact):
+        value = getattr(artifact, f.name)
+        if f.name in _PATH_FIELDS and isinstance(value, str):
+            changes[f.name] = localize(value)
+        elif dataclasses.is_dataclass(value):
+            changes[f.name] = here(value)
+    return dataclasses.replace(artifact, **changes) if changes else artifact
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -375,7 +392,7 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
         final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
         (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))
         mark_done(folder)
-    paths = json.loads((folder / "result.json").read_text())
+    paths = {k: localize(v) for k, v in json.loads((folder / "result.json").read_text()).items()}
     final = Path(paths["final_model_dir"])
     mh, th = model_hashes(final)
     summary = json.loads((folder / "summary.json").read_text())
