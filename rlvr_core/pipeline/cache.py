@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core import settings
 from rlvr_core.experiment.config import config_hash
 
@@ -89,11 +90,7 @@ def mark_done(folder: Path) -> None:
 def stage_store():
     """The store finished stage folders are shared through (`RLVR_STAGE_STORE`), or None (this disk only)."""
     uri = os.environ.get(STAGE_STORE_ENV)
-    if not uri:
-        return None
-    from rlvr_core.artifacts.storage import open_store
-
-    return open_store(uri)
+    return open_store(uri) if uri else None
 
 
 def publish(folder: Path) -> None:

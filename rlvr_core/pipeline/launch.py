@@ -3,7 +3,7 @@
 The stage process (`train_stage`) keeps what it always does (the folder keyed by the inputs, the recorded
 numerics, the summary and `.done`) and hands only the training itself to `train_group`: one
 `torch.distributed.run` per node (`--nnodes N --node_rank i --nproc_per_node K`, static rendezvous at
-`grpo.rdzv_endpoint`), every rank running `python -m rlvr_core.pipeline.launch REQUEST`, which calls
+`grpo.rdzv_endpoint`), every rank running `python -m rlvr_core.pipeline.rank REQUEST`, which calls
 `stages.train_here` with the same arguments (N ranks train like one process: rlvr_core/grpo/distributed.py).
 
 A group stands or falls together: when one node's process ends badly, the others are given a few seconds to
@@ -29,10 +29,9 @@ import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from rlvr_core.core.progress import SILENT, Progress
-from rlvr_core.experiment.secrets import seal, unseal
+from rlvr_core.experiment.secrets import seal
 
 LAUNCH_DIR = "launch"
 FAILURES = "failures.jsonl"  # one line per failed attempt of the group, kept across retries
@@ -61,7 +60,7 @@ def node_commands(grpo, request: Path, port: int) -> list[list[str]]:
         cmds.append(prefix + [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(grpo.nnodes),
                               "--node_rank", str(i), "--nproc_per_node", str(grpo.nproc_per_node),
                               "--master_addr", host, "--master_port", str(port),
-                              "-m", "rlvr_core.pipeline.launch", str(request)])
+                              "-m", "rlvr_core.pipeline.rank", str(request)])
     return cmds
 
 
@@ -117,7 +116,7 @@ def _wait_group(procs: list[subprocess.Popen], work: Path) -> None:
             time.sleep(0.2)
         failed = failed or [i for i, p in enumerate(procs) if p.returncode]
         if failed:
-            _kill(procs[failed[0]])  # what is left of it; its ranks follow their agent (`_stop_with_launcher`)
+            _kill(procs[failed[0]])  # what is left of it; its ranks follow their agent (`stop_with_launcher`)
             deadline = time.monotonic() + GRACE_S
             while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                 time.sleep(0.2)
@@ -158,8 +157,8 @@ def _failure(codes: list[int], first: int, work: Path) -> GroupFailure:
                         f"last checkpoint)", transient=True)
 
 
-# ------------------------------------------------------------------------------------------- one rank
-def _stop_with_launcher(pid: int) -> None:
+# ---------------------------------------------------------------------------- what a rank uses (rank.py)
+def stop_with_launcher(pid: int) -> None:
     """Exit when the stage process that launched the group is gone (a killed stage, a lost worker), or this
     node's torchrun agent is (torchrun starts each rank in a session of its own, so killing the agent's
     process group would leave the rank training on with its peers)."""
@@ -178,7 +177,7 @@ def _stop_with_launcher(pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="launcher-watch").start()
 
 
-def _report(work: Path, rank: int, exc: BaseException) -> None:
+def report_failure(work: Path, rank: int, exc: BaseException) -> None:
     text = f"{type(exc).__name__}: {exc}".lower()
     peer_lost = type(exc).__name__.startswith("Dist") or any(t in text for t in _PEER_LOST)
     own_transient = type(exc).__name__ in ("ConnectionError", "TimeoutError")
@@ -186,38 +185,3 @@ def _report(work: Path, rank: int, exc: BaseException) -> None:
         "rank": rank, "type": f"{type(exc).__module__}.{type(exc).__name__}", "message": str(exc),
         "traceback": "".join(traceback.format_exception(exc))[-6000:], "peer_lost": peer_lost,
         "transient": peer_lost or own_transient}))
-
-
-def rank_main(argv: list[str]) -> int:
-    """One rank: read the request, train with every other rank, rank 0 writes `result.json`."""
-    import torch
-
-    from rlvr_core.experiment.config import parse_config
-    from rlvr_core.grpo.distributed import shutdown
-    from rlvr_core.pipeline import stages
-
-    path = Path(argv[1])
-    req = unseal(json.loads(path.read_text()), str(path))
-    rank, work = int(os.environ.get("RANK", "0")), path.parent
-    _stop_with_launcher(req["launcher_pid"])
-    torch.set_num_threads(req["threads"])
-    try:
-        cfg = parse_config(req["config"], str(path))
-        data, base = stages.DataArtifact(**req["data"]), stages.ModelArtifact(**req["base"])
-        cur = stages.CurriculumArtifact(**req["curriculum"])
-        main = rank == 0
-        result = stages.train_here(cfg, data, base, cur, Path(req["folder"]), Progress(main),
-                                   mlflow_run_id=req["mlflow_run_id"] if main else None, base_eval=req["base_eval"])
-        if main:
-            tmp = work / "result.json.tmp"
-            tmp.write_text(json.dumps(asdict(result), default=str))
-            os.replace(tmp, work / "result.json")
-        shutdown()
-    except BaseException as e:  # noqa: BLE001 - reported to the launcher, which decides for the group
-        _report(work, rank, e)
-        raise
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(rank_main(sys.argv))

@@ -40,6 +40,7 @@ from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_probl
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.experiment.guard_coverage import guard_coverage
 from rlvr_core.pipeline.cache import cached_dir, localize, mark_done, resumable_dir, resumable_path
+from rlvr_core.pipeline.launch import train_group
 from rlvr_core.records.tracking import StepMetricsSink
 from rlvr_core.sampling.models import model_hashes
 from rlvr_core.sampling.verified import sample_and_verify
@@ -378,8 +379,6 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
         recorded = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS | GRPO_LAUNCH_FIELDS))
         run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(recorded.items())})
         if cfg.grpo.launch == "torchrun":
-            from rlvr_core.pipeline.launch import train_group
-
             result = train_group(cfg, data, base, curriculum, folder, progress, mlflow_run_id=mlflow_run_id,
                                  base_eval=base_eval)
         else:
