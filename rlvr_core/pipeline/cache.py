@@ -125,19 +125,18 @@ def fetch(stage: str, final: Path) -> bool:
 
 
 def localize(path: str) -> str:
-    """`path` if it exists here; else, for a file or folder in another home's stage cache
-    (`.../cache/<stage>/<hash>[/rest]`), the same one in this home's cache, fetched from the stage store if
+    """`path` if it exists here or names no stage output; else, for a file or folder in another home's stage
+    cache (`.../cache/<stage>/<hash>[/rest]`), the same one in this home's cache, fetched from the stage store if
     needed. Raises FileNotFoundError naming the path when neither has it."""
     p = Path(path)
-    if p.exists():
-        return path
     parts = p.parts
     at = max((i for i, part in enumerate(parts[:-2]) if part == "cache"), default=None)
-    if at is not None:
-        stage, name, rest = parts[at + 1], parts[at + 2], parts[at + 3:]
-        final = settings.paths().cache / stage / name
-        if (final / DONE).exists() or fetch(stage, final):
-            return str(final.joinpath(*rest))
+    if p.exists() or at is None:  # here, or not a stage output: the stage reading it reports a missing file
+        return path
+    stage, name, rest = parts[at + 1], parts[at + 2], parts[at + 3:]
+    final = settings.paths().cache / stage / name
+    if (final / DONE).exists() or fetch(stage, final):
+        return str(final.joinpath(*rest))
     where = f" nor in the stage store {os.environ[STAGE_STORE_ENV]}" if os.environ.get(STAGE_STORE_ENV) else \
         f" (no stage store: set {STAGE_STORE_ENV} to share stage outputs between workers)"
     raise FileNotFoundError(f"{path} is not on this worker{where}")

@@ -95,3 +95,5 @@ def test_a_path_on_no_worker_is_one_clear_error(rlvr_home, monkeypatch):
         localize(missing)
     assert str(e.value) == (f"{missing} is not on this worker (no stage store: set {STAGE_STORE_ENV} to share "
                             f"stage outputs between workers)")
+    assert localize("/elsewhere/model/config.json") == "/elsewhere/model/config.json"  # no stage output: the
+    # stage that opens it says what is missing
