@@ -9,8 +9,8 @@ Order of work:
 1. Load and expand the sweep (`rlvr_core.pipeline.sweeps`): every trial config is validated before anything runs.
 2. Shared stages once: for each distinct (data, model, sampling, pass@k) setting, one `pipeline` run with
    `stop_after="curriculum"` builds the data, base model and pass-rate table; they are content-addressed
-   (`rlvr_core.pipeline.cache`), so every trial finds them instead of recomputing (trials must share the cache
-   folder: one machine, or `RLVR_HOME` on shared storage).
+   (`rlvr_core.pipeline.cache`), so every trial finds them instead of recomputing (trials share the cache
+   folder, or workers with their own `RLVR_HOME` share it through `RLVR_STAGE_STORE`: docs/orchestration.md).
 3. Trials: `run_deployment("pipeline/…")` per trial, `max_parallel` at a time, each with the MLflow
    parent run id and its sweep/trial ids. A trial whose flow run crashed (its worker was lost: the
    heartbeat automation marks it Crashed) is launched again; the new run resumes from the checkpoint. Only a

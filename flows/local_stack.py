@@ -105,9 +105,11 @@ def _run(cmd: list[str], env: dict[str, str], what: str, timeout_s: float = 300)
     return p.stdout
 
 
-def start_worker(state: dict[str, Any], pool: str = GPU_POOL, name: str | None = None) -> int:
-    """Start a worker for `pool`; its pid is added to the state (and returned)."""
-    home = Path(state["home"])
+def start_worker(state: dict[str, Any], pool: str = GPU_POOL, name: str | None = None,
+                 home: Path | None = None) -> int:
+    """Start a worker for `pool`; its pid is added to the state (and returned). `home`: the worker's own
+    `RLVR_HOME` (a machine of its own; stages hand over through `RLVR_STAGE_STORE`), else the stack's."""
+    home = Path(home or state["home"])
     env = stack_env(home, state["api_url"])
     name = name or f"{pool}-{int(time.time())}"
     proc = _spawn([_bin("prefect"), "worker", "start", "--pool", pool, "--name", name, "--type", "process"],
@@ -118,9 +120,11 @@ def start_worker(state: dict[str, Any], pool: str = GPU_POOL, name: str | None =
 
 
 def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int = 0,
-               database_url: str | None = None, nightly_cron: str | None = None) -> dict[str, Any]:
+               database_url: str | None = None, nightly_cron: str | None = None,
+               workers: bool = True) -> dict[str, Any]:
     """Start server, pools, limits, automation, deployments and workers; returns the state for prefect_down.
-    `port` 0: any free port. `database_url`: the server's database (postgresql+asyncpg://…), else SQLite."""
+    `port` 0: any free port. `database_url`: the server's database (postgresql+asyncpg://…), else SQLite.
+    `workers` False: no worker (the caller starts its own with `start_worker`)."""
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     port = port or _free_port()
@@ -141,8 +145,9 @@ def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int
         if deploy:
             _run([_bin("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_FILE)], env,
                  "prefect deploy")
-        start_worker(state, CPU_POOL, "local-cpu")
-        start_worker(state, GPU_POOL, "local-gpu")
+        if workers:
+            start_worker(state, CPU_POOL, "local-cpu")
+            start_worker(state, GPU_POOL, "local-gpu")
     except BaseException:
         prefect_down(state)
         raise

@@ -157,6 +157,8 @@ def is_transient(exc: BaseException) -> bool:
     """True for failures a retry can fix; see the module docstring for the lists."""
     if isinstance(exc, StageProcessError):
         return exc.transient
+    if type(exc).__name__ == "GroupFailure":  # rlvr_core.pipeline.launch: the launched group's own verdict
+        return exc.transient
     if isinstance(exc, TransientError):
         return True
     if isinstance(exc, DeterministicError):

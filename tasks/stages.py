@@ -6,7 +6,9 @@ guard firing, a bad input, out of memory (also the kernel's OOM kill of a stage 
 error is not re-run. This is the only layer that retries a stage's failure: the sweep relaunches a trial's
 flow run only when it crashed (`flows.ablation_sweep.TRIAL_RETRY`). Every task is safe to repeat:
 
-- stage outputs are content-addressed by `rlvr_core.pipeline.cache` (they survive processes and workers), so
+- stage outputs are content-addressed by `rlvr_core.pipeline.cache` (they survive processes and workers; with
+  `RLVR_STAGE_STORE` they move between workers through the artifact store, and each task finds its inputs on
+  its own worker first: `stages.here`), so
   Prefect's own task cache stays off (NO_CACHE) for these side-effecting tasks;
 - a retried training stage resumes from its last checkpoint (its folder is keyed by its inputs);
 - export reuses a local export that still matches its manifest and verifies the upload from scratch;
@@ -65,19 +67,19 @@ def make_data(cfg: ExperimentConfig, progress: Progress = SILENT) -> stages.Data
 @task(name="warm-start-base-model", tags=["compute"], **RETRY)
 def warm_start_base(cfg: ExperimentConfig, data: stages.DataArtifact,
                     progress: Progress = SILENT) -> stages.ModelArtifact:
-    return stages.prepare_base_model(cfg, data, progress)
+    return stages.prepare_base_model(cfg, stages.here(data), progress)
 
 
 @task(name="pass-rate-table", tags=["compute"], **RETRY)
 def pass_rate_table(cfg: ExperimentConfig, data: stages.DataArtifact, model: stages.ModelArtifact,
                     progress: Progress = SILENT) -> stages.PassRateArtifact:
-    return stages.pass_rate_stage(cfg, data, model, progress)
+    return stages.pass_rate_stage(cfg, stages.here(data), stages.here(model), progress)
 
 
 @task(name="curriculum", **RETRY)
 def build_curriculum(cfg: ExperimentConfig, data: stages.DataArtifact, passrates: stages.PassRateArtifact,
                      progress: Progress = SILENT) -> stages.CurriculumArtifact:
-    return stages.curriculum_stage(cfg, data, passrates, progress)
+    return stages.curriculum_stage(cfg, stages.here(data), stages.here(passrates), progress)
 
 
 @task(name="grpo-train", tags=[GPU_TAG], **RETRY)
@@ -87,6 +89,7 @@ def train(cfg: ExperimentConfig, data: stages.DataArtifact, base: stages.ModelAr
     """`mlflow_run_id`: the run that gets the per-step metrics while training runs (docs/tracking.md); a stage
     process reaches it through `cfg.tracking` and the environment, so no credential is written to disk.
     `base_eval`: G-reward-hacking's reference point (`stages.base_reference`)."""
+    data, base, curriculum = stages.here(data), stages.here(base), stages.here(curriculum)
     if in_process:
         with oom_says_what_to_lower("train"):
             return stages.train_stage(cfg, data, base, curriculum, progress, mlflow_run_id=mlflow_run_id,
@@ -100,12 +103,14 @@ def train(cfg: ExperimentConfig, data: stages.DataArtifact, base: stages.ModelAr
 @task(name="export-checkpoint", **RETRY)
 def export(trained: stages.TrainArtifact, base: stages.ModelArtifact, store: ArtifactStore, prefix: str,
            run_manifest: dict | None, progress: Progress = SILENT) -> stages.ExportArtifact:
-    return stages.export_stage(trained, base, store, prefix, run_manifest=run_manifest, progress=progress)
+    return stages.export_stage(stages.here(trained), stages.here(base), store, prefix, run_manifest=run_manifest,
+                               progress=progress)
 
 
 @task(name="evaluate", tags=[GPU_TAG], **RETRY)
 def evaluate(cfg: ExperimentConfig, data: stages.DataArtifact, model: stages.ModelArtifact, eval_id: str,
              checkpoint: str, *, in_process: bool = False, progress: Progress = SILENT) -> stages.EvalArtifact:
+    data, model = stages.here(data), stages.here(model)
     if in_process:
         with oom_says_what_to_lower("evaluate"):
             return stages.evaluate_stage(cfg, data, model, eval_id=eval_id, checkpoint=checkpoint, progress=progress)

@@ -151,6 +151,8 @@ SLOWEST_FIRST = (
     "tests/test_benchmarks.py::test_bench_engines_smoke",
     "tests/grpo/test_micro_batches.py",
     "tests/grpo/test_determinism_under_load.py",
+    "tests/grpo/test_multinode.py",                 # two torchrun "nodes": ZeRO-2/3 parity, a killed node's retry
+    "tests/flows/test_two_workers.py",              # a Prefect server, two workers, two pipelines and a reference
     "tests/artifact_store/test_secrets_all_flows.py",
     "tests/integration/test_stack_lifecycle.py",
     "tests/grpo/test_trainer_vllm.py",

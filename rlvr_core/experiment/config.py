@@ -369,6 +369,24 @@ class GRPOConfig(_Strict):
                                                   "[q_proj, v_proj]; None = every linear layer except the "
                                                   "output head (peft's 'all-linear')")
 
+    # ---- how the stage starts its ranks (docs/gpu.md, "Multi-node"); none of these changes the maths ----
+    launch: Literal["local", "torchrun"] = Field("local", description="local: the stage trains in its own process "
+                                                 "(or under whatever launcher started it). torchrun: the stage starts "
+                                                 "nnodes x nproc_per_node ranks with torch.distributed.run, waits for "
+                                                 "them, and stops the whole group when one node fails (a retry "
+                                                 "relaunches every node and resumes from the last checkpoint)")
+    nnodes: int = Field(1, ge=1, description="torchrun: nodes in the group (node 0 runs where the stage runs)")
+    nproc_per_node: int = Field(1, ge=1, description="torchrun: ranks per node (one per GPU)")
+    rdzv_endpoint: str = Field("127.0.0.1:0", description="torchrun: HOST:PORT of node 0's rendezvous store "
+                               "(--master_addr/--master_port), reachable from every node; port 0 picks a free "
+                               "port at launch (only for a group whose nodes all run on this host)")
+    node_command: str = Field("", description="torchrun: the prefix that starts node i >= 1 on its host, with "
+                              "{host} replaced by hosts[i-1], e.g. 'ssh {host}'; empty: every node runs on this "
+                              "host. The training folder must be on a disk every node sees (DeepSpeed checkpoints "
+                              "are written by every rank)")
+    hosts: list[str] = Field(default_factory=list, description="torchrun: the host of nodes 1..nnodes-1 for "
+                             "node_command's {host} (nnodes - 1 entries when node_command names {host})")
+
     @field_validator("health")
     @classmethod
     def _health_settings(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -418,6 +436,12 @@ class GRPOConfig(_Strict):
         if self.max_staleness and (self.dynamic_sampling or self.adaptive_sampling):
             raise ValueError("max_staleness > 0 cannot be combined with dynamic_sampling or adaptive_sampling: "
                              "those decide from verified rewards while sampling, and the ahead sampler only samples")
+        if "{host}" in self.node_command and len(self.hosts) != self.nnodes - 1:
+            raise ValueError(f"node_command names {{host}}, so hosts needs nnodes - 1 = {self.nnodes - 1} entries "
+                             f"(the hosts of nodes 1..{self.nnodes - 1}), got {len(self.hosts)}")
+        host, _, port = self.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"rdzv_endpoint must be HOST:PORT, got {self.rdzv_endpoint!r}")
         if self.adaptive_sampling and self.adaptive_max_samples < self.group_size:
             raise ValueError(f"adaptive_max_samples={self.adaptive_max_samples} is below group_size="
                              f"{self.group_size}, the first chunk: every prompt gets at least one chunk")

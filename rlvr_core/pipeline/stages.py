@@ -9,6 +9,7 @@ inputs (data, base model, pass-rate table) are content-addressed in the stage ca
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -39,7 +40,8 @@ from rlvr_core.core import hub
 from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark, split_problems
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.experiment.guard_coverage import guard_coverage
-from rlvr_core.pipeline.cache import cached_dir, mark_done, resumable_dir, resumable_path
+from rlvr_core.pipeline.cache import cached_dir, localize, mark_done, resumable_dir, resumable_path
+from rlvr_core.pipeline.launch import train_group
 from rlvr_core.records.tracking import StepMetricsSink
 from rlvr_core.sampling.models import model_hashes
 from rlvr_core.sampling.verified import sample_and_verify
@@ -59,6 +61,25 @@ SYNTHETIC_BENCHMARK_VERSION = "2"  # 2: 32 samples per problem (pass@k to 32); 1
 # that ran out of memory resumes from its checkpoint once they are lowered (the G-oom line, tasks/retry.py).
 GRPO_MEMORY_FIELDS = frozenset({"micro_batch_size", "max_tokens_per_micro_batch", "logprob_chunk_size",
                                 "gradient_checkpointing"})
+# How the stage starts its ranks (docs/gpu.md, "Multi-node"): N ranks train like one process, so these stay out of
+# the key too, and a run started on one node resumes on two (the change is recorded like the thread count).
+GRPO_LAUNCH_FIELDS = frozenset({"launch", "nnodes", "nproc_per_node", "rdzv_endpoint", "node_command", "hosts"})
+
+
+_PATH_FIELDS = frozenset({"path", "train_path", "test_path", "table_path", "samples_path", "steps_path", "folder"})
+
+
+def here(artifact):
+    """The artifact with every path it names on this worker: a path in another worker's stage cache becomes the
+    same folder in this one, fetched from the stage store (`rlvr_core.pipeline.cache.localize`)."""
+    changes = {}
+    for f in dataclasses.fields(artifact):
+        value = getattr(artifact, f.name)
+        if f.name in _PATH_FIELDS and isinstance(value, str):
+            changes[f.name] = localize(value)
+        elif dataclasses.is_dataclass(value):
+            changes[f.name] = here(value)
+    return dataclasses.replace(artifact, **changes) if changes else artifact
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -374,21 +395,20 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     there; finished runs with the same inputs are reused. The thread count and CPU instruction set
     (`numerics`) are recorded, not keyed: a retry on another host or at another thread count resumes
     instead of starting over, and says so (`_track_numerics`). So do the memory settings
-    (`GRPO_MEMORY_FIELDS`): a run that ran out of memory resumes with smaller micro-batches.
+    (`GRPO_MEMORY_FIELDS`): a run that ran out of memory resumes with smaller micro-batches; and so do the
+    launch settings (`GRPO_LAUNCH_FIELDS`): with `grpo.launch: torchrun` the training runs in a group of ranks
+    the stage starts (`rlvr_core.pipeline.launch.train_group`) instead of this process.
     """
-    from rlvr_core.grpo.trainer import train_grpo
-
     template_warnings = check_template_at_start(cfg, base.path, progress, "grpo")
     folder, done = resumable_dir("grpo", _train_key(cfg, base, curriculum))
     if not done:
-        memory = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS))
-        run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(memory.items())})
-        ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
-        with _live_metrics(cfg, mlflow_run_id) as on_step:
-            result = train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
-                                reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
-                                progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
-                                engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step,
+        recorded = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS | GRPO_LAUNCH_FIELDS))
+        run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(recorded.items())})
+        if cfg.grpo.launch == "torchrun":
+            result = train_group(cfg, data, base, curriculum, folder, progress, mlflow_run_id=mlflow_run_id,
+                                 base_eval=base_eval)
+        else:
+            result = train_here(cfg, data, base, curriculum, folder, progress, mlflow_run_id=mlflow_run_id,
                                 base_eval=base_eval)
         # The template it trained with travels to the export (G-prompt-mismatch: every evaluation compares).
         summary = {**result.summary, **run_numerics, "prompt_template": get_template(cfg.prompt.template).key,
@@ -397,13 +417,29 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
         final, steps_path = Path(result.final_model_dir), Path(result.steps_path)
         (folder / "result.json").write_text(json.dumps({"final_model_dir": str(final), "steps_path": str(steps_path)}))
         mark_done(folder)
-    paths = json.loads((folder / "result.json").read_text())
+    paths = {k: localize(v) for k, v in json.loads((folder / "result.json").read_text()).items()}
     final = Path(paths["final_model_dir"])
     mh, th = model_hashes(final)
     summary = json.loads((folder / "summary.json").read_text())
     progress("grpo", f"trained model {folder.name} ({'cached' if done else 'trained'})")
     return TrainArtifact(ModelArtifact(str(final), f"grpo-{folder.name}", mh, th, done), paths["steps_path"],
                          str(folder), done, summary)
+
+
+def train_here(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, curriculum: CurriculumArtifact,
+               folder: Path, progress: Progress = SILENT, *, mlflow_run_id: str | None = None,
+               base_eval: dict[str, float] | None = None):
+    """`train_grpo` into `folder` in this process: the whole stage (launch local) or one rank of a launched group
+    (every rank calls it with the same arguments; only rank 0 reports and writes files)."""
+    from rlvr_core.grpo.trainer import train_grpo
+
+    ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
+    with _live_metrics(cfg, mlflow_run_id) as on_step:
+        return train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
+                          reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
+                          progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
+                          engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step,
+                          base_eval=base_eval)
 
 
 def _eval_limits(cfg: ExperimentConfig) -> EvalLimits:
@@ -415,7 +451,7 @@ def _eval_limits(cfg: ExperimentConfig) -> EvalLimits:
 def _train_key(cfg: ExperimentConfig, base: ModelArtifact, curriculum: CurriculumArtifact) -> dict[str, Any]:
     """What names a training folder (see `train_stage`): every input that changes the trained weights."""
     return {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
-            "grpo": cfg.grpo.model_dump(mode="json", exclude=set(GRPO_MEMORY_FIELDS)),
+            "grpo": cfg.grpo.model_dump(mode="json", exclude=set(GRPO_MEMORY_FIELDS | GRPO_LAUNCH_FIELDS)),
             "template": get_template(cfg.prompt.template).key,
             "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
             "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),

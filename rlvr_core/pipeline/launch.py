@@ -1,0 +1,187 @@
+"""The training stage as a group of ranks: `grpo.launch: torchrun` (docs/gpu.md, "Multi-node").
+
+The stage process (`train_stage`) keeps what it always does (the folder keyed by the inputs, the recorded
+numerics, the summary and `.done`) and hands only the training itself to `train_group`: one
+`torch.distributed.run` per node (`--nnodes N --node_rank i --nproc_per_node K`, static rendezvous at
+`grpo.rdzv_endpoint`), every rank running `python -m rlvr_core.pipeline.rank REQUEST`, which calls
+`stages.train_here` with the same arguments (N ranks train like one process: rlvr_core/grpo/distributed.py).
+
+A group stands or falls together: when one node's process ends badly, the others are given a few seconds to
+report their own error and are then killed (each node is its own process group; its ranks stop when
+their agent is gone), and `GroupFailure` says which node failed and how. A node killed by a signal or a rank that lost its
+peers (a gloo/NCCL error) is transient: the retry relaunches every node and `train_grpo` resumes from the
+last checkpoint in the folder. A rank's own error (a guard, a bad input) is not. The request file holds no
+secret (sealed, `rlvr_core.experiment.secrets`); the values travel in the nodes' environment. Ranks stop
+when the stage process that launched them is gone, so no orphan keeps writing checkpoints a retry resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+from rlvr_core.core.progress import SILENT, Progress
+from rlvr_core.experiment.secrets import seal
+
+LAUNCH_DIR = "launch"
+FAILURES = "failures.jsonl"  # one line per failed attempt of the group, kept across retries
+# Variables a launcher sets; inherited from an outer launch they would confuse the nodes' own.
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
+               "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+GRACE_S = 5.0  # after one node fails: how long the others may take to report their own error
+# A rank's error that only says its peers went away (the real failure is elsewhere).
+_PEER_LOST = ("gloo", "nccl", "connection", "socket", "broken pipe", "timed out", "peer")
+
+
+class GroupFailure(RuntimeError):
+    """A launched training group failed. `transient`: a retry (which relaunches every node) can fix it."""
+
+    def __init__(self, message: str, *, transient: bool):
+        super().__init__(message)
+        self.transient = transient
+
+
+def node_commands(grpo, request: Path, port: int) -> list[list[str]]:
+    """The command of each node, node 0 first (it runs where the stage runs)."""
+    host = grpo.rdzv_endpoint.rpartition(":")[0]
+    cmds = []
+    for i in range(grpo.nnodes):
+        prefix = shlex.split(grpo.node_command.format(host=grpo.hosts[i - 1] if grpo.hosts else "")) if i else []
+        cmds.append(prefix + [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(grpo.nnodes),
+                              "--node_rank", str(i), "--nproc_per_node", str(grpo.nproc_per_node),
+                              "--master_addr", host, "--master_port", str(port),
+                              "-m", "rlvr_core.pipeline.rank", str(request)])
+    return cmds
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_group(cfg, data, base, curriculum, folder: Path, progress: Progress = SILENT, *,
+                mlflow_run_id: str | None = None, base_eval: dict[str, float] | None = None):
+    """Launch the group, wait for every node, return rank 0's `GRPOResult`; raise `GroupFailure` otherwise."""
+    import torch
+
+    from rlvr_core.grpo.trainer import GRPOResult
+
+    work = folder / LAUNCH_DIR
+    work.mkdir(parents=True, exist_ok=True)
+    for stale in work.iterdir():  # a previous attempt's reports must not be read as this one's
+        if stale.name != FAILURES:
+            stale.unlink()
+    request = {"config": cfg.resolved(), "data": asdict(data), "base": asdict(base),
+               "curriculum": asdict(curriculum), "folder": str(folder), "mlflow_run_id": mlflow_run_id,
+               "base_eval": base_eval, "threads": torch.get_num_threads(), "launcher_pid": os.getpid()}
+    sealed, secrets = seal(request)
+    req = work / "request.json"
+    with os.fdopen(os.open(req, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(json.dumps(sealed, default=str))
+    port = int(cfg.grpo.rdzv_endpoint.rpartition(":")[2]) or _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS} | secrets
+    env.update(OMP_NUM_THREADS=str(request["threads"]), TOKENIZERS_PARALLELISM="false")
+    g = cfg.grpo
+    progress("grpo", f"launching {g.nnodes} node(s) x {g.nproc_per_node} rank(s) (torchrun, rendezvous "
+                     f"{g.rdzv_endpoint.rpartition(':')[0]}:{port})")
+    procs = []
+    for i, cmd in enumerate(node_commands(g, req, port)):
+        out = None if i == 0 else open(work / f"node{i}.log", "w")  # node 0's lines join the stage's log
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                      start_new_session=True))
+        (work / f"node{i}.pid").write_text(str(procs[-1].pid))
+    _wait_group(procs, work)
+    out = json.loads((work / "result.json").read_text())
+    return GRPOResult(Path(out["final_model_dir"]), Path(out["steps_path"]), Path(out["checkpoints_dir"]),
+                      out["summary"], Path(out["rollouts_path"]) if out.get("rollouts_path") else None)
+
+
+def _wait_group(procs: list[subprocess.Popen], work: Path) -> None:
+    """Wait for every node; on the first failure stop the group and raise `GroupFailure`."""
+    failed: list[int] = []
+    try:
+        while any(p.poll() is None for p in procs) and not failed:
+            failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+            time.sleep(0.2)
+        failed = failed or [i for i, p in enumerate(procs) if p.returncode]
+        if failed:
+            _kill(procs[failed[0]])  # what is left of it; its ranks follow their agent (`stop_with_launcher`)
+            deadline = time.monotonic() + GRACE_S
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.2)
+    finally:
+        for p in procs:
+            _kill(p)
+    codes = [p.returncode for p in procs]
+    if not any(codes) and (work / "result.json").is_file():
+        return
+    err = _failure(codes, failed[0] if failed else 0, work)
+    with open(work / FAILURES, "a") as f:
+        f.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "exit_codes": codes,
+                            "transient": err.transient, "message": str(err).splitlines()[0]}) + "\n")
+    raise err
+
+
+def _kill(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    p.wait()
+
+
+def _failure(codes: list[int], first: int, work: Path) -> GroupFailure:
+    """Which node failed and why: a rank's own error first (it is the cause; its peers only lost it)."""
+    errors = [json.loads(p.read_text()) for p in sorted(work.glob("rank*.error.json"))]
+    own = [e for e in errors if not e["peer_lost"]]
+    how = f"signal {signal.Signals(-codes[first]).name}" if codes[first] < 0 else f"status {codes[first]}"
+    head = f"grpo: node {first} of {len(codes)} exited with {how}; the group was stopped (exit codes {codes})"
+    if not any(codes):
+        head = f"grpo: every node exited with status 0 but rank 0 wrote no result ({work / 'result.json'})"
+    if own:
+        e = own[0]
+        return GroupFailure(f"{head}\nrank {e['rank']}: {e['type']}: {e['message']}\n{e['traceback']}",
+                            transient=e["transient"])
+    return GroupFailure(f"{head}: a node was lost, transient (a retry relaunches every node and resumes from the "
+                        f"last checkpoint)", transient=True)
+
+
+# ---------------------------------------------------------------------------- what a rank uses (rank.py)
+def stop_with_launcher(pid: int) -> None:
+    """Exit when the stage process that launched the group is gone (a killed stage, a lost worker), or this
+    node's torchrun agent is (torchrun starts each rank in a session of its own, so killing the agent's
+    process group would leave the rank training on with its peers)."""
+    agent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(137)
+            if os.getppid() != agent:
+                os._exit(137)
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True, name="launcher-watch").start()
+
+
+def report_failure(work: Path, rank: int, exc: BaseException) -> None:
+    text = f"{type(exc).__name__}: {exc}".lower()
+    peer_lost = type(exc).__name__.startswith("Dist") or any(t in text for t in _PEER_LOST)
+    own_transient = type(exc).__name__ in ("ConnectionError", "TimeoutError")
+    (work / f"rank{rank}.error.json").write_text(json.dumps({
+        "rank": rank, "type": f"{type(exc).__module__}.{type(exc).__name__}", "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc))[-6000:], "peer_lost": peer_lost,
+        "transient": peer_lost or own_transient}))

@@ -1,0 +1,136 @@
+"""The training stage as a group of "nodes" (`grpo.launch: torchrun`, rlvr_core/pipeline/launch.py): two
+`torch.distributed.run --nnodes 2 --node_rank i --nproc_per_node 1` processes on 127.0.0.1 (static rendezvous
+on loopback, gloo), each the agent of one rank.
+
+* Under ZeRO-2 and ZeRO-3 the group's trained weights are one process's (same folder key, other home), within
+  the 1e-5 that test_trainer_distributed.py holds N ranks to.
+* SIGKILLing one node's agent fails the stage as transient (the Prefect retry rule's verdict); the real
+  `grpo-train` task's retry relaunches both nodes at another thread count, and they resume from the checkpoint:
+  every step once in steps.parquet, the thread change recorded from that step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from test_stage_resume import _inputs
+from test_trainer import _params
+
+from rlvr_core.experiment.config import parse_config
+from rlvr_core.pipeline import stages
+from rlvr_core.pipeline.launch import GroupFailure, node_commands
+from tasks.retry import is_transient
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+TWO_NODES = {"launch": "torchrun", "nnodes": 2, "nproc_per_node": 1, "rdzv_endpoint": "127.0.0.1:0"}
+
+
+def _with(cfg, **grpo):
+    d = cfg.resolved()
+    return parse_config({**d, "grpo": {**d["grpo"], **grpo}}, "<multinode test>")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", [2, 3])
+def test_two_nodes_train_like_one_process(tiny, rlvr_home, tmp_path, monkeypatch, zero):
+    cfg, data, base, cur = _inputs(tiny, tmp_path)
+    cfg = _with(cfg, steps=2, lr=1e-3, checkpoint_every=1, zero_stage=zero)
+    group = stages.train_stage(_with(cfg, **TWO_NODES), data, base, cur)
+    monkeypatch.setenv("RLVR_HOME", str(tmp_path / "one-process-home"))
+    one = stages.train_stage(cfg, data, base, cur)
+    # Same inputs, same key: the launch settings are recorded, not keyed.
+    assert Path(group.folder).name == Path(one.folder).name and group.folder != one.folder
+    assert group.summary["numerics"]["grpo.nnodes"] == 2 and one.summary["numerics"]["grpo.nnodes"] == 1
+    a, b = pq.read_table(one.steps_path).to_pylist(), pq.read_table(group.steps_path).to_pylist()
+    assert [r["step"] for r in b] == [1, 2]
+    for ra, rb in zip(a, b):
+        assert rb["reward_mean"] == ra["reward_mean"] and rb["n_tokens"] == ra["n_tokens"]
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5, abs=1e-5)
+    wa, wb = _params(one.model.path), _params(group.model.path)
+    diff = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    assert diff < 1e-5, f"ZeRO-{zero}: two nodes' weights differ from one process's by {diff}"
+    assert max(float(w.abs().max()) for w in (wa[k] - _params(base.path)[k] for k in wa)) > 1e-4  # it trained
+
+
+def test_node_commands_start_remote_nodes_through_the_prefix(tmp_path):
+    cfg = parse_config({"grpo": {**TWO_NODES, "nnodes": 3, "nproc_per_node": 8, "rdzv_endpoint": "10.0.0.5:29500",
+                                 "node_command": "ssh -o BatchMode=yes {host}", "hosts": ["gpu-b", "gpu-c"]}}, "<t>")
+    cmds = node_commands(cfg.grpo, tmp_path / "request.json", 29500)
+    assert cmds[0][1:4] == ["-m", "torch.distributed.run", "--nnodes"]  # node 0 runs here, no prefix
+    assert [c[:4] for c in cmds[1:]] == [["ssh", "-o", "BatchMode=yes", "gpu-b"], ["ssh", "-o", "BatchMode=yes", "gpu-c"]]
+    for i, c in enumerate(cmds):
+        flags = dict(zip(c[c.index("--nnodes"):-3:2], c[c.index("--nnodes") + 1:-3:2]))
+        assert flags == {"--nnodes": "3", "--node_rank": str(i), "--nproc_per_node": "8",
+                         "--master_addr": "10.0.0.5", "--master_port": "29500"}
+    with pytest.raises(ValueError, match="hosts needs nnodes - 1 = 2 entries"):
+        parse_config({"grpo": {**TWO_NODES, "nnodes": 3, "node_command": "ssh {host}", "hosts": ["a"]}}, "<t>")
+
+
+def _kill_node_one_after_a_checkpoint(home: Path, stop: threading.Event, killed: list) -> None:
+    """SIGKILL node 1's torchrun agent once the group has saved a checkpoint; the retry then gets 2 threads."""
+    while not stop.wait(0.05):
+        if list((home / "cache" / "grpo").glob("*/checkpoints/latest")):
+            [pid_file] = (home / "cache" / "grpo").glob("*/launch/node1.pid")
+            pid = int(pid_file.read_text())
+            os.environ["RLVR_STAGE_THREADS"] = "2"  # the retry's host has another thread count
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            return
+
+
+@pytest.mark.slow
+def test_a_killed_node_fails_the_stage_and_the_retry_resumes_both(tiny, rlvr_home, tmp_path, monkeypatch,
+                                                                   prefect_api):
+    from prefect import flow
+
+    from tasks import stages as t
+
+    steps = 20  # ~0.1 s each: the kill lands a few steps after the first checkpoint
+    cfg, data, base, cur = _inputs(tiny, tmp_path)
+    cfg = _with(cfg, steps=steps, lr=1e-3, checkpoint_every=2, zero_stage=2, **TWO_NODES)
+    monkeypatch.setenv("RLVR_STAGE_THREADS", "1")
+    counter = tmp_path / "memory.events"
+    counter.write_text("oom_kill 0\n")  # the kill below is a lost node, not the OOM killer
+    monkeypatch.setenv("RLVR_OOM_KILL_FILE", str(counter))
+    stop, killed = threading.Event(), []
+    threading.Thread(target=_kill_node_one_after_a_checkpoint, args=(rlvr_home, stop, killed), daemon=True).start()
+
+    @flow
+    def train_only():
+        return t.train(cfg, data, base, cur, return_state=True)
+
+    t0 = time.monotonic()
+    try:
+        state = train_only()
+    finally:
+        stop.set()
+    assert killed, "node 1 was never killed"
+    assert not psutil.pid_exists(killed[0]) or psutil.Process(killed[0]).status() == psutil.STATUS_ZOMBIE
+    trained = state.result()
+    summary = trained.summary
+    at = summary["resumed_from_step"]
+    assert 2 <= at < steps, at
+    assert [r["step"] for r in pq.read_table(trained.steps_path).to_pylist()] == list(range(1, steps + 1))
+    [change] = summary["numerics_changes"]
+    assert change["from_step"] == at
+    assert (change["before"]["torch_threads"], change["after"]["torch_threads"]) == (1, 2)
+    assert summary["numerics"]["grpo.nnodes"] == 2
+    [failure] = [json.loads(line) for line in (Path(trained.folder) / "launch" / "failures.jsonl").open()]
+    assert failure["message"].startswith("grpo: node 1 of 2 exited with signal SIGKILL"), failure
+    assert failure["transient"]
+    print(f"node 1 killed after step {at}; both relaunched and finished in {time.monotonic() - t0:.1f} s")
+
+
+def test_a_lost_node_is_transient_and_a_ranks_own_error_is_not():
+    lost = GroupFailure("grpo: node 1 of 2 exited with signal SIGKILL", transient=True)
+    guard = GroupFailure("grpo: node 0 of 2 exited with status 1\nrank 0: GuardError: ...", transient=False)
+    assert is_transient(lost) and not is_transient(guard)
