@@ -101,7 +101,13 @@ def write_version_file(folder: Path, version: int, weights: Iterable[tuple[str, 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"v{version:06d}.safetensors"
     tmp = folder / f".{path.name}.{os.getpid()}.tmp"
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights}
+    tensors, seen = {}, set()
+    for k, v in weights:
+        v = v.detach().to("cpu").contiguous()
+        if v.data_ptr() in seen:  # a tied weight (lm_head = embeddings): sent as its own copy (safetensors refuses
+            v = v.clone()         # shared storage); without it vLLM's CPU reload kept the old lm_head (measured)
+        seen.add(v.data_ptr())
+        tensors[k] = v
     save_file(tensors, str(tmp))
     os.replace(tmp, path)
     for old in folder.glob("v*.safetensors"):
