@@ -29,6 +29,7 @@ pushes each version over HTTP. An engine with `versioned = True` gets the versio
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -36,6 +37,7 @@ import torch
 
 from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.grpo.ahead import snapshot as _snapshot
+from rlvr_core.grpo.server_rollout import build_server_rollout_engine
 from rlvr_core.grpo.vllm_rollout import VLLMRolloutEngine
 from rlvr_core.sampling.base import SamplingEngine
 from rlvr_core.sampling.hf import HFEngine
@@ -128,10 +130,6 @@ def _server_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, engine_op
                         **_: Any) -> RolloutEngine:
     """`vllm serve` processes (server_rollout.py): engine_options holds `servers` or `launch`, `push_folder`
     (where the weight versions are written; the trainer puts it in its output folder) and the timeouts."""
-    import os
-
-    from rlvr_core.grpo.server_rollout import build_server_rollout_engine
-
     opts = dict(engine_options or {})
     out_dir = opts.pop("out_dir", None) or Path(opts.get("push_folder") or ".").parent
     return build_server_rollout_engine(base_model_dir=base_model_dir, tokenizer=tokenizer, out_dir=out_dir,

@@ -25,6 +25,7 @@ from rlvr_core.experiment.guards import GuardError
 from rlvr_core.grpo.vllm_rollout import _gathered, engine_weights
 from rlvr_core.sampling.base import Sample
 from rlvr_core.sampling.vllm_server import ServerError, VLLMServerEngine
+from rlvr_core.sampling.vllm_server_launch import launch_servers
 
 __all__ = ["VLLMServerRolloutEngine", "check_sample_versions", "GUARD_WEIGHT_PUSH"]
 
@@ -127,8 +128,6 @@ def build_server_rollout_engine(*, base_model_dir: str | Path, tokenizer: Any, o
         if rank != 0:
             raise ValueError("servers started by rlvr (sampling.server_launch) need one trainer process; "
                              "give several ranks sampling.servers")
-        from rlvr_core.sampling.vllm_server_launch import launch_servers
-
         opts = dict(launch)
         launched = launch_servers(base_model_dir, int(opts.pop("count", 1)), Path(out_dir) / "vllm-servers", **opts)
         servers = [s.url for s in launched]

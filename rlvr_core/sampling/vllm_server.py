@@ -16,7 +16,6 @@ batches them). No vLLM import here: the client needs only `requests` and the tok
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from typing import Iterable
 
 from rlvr_core.core.seeding import request_seed
 from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids, find_stop
+from rlvr_core.sampling.vllm import VLLMEngine, _eos_ids, to_vllm_sampling_kwargs
 
 __all__ = ["ServerError", "ServerClient", "VLLMServerEngine", "write_version_file", "PUSH_BACKEND"]
 
@@ -116,12 +116,6 @@ def write_version_file(folder: Path, version: int, weights: Iterable[tuple[str, 
     return path, path.stat().st_size
 
 
-def _eos_ids(model_dir: str | Path, tokenizer) -> list[int]:
-    from rlvr_core.sampling.vllm import _eos_ids as eos
-
-    return eos(model_dir, tokenizer)
-
-
 class VLLMServerEngine:
     """Sampling engine over `vllm serve` processes (see the module docstring).
 
@@ -172,8 +166,6 @@ class VLLMServerEngine:
 
     # ---- sampling --------------------------------------------------------------------------------------
     def _request_params(self, params: SamplingParams, seed: int) -> dict:
-        from rlvr_core.sampling.vllm import to_vllm_sampling_kwargs
-
         kw = to_vllm_sampling_kwargs(params, seed, self.eos_token_ids)
         kw["extra_args"] = {_NO_LOGPROB_TEXT: True}
         return kw
@@ -199,8 +191,6 @@ class VLLMServerEngine:
         return result
 
     def _to_sample(self, choice: dict, prompt_id: str, sample_index: int, seed: int, params: SamplingParams) -> Sample:
-        from rlvr_core.sampling.vllm import VLLMEngine
-
         reason = choice.get("finish_reason")
         if reason not in ("stop", "length"):
             raise ServerError(f"vLLM request {prompt_id!r}/{sample_index} finished with {reason!r}")

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlvr_core.sampling.vllm import _on_gpu
 from rlvr_core.sampling.vllm_server import PUSH_BACKEND, ServerClient
 
 __all__ = ["LaunchedServer", "launch_servers", "server_command"]
@@ -35,8 +36,6 @@ def _free_port() -> int:
 def server_command(model_dir: str | Path, port: int, *, dtype: str = "float32", kv_cache_bytes: int = 1 << 28,
                    seed: int = 0, extra_args: tuple[str, ...] = ()) -> list[str]:
     """The command line of one server (CPU settings unless a GPU is visible to it)."""
-    from rlvr_core.sampling.vllm import _on_gpu
-
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     max_len = min(int(cfg.get("max_position_embeddings") or 4096), 4096)
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
