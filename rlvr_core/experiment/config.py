@@ -147,6 +147,10 @@ class SamplingConfig(_Strict):
                                             "that does not answer within it ends the step with an error naming it")
     server_push_timeout_s: float = Field(120.0, gt=0, description="vllm-server: each call of a weight push (start, "
                                          "update, finish); a server that does not finish within it is an error")
+    server_push_backend: Literal["rlvr_file", "ipc"] = Field(
+        "rlvr_file", description="vllm-server: how weights reach the servers: rlvr_file = a safetensors file per "
+        "version in server_push_folder (CPU or GPU, any machine that sees the folder); ipc = vLLM's CUDA IPC "
+        "(servers on the trainer's GPU)")
     server_push_folder: str | None = Field(None, description="vllm-server: folder the trainer writes weight versions "
                                            "to and the servers read (a shared disk across machines); default: the "
                                            "GRPO run's own folder (weight_push/)")
@@ -185,7 +189,8 @@ class SamplingConfig(_Strict):
 
     def server_options(self) -> dict:
         """The vllm-server rollout engine's settings (rlvr_core/grpo/server_rollout.py)."""
-        opts = {"request_timeout_s": self.server_request_timeout_s, "push_timeout_s": self.server_push_timeout_s}
+        opts = {"request_timeout_s": self.server_request_timeout_s, "push_timeout_s": self.server_push_timeout_s,
+                "push_backend": self.server_push_backend}
         if self.servers:
             opts["servers"] = list(self.servers)
         else:

@@ -118,9 +118,10 @@ class VLLMServerRolloutEngine:
 def build_server_rollout_engine(*, base_model_dir: str | Path, tokenizer: Any, out_dir: str | Path, rank: int,
                                 servers: list[str] | None = None, launch: dict | None = None,
                                 request_timeout_s: float = 300.0, push_timeout_s: float = 120.0,
-                                push_folder: str | Path | None = None) -> VLLMServerRolloutEngine:
+                                push_folder: str | Path | None = None,
+                                push_backend: str = "rlvr_file") -> VLLMServerRolloutEngine:
     """The engine for a trainer: the given servers, or (rank 0 only) servers started here with `launch`
-    (`count`, `start_timeout_s`, `threads`, `kv_cache_bytes`, `dtype`)."""
+    (`count`, `start_timeout_s`, `threads`, `kv_cache_bytes`, `dtype`). push_backend: `rlvr_file` or `ipc`."""
     launched = []
     if not servers:
         if launch is None:
@@ -129,12 +130,14 @@ def build_server_rollout_engine(*, base_model_dir: str | Path, tokenizer: Any, o
             raise ValueError("servers started by rlvr (sampling.server_launch) need one trainer process; "
                              "give several ranks sampling.servers")
         opts = dict(launch)
-        launched = launch_servers(base_model_dir, int(opts.pop("count", 1)), Path(out_dir) / "vllm-servers", **opts)
+        launched = launch_servers(base_model_dir, int(opts.pop("count", 1)), Path(out_dir) / "vllm-servers",
+                                  push_backend=push_backend, **opts)
         servers = [s.url for s in launched]
     folder = Path(push_folder) if push_folder is not None else Path(out_dir) / "weight_push"
     try:
         engine = VLLMServerEngine(servers, base_model_dir, tokenizer=tokenizer, push_folder=folder,
-                                  request_timeout_s=request_timeout_s, push_timeout_s=push_timeout_s)
+                                  request_timeout_s=request_timeout_s, push_timeout_s=push_timeout_s,
+                                  push_backend=push_backend)
     except BaseException:
         for s in launched:
             s.stop()

@@ -30,6 +30,7 @@ from rlvr_core.sampling.vllm import VLLMEngine, _eos_ids, to_vllm_sampling_kwarg
 __all__ = ["ServerError", "ServerClient", "VLLMServerEngine", "write_version_file", "PUSH_BACKEND"]
 
 PUSH_BACKEND = "rlvr_file"
+PUSH_BACKENDS = ("rlvr_file", "ipc")  # ipc: vLLM's CUDA IPC backend, trainer and server on the same GPU
 _NO_LOGPROB_TEXT = "rlvr_no_logprob_text"
 
 
@@ -121,14 +122,20 @@ class VLLMServerEngine:
 
     servers: their URLs. model_dir: the served model's folder (tokenizer, generation config for the eos ids).
     push_folder: where weight versions are written for the servers to load (None: no pushes; the servers keep
-    what they loaded). max_concurrency: requests in flight at once, over all servers.
+    what they loaded). push_backend: the servers' --weight-transfer-config backend, `rlvr_file` or `ipc` (CUDA,
+    same GPU; the servers need VLLM_ALLOW_INSECURE_SERIALIZATION=1 for its handles over HTTP).
+    max_concurrency: requests in flight at once, over all servers.
     """
 
     name = "vllm-server"
 
     def __init__(self, servers: list[str], model_dir: str | Path, *, tokenizer=None, add_special_tokens: bool = True,
                  push_folder: str | Path | None = None, request_timeout_s: float = 300.0,
-                 push_timeout_s: float = 120.0, max_concurrency: int = 64, pad_token_id: int | None = None):
+                 push_timeout_s: float = 120.0, max_concurrency: int = 64, pad_token_id: int | None = None,
+                 push_backend: str = PUSH_BACKEND):
+        if push_backend not in PUSH_BACKENDS:
+            raise ValueError(f"unknown weight push backend {push_backend!r}; known: {list(PUSH_BACKENDS)}")
+        self.push_backend = push_backend
         if not servers:
             raise ValueError("vllm-server engine needs at least one server URL")
         if tokenizer is None:
@@ -152,9 +159,14 @@ class VLLMServerEngine:
     def push_weights(self, weights: Iterable[tuple[str, "object"]], version: int) -> float:
         """Write `version` and load it into every server (concurrently); seconds taken. A server that fails or
         does not answer within the push timeout raises ServerError naming it."""
+        t0 = time.perf_counter()
+        if self.push_backend == "ipc":
+            _push_ipc(self.clients, weights, version)
+            self.version = version
+            self.push_seconds.append(time.perf_counter() - t0)
+            return self.push_seconds[-1]
         if self.push_folder is None:
             raise RuntimeError("this vllm-server engine has no push folder: it cannot push weights")
-        t0 = time.perf_counter()
         path, nbytes = write_version_file(self.push_folder, version, weights)
         if not self._push_ready:
             list(self._pool.map(lambda c: c.init_push(self.push_folder), self.clients))
@@ -214,6 +226,39 @@ class VLLMServerEngine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _push_ipc(clients: list[ServerClient], weights, version: int) -> None:
+    """vLLM's own CUDA IPC trainer engine over its HTTP control client, one server at a time, then the version
+    label; the weights stay on this process's GPU and the server maps them (same GPU)."""
+    import requests
+    import torch
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+    pairs = [(k, v.detach().to("cuda").contiguous()) for k, v in weights]
+
+    class _Pairs(WeightSource):
+        def metadata(self):
+            return [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in pairs]
+
+        def __iter__(self):
+            return iter(pairs)
+
+    for c in clients:
+        try:
+            http = HTTPVLLMWeightSyncClient(c.url, timeout=c.push_timeout_s)
+            WeightTransferTrainerFactory.trainer_init(IPCTrainerInitInfo(rank=0), client=http,
+                                                      source=_Pairs()).send_weights()
+        except requests.RequestException as e:
+            raise ServerError(f"vLLM server {c.url}: ipc weight push failed ({type(e).__name__}: {e})") from None
+        c._call("POST", "/update_weight_version", c.push_timeout_s, {"new_version": str(version)})
+        if c.weight_version() != str(version):
+            raise ServerError(f"vLLM server {c.url}: reports weight version {c.weight_version()!r} after the push "
+                              f"of {version}")
+    torch.cuda.synchronize()
 
 
 def _version_of(choice: dict) -> int | None:

@@ -34,7 +34,8 @@ def _free_port() -> int:
 
 
 def server_command(model_dir: str | Path, port: int, *, dtype: str = "float32", kv_cache_bytes: int = 1 << 28,
-                   seed: int = 0, extra_args: tuple[str, ...] = ()) -> list[str]:
+                   seed: int = 0, push_backend: str = PUSH_BACKEND, gpu_memory_utilization: float = 0.3,
+                   extra_args: tuple[str, ...] = ()) -> list[str]:
     """The command line of one server (CPU settings unless a GPU is visible to it)."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     max_len = min(int(cfg.get("max_position_embeddings") or 4096), 4096)
@@ -42,8 +43,10 @@ def server_command(model_dir: str | Path, port: int, *, dtype: str = "float32", 
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_len),
            "--logprobs-mode", "raw_logprobs", "--seed", str(seed), "--enable-scale-out",
            "--worker-extension-cls", "rlvr_core.sampling.vllm_push.RlvrWeightPushExtension",
-           "--weight-transfer-config", json.dumps({"backend": PUSH_BACKEND})]
-    if not _on_gpu():
+           "--weight-transfer-config", json.dumps({"backend": push_backend})]
+    if _on_gpu():  # a share of the device: the trainer (and other servers) use the rest
+        cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+    else:
         cmd += ["--enforce-eager", "--kv-cache-memory-bytes", str(kv_cache_bytes), "--no-enable-chunked-prefill",
                 "--max-num-batched-tokens", str(max(4096, max_len))]
     return cmd + list(extra_args)
@@ -76,11 +79,13 @@ class LaunchedServer:
             self._log_file.close()
 
 
-def _server_env(threads: int) -> dict[str, str]:
+def _server_env(threads: int, ipc: bool) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(threads),
                TOKENIZERS_PARALLELISM="false")
+    if ipc:  # the ipc backend's CUDA handles travel pickled over HTTP (the server listens on loopback only)
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # not part of a trainer's world
         env.pop(k, None)
     return env
@@ -97,7 +102,8 @@ def launch_servers(model_dir: str | Path, count: int, log_dir: str | Path, *, st
         port = _free_port()
         log = log_dir / f"vllm-server-{i}.log"
         fh = open(log, "wb")
-        proc = subprocess.Popen(server_command(model_dir, port, **command_kw), env=_server_env(threads),
+        proc = subprocess.Popen(server_command(model_dir, port, **command_kw),
+                                env=_server_env(threads, command_kw.get("push_backend") == "ipc"),
                                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         servers.append(LaunchedServer(f"http://127.0.0.1:{port}", proc, log, fh))
     try:
