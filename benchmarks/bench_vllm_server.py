@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_grpo_vs_trl as peer  # noqa: E402  (base-model builder, rows, step summary)
 
-ARMS = ("vllm", "server-s0", "server-s1")
+SERVER_ARMS = ("server-s0", "server-s1")
 
 
 def run_child(a: argparse.Namespace) -> dict:
@@ -47,9 +47,10 @@ def run_child(a: argparse.Namespace) -> dict:
     rows = peer._load_rows()
     cfg = GRPOConfig(enabled=True, steps=a.warmup_steps + a.steps, prompts_per_step=a.prompts_per_step,
                      group_size=a.group_size, temperature=1.0, top_p=1.0, lr=5e-5, beta=0.0, loss_agg="token-mean",
-                     precision="fp32", zero_stage=2, max_staleness=1 if a.child == "server-s1" else 0,
+                     precision=a.precision, zero_stage=2, max_staleness=1 if a.child.startswith("server-s1") else 0,
                      checkpoint_every=10**6, eval_every=0)
-    engine, options = ("vllm", None) if a.child == "vllm" else ("vllm-server", {"servers": [a.server]})
+    engine, options = (("vllm", None) if a.child == "vllm" else
+                       ("vllm-server", {"servers": [a.server], "push_backend": a.push_backend}))
     res = train_grpo(a.base, rows, [r["id"] for r in rows], Path(a.child_work), cfg, template_id="qa",
                      reward=RewardConfig(verifier="gsm8k"), max_new_tokens=a.max_new_tokens, seed=0,
                      engine=engine, engine_options=options)
@@ -65,12 +66,13 @@ def run_child(a: argparse.Namespace) -> dict:
     return {"arm": a.child, "steps": steps}
 
 
-def _spawn(a: argparse.Namespace, arm: str, work: Path, server: str) -> dict:
+def _spawn(a: argparse.Namespace, arm: str, work: Path, server: str, backend: str = "rlvr_file") -> dict:
+    work.mkdir(parents=True, exist_ok=True)
     out = work / f"{arm}.json"
     env = {k: v for k, v in os.environ.items() if k not in peer.DIST_VARS}
     env.update(OMP_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, __file__, "--child", arm, "--child-out", str(out), "--child-work", str(work / arm),
-           "--server", server, "--base", a.base, "--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps),
+           "--server", server, "--push-backend", backend, "--precision", a.precision, "--base", a.base, "--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps),
            "--threads", str(a.threads), "--prompts-per-step", str(a.prompts_per_step),
            "--group-size", str(a.group_size), "--max-new-tokens", str(a.max_new_tokens)]
     with open(work / f"{arm}.log", "w") as log:
@@ -107,7 +109,11 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--child", choices=ARMS, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="trainer and engines")
+    ap.add_argument("--push-backends", default="rlvr_file", help="comma-separated: rlvr_file, ipc (GPU); one "
+                    "server per backend, each used by both server arms")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--push-backend", default="rlvr_file", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-work", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--server", default=None, help=argparse.SUPPRESS)
@@ -119,26 +125,32 @@ def main() -> None:
 
     peer._ensure_base(argparse.Namespace(base=a.base, threads=a.threads))
     work = Path(tempfile.mkdtemp(prefix="bench-vllm-server-"))
-    t0 = time.perf_counter()
-    server, = launch_servers(a.base, 1, work / "server", threads=a.server_threads, start_timeout_s=900)
-    print(f"server {server.url} healthy after {time.perf_counter() - t0:.1f}s", flush=True)
-    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    backends = a.push_backends.split(",")
+    runs: dict[str, list[dict]] = {"vllm": []}
     load0 = os.getloadavg()[0]
-    try:
-        for rnd in range(a.rounds):
-            for arm in ARMS:
-                res = _spawn(a, arm, work / f"round{rnd}", server.url)
-                runs[arm] += [s for s in res["steps"] if s["step"] > a.warmup_steps]
-    finally:
-        server.stop()
+    dtype = "bfloat16" if a.precision == "bf16" else "float32"
+    for backend in backends:
+        t0 = time.perf_counter()
+        server, = launch_servers(a.base, 1, work / f"server-{backend}", threads=a.server_threads,
+                                 start_timeout_s=900, push_backend=backend, dtype=dtype)
+        print(f"server {server.url} ({backend}) healthy after {time.perf_counter() - t0:.1f}s", flush=True)
+        try:
+            for rnd in range(a.rounds):
+                arms = (["vllm"] if backend == backends[0] else []) + list(SERVER_ARMS)
+                for arm in arms:
+                    name = arm if arm == "vllm" else f"{arm} {backend}"
+                    res = _spawn(a, arm, work / f"{backend}-round{rnd}", server.url, backend)
+                    runs.setdefault(name, []).extend(s for s in res["steps"] if s["step"] > a.warmup_steps)
+        finally:
+            server.stop()
     summ = {arm: peer._summarise(steps) for arm, steps in runs.items()}
     push = {arm: statistics.median(s["push_s"] for s in steps) for arm, steps in runs.items()}
     print(f"\n{a.warmup_steps} warm-up + {a.steps} measured steps x {a.rounds} round(s); P={a.prompts_per_step} "
           f"G={a.group_size} max_new_tokens={a.max_new_tokens}; trainer threads {a.threads}, server threads "
           f"{a.server_threads}; loadavg(1m) {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
     print(_table(summ, push))
-    versions = [(s["step"], s["version"]) for s in runs["server-s1"]]
-    print(f"server-s1 (step, weight version): {versions}")
+    for name in (n for n in runs if n.startswith("server-s1")):
+        print(f"{name} (step, weight version): {[(s['step'], s['version']) for s in runs[name]]}")
     if a.json:
         a.json.write_text(json.dumps({"runs": runs, "summary": summ, "push_s": push}, indent=1))
 
