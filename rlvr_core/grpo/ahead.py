@@ -150,7 +150,10 @@ class AheadSampler:
                 if weights is None:
                     return
                 if version != loaded:
-                    self.load(weights, version) if self.versioned_load else self.load(weights)
+                    if self.versioned_load:
+                        self.load(weights, version)
+                    else:
+                        self.load(weights)
                     loaded = version
                 t0 = time.perf_counter()
                 groups = self.sample(step)
