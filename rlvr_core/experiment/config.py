@@ -696,7 +696,9 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
         node = out
         *parents, leaf = dotted.split(".")
         for key in parents:
-            node = node.setdefault(key, {})
+            if node.get(key) is None:  # absent, or an optional section left null (sampling.server_launch)
+                node[key] = {}
+            node = node[key]
             if not isinstance(node, dict):
                 raise ConfigError("<overrides>", [(dotted, f"{key!r} is not a mapping")])
         node[leaf] = value
