@@ -225,7 +225,11 @@ class VLLMServerEngine:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def close(self) -> None:
+        """Stop the request threads and remove the last version file (a model's size; the servers loaded it)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.push_folder is not None and self.version is not None:
+            for f in self.push_folder.glob("v*.safetensors"):
+                f.unlink(missing_ok=True)
 
 
 def _push_ipc(clients: list[ServerClient], weights, version: int) -> None:
