@@ -197,6 +197,25 @@ def test_a_skipped_push_trips_the_weight_push_guard(vllm_server, tmp_path, monke
         _train_server(vllm_server, tmp_path / "run", max_staleness=staleness, dynamic_sampling=False)
 
 
+def test_ranks_that_do_not_push_wait_for_rank_0s_version_or_fail_naming_the_server(vllm_server, tmp_path):
+    """Under several ranks only rank 0 pushes; the others wait (bounded) until the servers report the version."""
+    from rlvr_core.grpo.server_rollout import VLLMServerRolloutEngine
+    from rlvr_core.sampling.vllm_server import ServerError
+
+    (model_dir, _, _), server = vllm_server
+    sender = VLLMServerRolloutEngine(_engine(server, model_dir, tmp_path / "a"), is_sender=True)
+    other = VLLMServerRolloutEngine(_engine(server, model_dir, tmp_path / "b"), is_sender=False, wait_timeout_s=2.0)
+    weights = {k: v.clone() for k, v in _perturbed(model_dir).state_dict().items()}
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=f"{server.url}: weight version 2001 not there within 2s"):
+        other.load(weights, 2001)  # nobody pushed 2001
+    assert 2.0 <= time.monotonic() - t0 < 10
+    sender.load(weights, 2001)
+    other.load(weights, 2001)      # now there: returns at once
+    assert other.version == sender.version == 2001
+    sender.close(), other.close()
+
+
 # ------------------------------------------------------------------------- last: this test kills the server
 def test_killing_the_server_during_a_push_is_an_error_naming_it(vllm_server, tmp_path):
     from rlvr_core.sampling.vllm_server import ServerClient, ServerError, write_version_file
