@@ -156,6 +156,7 @@ SLOWEST_FIRST = (
     "tests/artifact_store/test_secrets_all_flows.py",
     "tests/integration/test_stack_lifecycle.py",
     "tests/grpo/test_trainer_vllm.py",
+    "tests/grpo/test_vllm_server.py",               # one vllm serve (50-100 s to start), 4 short GRPO runs
     "tests/artifact_store/test_prefect_runs_layout.py",
     "tests/eval/test_demo_bar.py",
     "tests/verifiers/test_verifier_peers.py",

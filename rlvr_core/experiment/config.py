@@ -153,11 +153,34 @@ class PromptConfig(_Strict):
         return _one_of(v, known_templates(), "template")
 
 
+class ServerLaunchConfig(_Strict):
+    count: int = Field(1, ge=1, description="vllm serve processes to start on 127.0.0.1 (requests are spread over them)")
+    start_timeout_s: float = Field(600.0, gt=0, description="a server not healthy within this is an error naming it")
+    threads: int = Field(1, ge=1, description="CPU threads of each server (OMP_NUM_THREADS)")
+
+
 class SamplingConfig(_Strict):
-    engine: Literal["hf", "vllm"] = Field("hf", description="engine for every sampling stage (pass rates, GRPO rollouts, "
-                                          "evaluation): hf = transformers generate; vllm = an in-process vLLM engine "
-                                          "(the [vllm] extra on CUDA, [vllm-cpu] on CPU), which on the GPU is the "
-                                          "fast choice; same per-request seeds either way (docs/engines.md)")
+    engine: Literal["hf", "vllm", "vllm-server"] = Field(
+        "hf", description="engine for every sampling stage (pass rates, GRPO rollouts, evaluation): hf = transformers "
+        "generate; vllm = an in-process vLLM engine (the [vllm] extra on CUDA, [vllm-cpu] on CPU), which on the GPU "
+        "is the fast choice; vllm-server = GRPO rollouts over HTTP from vllm serve processes (sampling.servers or "
+        "sampling.server_launch) that rank 0 pushes every policy version into, while pass rates and evaluation "
+        "use the in-process vllm engine; same per-request seeds either way (docs/engines.md)")
+    servers: list[str] = Field(default_factory=list, description="vllm-server: URLs (http://host:port) of running "
+                               "vllm serve processes started as docs/engines.md says (weight-transfer backend rlvr_file)")
+    server_launch: ServerLaunchConfig | None = Field(None, description="vllm-server: start the servers on this machine "
+                                                     "instead of naming them in sampling.servers")
+    server_request_timeout_s: float = Field(300.0, gt=0, description="vllm-server: one generation request; a server "
+                                            "that does not answer within it ends the step with an error naming it")
+    server_push_timeout_s: float = Field(120.0, gt=0, description="vllm-server: each call of a weight push (start, "
+                                         "update, finish); a server that does not finish within it is an error")
+    server_push_backend: Literal["rlvr_file", "ipc"] = Field(
+        "rlvr_file", description="vllm-server: how weights reach the servers: rlvr_file = a safetensors file per "
+        "version in server_push_folder (CPU or GPU, any machine that sees the folder); ipc = vLLM's CUDA IPC "
+        "(servers on the trainer's GPU)")
+    server_push_folder: str | None = Field(None, description="vllm-server: folder the trainer writes weight versions "
+                                           "to and the servers read (a shared disk across machines); default: the "
+                                           "GRPO run's own folder (weight_push/)")
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vllm on a GPU: share of the device's "
                                                "memory vLLM may take (weights + KV cache); the rest is left to a "
                                                "colocated trainer. Ignored on CPU")
@@ -171,6 +194,37 @@ class SamplingConfig(_Strict):
     max_new_tokens: int = Field(48, ge=1, description="completion length cap (truncations are counted, G-truncation)")
     batch_size: int = Field(64, ge=1, description="sequences per generation batch")
     seed: int = Field(0, description="run seed; each request's seed is derived from it (G-fixed-seed)")
+
+    @field_validator("servers")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        bad = [u for u in v if not (u.startswith(("http://", "https://")) and u.split("://", 1)[1].strip("/"))]
+        if bad:
+            raise ValueError(f"server URLs must look like http://host:port, got {bad}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a server is listed twice in {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _servers_for_server_engine(self) -> "SamplingConfig":
+        if self.engine == "vllm-server" and bool(self.servers) == (self.server_launch is not None):
+            raise ValueError("engine vllm-server needs exactly one of servers (running vllm serve URLs) and "
+                             "server_launch (start them here)")
+        if self.engine != "vllm-server" and (self.servers or self.server_launch is not None):
+            raise ValueError(f"servers / server_launch are set but engine is {self.engine!r}, not vllm-server")
+        return self
+
+    def server_options(self) -> dict:
+        """The vllm-server rollout engine's settings (rlvr_core/grpo/server_rollout.py)."""
+        opts = {"request_timeout_s": self.server_request_timeout_s, "push_timeout_s": self.server_push_timeout_s,
+                "push_backend": self.server_push_backend}
+        if self.servers:
+            opts["servers"] = list(self.servers)
+        else:
+            opts["launch"] = self.server_launch.model_dump()
+        if self.server_push_folder:
+            opts["push_folder"] = self.server_push_folder
+        return opts
 
 
 class PassKConfig(_Strict):
@@ -693,7 +747,9 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
         node = out
         *parents, leaf = dotted.split(".")
         for key in parents:
-            node = node.setdefault(key, {})
+            if node.get(key) is None:  # absent, or an optional section left null (sampling.server_launch)
+                node[key] = {}
+            node = node[key]
             if not isinstance(node, dict):
                 raise ConfigError("<overrides>", [(dotted, f"{key!r} is not a mapping")])
         node[leaf] = value

@@ -24,13 +24,14 @@ ACTIVE, NEEDS = "active", "needs "
 GUARDS = ("G-logprob-temp", "G-pad-mask", "G-fixed-seed", "G-chat-template", "G-verifier-format",
           "G-prompt-mismatch", "G-id-mismatch", "G-partial-batch", "G-verifier-hang", "G-verifier-error",
           "G-truncation", "G-stop-seq", "G-stale-buffer", "G-onpolicy-ratio", "G-kl-explosion", "G-collapse",
-          "G-entropy", "G-oom", "G-lost-ckpt", "G-eval-parallel", "G-no-eval", "G-small-eval", "G-reward-hacking")
+          "G-entropy", "G-oom", "G-lost-ckpt", "G-eval-parallel", "G-no-eval", "G-small-eval", "G-reward-hacking",
+          "G-weight-push")
 
 # Guards that watch GRPO training: without training there is nothing for them to watch. (G-verifier-hang's
 # pool guards the pass-rate stage too.)
 _TRAINING = {"G-logprob-temp", "G-fixed-seed", "G-verifier-format", "G-stale-buffer",
              "G-onpolicy-ratio", "G-kl-explosion", "G-collapse", "G-entropy", "G-lost-ckpt", "G-no-eval",
-             "G-reward-hacking", "G-partial-batch"}
+             "G-reward-hacking", "G-partial-batch", "G-weight-push"}
 
 
 def _enabled(health: HealthConfig, guard: str) -> str | None:
@@ -84,6 +85,13 @@ def _id_mismatch(cfg: ExperimentConfig, health: HealthConfig) -> str:
     return ACTIVE if tol == 0 else f"{ACTIVE}: up to {tol:g} unmatched ids tolerated (curriculum.id_tolerance)"
 
 
+def _weight_push(cfg: ExperimentConfig, health: HealthConfig) -> str:
+    if cfg.sampling.engine == "vllm-server":
+        return ACTIVE
+    return (f"{ACTIVE}: nothing to push (engine {cfg.sampling.engine} samples in the trainer's process; a missed "
+            "in-process sync shows as G-onpolicy-ratio)")
+
+
 def _stop_seq(cfg: ExperimentConfig, health: HealthConfig) -> str:
     t = get_template(cfg.prompt.template)
     if t.kind == "base" and not t.stop:
@@ -94,7 +102,7 @@ def _stop_seq(cfg: ExperimentConfig, health: HealthConfig) -> str:
 _RULES: dict[str, Callable[[ExperimentConfig, HealthConfig], str]] = {
     "G-kl-explosion": _kl_explosion, "G-entropy": _entropy, "G-no-eval": _no_eval,
     "G-reward-hacking": _reward_hacking, "G-verifier-hang": _verifier_hang, "G-id-mismatch": _id_mismatch,
-    "G-stop-seq": _stop_seq,
+    "G-stop-seq": _stop_seq, "G-weight-push": _weight_push,
 }
 _DETECTOR_OF = {GUARD_COLLAPSE: GUARD_COLLAPSE, GUARD_ENTROPY: GUARD_ENTROPY,
                 GUARD_REWARD_HACKING: GUARD_REWARD_HACKING, GUARD_KL_EXPLOSION: GUARD_KL_EXPLOSION}

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from rlvr_core.experiment.guards import GuardError
 from rlvr_core.grpo.sampling_strategies import BoundedBuffer, BufferClosed
 
 __all__ = ["AheadBatch", "AheadSampler", "AHEAD_TIMEOUT_S", "snapshot"]
@@ -56,16 +57,18 @@ class AheadSampler:
 
     load: load(weights) puts one published version (a dict of tensors, as `publish` received it) into the
         sampler, in the thread; called only when the version changes (the HF engine: load_state_dict into its
-        own copy of the model; a vLLM engine: load_weights).
+        own copy of the model; a vLLM engine: load_weights). With versioned_load, load(weights, version).
     sample: sample(step) -> groups, run in the thread after `load` gave the sampler that step's version.
     """
 
     def __init__(self, load: Callable[[dict[str, torch.Tensor]], Any], sample: Callable[[int], Any], *,
-                 first_step: int, last_step: int, max_staleness: int, timeout_s: float = AHEAD_TIMEOUT_S) -> None:
+                 first_step: int, last_step: int, max_staleness: int, timeout_s: float = AHEAD_TIMEOUT_S,
+                 versioned_load: bool = False) -> None:
         if max_staleness < 1:
             raise ValueError(f"max_staleness must be >= 1 for sampling ahead, got {max_staleness}")
         self.load, self.sample, self.s = load, sample, max_staleness
         self.first_step, self.last_step, self.timeout_s = first_step, last_step, timeout_s
+        self.versioned_load = versioned_load
         self.buffer: BoundedBuffer[AheadBatch] = BoundedBuffer(max_staleness + 1, max_staleness=max_staleness)
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self._cond = threading.Condition()
@@ -105,6 +108,8 @@ class AheadSampler:
             # record why, so the trainer hears the cause rather than "buffer empty".
             if self._thread.is_alive():
                 self._thread.join(timeout=ERROR_GRACE_S)
+            if isinstance(self._error, GuardError):  # a guard in the producer stops the run as in the trainer
+                raise self._error
             if self._error is not None:
                 raise RuntimeError(f"the ahead sampler failed before step {step + 1}: {self._error!r}") from self._error
             raise RuntimeError(f"no rollout batch for step {step + 1}: {e}") from e
@@ -145,7 +150,10 @@ class AheadSampler:
                 if weights is None:
                     return
                 if version != loaded:
-                    self.load(weights)
+                    if self.versioned_load:
+                        self.load(weights, version)
+                    else:
+                        self.load(weights)
                     loaded = version
                 t0 = time.perf_counter()
                 groups = self.sample(step)

@@ -22,10 +22,14 @@ got back:
 Engines are registered by name in `_BUILDERS`; `train_grpo(..., engine="hf")` picks one. "hf" is
 `HFRolloutEngine`: transformers generate on the trainer's own module. "vllm" is `VLLMRolloutEngine`
 (vllm_rollout.py): an in-process vLLM engine per rank into which `sync`/`load` push the weights.
+"vllm-server" is `VLLMServerRolloutEngine` (server_rollout.py): `vllm serve` processes into which rank 0
+pushes each version over HTTP. An engine with `versioned = True` gets the version number too:
+`sync(module, version)` and `load(weights, version)`.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -33,6 +37,7 @@ import torch
 
 from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.grpo.ahead import snapshot as _snapshot
+from rlvr_core.grpo.server_rollout import build_server_rollout_engine
 from rlvr_core.grpo.vllm_rollout import VLLMRolloutEngine
 from rlvr_core.sampling.base import SamplingEngine
 from rlvr_core.sampling.hf import HFEngine
@@ -121,10 +126,21 @@ def _vllm_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, cfg: GRPOCo
     return VLLMRolloutEngine(base_model_dir, tokenizer, **options)
 
 
+def _server_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, engine_options: dict | None = None,
+                        **_: Any) -> RolloutEngine:
+    """`vllm serve` processes (server_rollout.py): engine_options holds `servers` or `launch`, `push_folder`
+    (where the weight versions are written; the trainer puts it in its output folder) and the timeouts."""
+    opts = dict(engine_options or {})
+    out_dir = opts.pop("out_dir", None) or Path(opts.get("push_folder") or ".").parent
+    return build_server_rollout_engine(base_model_dir=base_model_dir, tokenizer=tokenizer, out_dir=out_dir,
+                                       rank=int(os.environ.get("RANK", "0")), **opts)
+
+
 # name -> builder(**make_rollout_engine's keyword arguments) -> RolloutEngine
 _BUILDERS: dict[str, Callable[..., RolloutEngine]] = {
     "hf": HFRolloutEngine.for_trainer,
     "vllm": _vllm_for_trainer,
+    "vllm-server": _server_for_trainer,
 }
 
 

@@ -175,8 +175,11 @@ class RolloutCollector:
     # ---- one step ---------------------------------------------------------------------------------
     def collect(self, step: int, data_pos: int) -> RolloutBatch:
         t0 = time.perf_counter()
-        if self.ahead is None:
-            self.engine.sync(self.weights())  # ZeRO-3: refresh the sampling copy before it samples
+        if self.ahead is None:  # ZeRO-3: refresh the sampling copy before it samples
+            if getattr(self.engine, "versioned", False):
+                self.engine.sync(self.weights(), version=step)
+            else:
+                self.engine.sync(self.weights())
         P, epoch = self.P, data_pos // self.L
         max_rounds = self.cfg.dynamic_sampling_max_rounds if self.cfg.dynamic_sampling else 1
         local: dict[int, RolloutGroup] = {}
@@ -301,7 +304,8 @@ class RolloutCollector:
         first_step). It loads versions into the rollout engine (`engine.load`)."""
         self._first_pos, self._first_step = data_pos, first_step
         ahead = AheadSampler(self.engine.load, self._sample_ahead, first_step=first_step, last_step=last_step,
-                             max_staleness=self.cfg.max_staleness)
+                             max_staleness=self.cfg.max_staleness,
+                             versioned_load=getattr(self.engine, "versioned", False))
         for v in sorted(saved):  # a resume: the versions before it, then its own
             ahead.publish(int(v), saved[v])
         ahead.publish(first_step, current)

@@ -310,6 +310,8 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
     state = resume(policy.engine, out_dir, cfg, policy.device, is_main=dp.is_main)
     if state.resumed_from is not None:
         say(f"resumed from {state.resumed_from} at step {state.start_step}")
+    if engine == "vllm-server":  # the weight versions and started servers' logs go into the run's folder
+        engine_options = {"out_dir": out_dir, **(engine_options or {})}
     rollout_engine = make_rollout_engine(engine, base_model_dir=base_model_dir, tokenizer=tok, cfg=cfg,
                                          device=policy.device, seed=seed, policy=policy.module,
                                          replica=policy.replica,

@@ -261,7 +261,7 @@ def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtif
                           max_new_tokens=cfg.sampling.max_new_tokens)
     key = {"stage": PASSRATE_STAGE_VERSION, "data": rows_sha256(rows), "model": model.model_hash,
            "tokenizer": model.tokenizer_hash, "template": get_template(cfg.prompt.template).key,
-           "dtype": cfg.model.dtype, "engine": cfg.sampling.engine, "numerics": numerics(),
+           "dtype": cfg.model.dtype, "engine": _run_settings(cfg).engine, "numerics": numerics(),
            "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),
            **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")}}
 
@@ -361,10 +361,17 @@ class TrainArtifact:
 def _vllm_options(cfg: ExperimentConfig) -> dict | None:
     """vLLM engine settings from `sampling` (memory share or KV cache size; the tensor-parallel size travels
     separately: in `RunSettings` for evaluation, and GRPO runs one engine per rank). None for hf."""
-    if cfg.sampling.engine != "vllm":
+    if cfg.sampling.engine not in ("vllm", "vllm-server"):
         return None
 
     return llm_options(cfg.sampling, tensor_parallel=False)
+
+
+def _rollout_options(cfg: ExperimentConfig) -> dict | None:
+    """The GRPO rollout engine's settings: the servers and timeouts for vllm-server, else `_vllm_options`."""
+    if cfg.sampling.engine == "vllm-server":
+        return cfg.sampling.server_options()
+    return _vllm_options(cfg)
 
 
 @contextlib.contextmanager
@@ -438,7 +445,7 @@ def train_here(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, c
         return train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
                           reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
                           progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
-                          engine=cfg.sampling.engine, engine_options=_vllm_options(cfg), on_step=on_step,
+                          engine=cfg.sampling.engine, engine_options=_rollout_options(cfg), on_step=on_step,
                           base_eval=base_eval)
 
 
@@ -698,8 +705,10 @@ def held_out_problems(cfg: ExperimentConfig, data: DataArtifact, spec) -> list[d
 
 
 def _run_settings(cfg: ExperimentConfig, engine: str | None = None):
-    """How a sampling stage produces completions: `sampling.engine` unless told otherwise."""
+    """How a sampling stage produces completions: `sampling.engine` unless told otherwise (vllm-server serves
+    GRPO rollouts; pass rates and evaluation then run on the in-process vllm engine)."""
     engine = engine or cfg.sampling.engine
+    engine = "vllm" if engine == "vllm-server" else engine
     tp = cfg.sampling.vllm_tensor_parallel_size if engine == "vllm" else 1
     return RunSettings(engine=engine, dtype=cfg.model.dtype, batch_size=cfg.sampling.batch_size, tensor_parallel=tp,
                        verifier_workers=cfg.eval.verifier_workers, verifier_timeout_s=cfg.eval.verifier_timeout_s)

@@ -74,6 +74,8 @@ class Sample:
         log_softmax(logits)[token] at temperature 1, before temperature, top-k or top-p processing. This
         is what a trainer's forward pass over prompt + token_ids gives, whatever temperature sampled it.
     seed: the per-request seed that produced this sample.
+    weight_version: the policy version (optimizer steps) whose weights sampled it, where the engine reports
+        one (`vllm-server`); None otherwise.
     """
 
     prompt_id: str
@@ -83,6 +85,7 @@ class Sample:
     finish_reason: Literal["stop", "length"]
     logprobs: list[float]
     seed: int
+    weight_version: int | None = None
 
 
 @runtime_checkable

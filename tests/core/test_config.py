@@ -216,3 +216,24 @@ def test_template_kind_must_match_model_kind(tmp_path):
     ok = parse_config({"model": {"kind": "chat"}, "prompt": {"allow_kind_mismatch": True}})
     assert ok.prompt.allow_kind_mismatch and ok.model.kind == "chat"
     assert ExperimentConfig().prompt.allow_kind_mismatch is False
+
+
+def test_vllm_server_settings_are_checked_before_any_work(tmp_path):
+    ok = parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://127.0.0.1:8000"],
+                                    "server_push_timeout_s": 30}})
+    assert ok.sampling.server_options() == {"servers": ["http://127.0.0.1:8000"], "request_timeout_s": 300.0,
+                                            "push_timeout_s": 30.0, "push_backend": "rlvr_file"}
+    launched = parse_config({"sampling": {"engine": "vllm-server", "server_launch": {"count": 2}}})
+    assert launched.sampling.server_options()["launch"] == {"count": 2, "start_timeout_s": 600.0, "threads": 1}
+    for bad, where in [({"engine": "vllm-server"}, "exactly one of servers"),
+                       ({"engine": "vllm-server", "servers": ["http://a:1"], "server_launch": {}}, "exactly one"),
+                       ({"engine": "vllm", "servers": ["http://a:1"]}, "not vllm-server"),
+                       ({"engine": "vllm-server", "servers": ["127.0.0.1:8000"]}, "http://host:port"),
+                       ({"engine": "vllm-server", "servers": ["http://a:1", "http://a:1"]}, "listed twice"),
+                       ({"engine": "vllm-server", "server_launch": {"count": 0}}, "greater than or equal to 1"),
+                       ({"engine": "vllm-server", "servers": ["http://a:1"], "server_push_timeout_s": 0}, "greater than 0"),
+                       ({"engine": "vllm-server", "servers": ["http://a:1"], "server_push_backend": "nccl"}, "rlvr_file")]:
+        p = write(tmp_path, yaml.safe_dump({"sampling": bad}))
+        with pytest.raises(ConfigError, match=where) as e:
+            load_config(p)
+        assert str(p) in str(e.value) and "sampling" in str(e.value)

@@ -44,3 +44,14 @@ def test_cli_and_pipeline_blame_the_override(tmp_path, monkeypatch):
     assert f"  {DEMO}: grpo.lrr" not in res.output
     with pytest.raises(ConfigError, match=r"override grpo.lrr=1 \(applied to .*configs/demo.yaml\)"):
         resolve_config("configs/demo.yaml", {"grpo.lrr": 1})
+
+
+def test_an_override_fills_an_optional_section_left_null():
+    from rlvr_core.experiment.config import apply_overrides, demo_config, parse_config
+
+    data = demo_config().model_dump(mode="json")
+    assert data["sampling"]["server_launch"] is None
+    cfg = parse_config(apply_overrides(data, {"sampling.engine": "vllm-server", "sampling.server_launch.count": 2}))
+    assert cfg.sampling.server_launch.count == 2
+    with pytest.raises(ConfigError, match="'engine' is not a mapping"):
+        apply_overrides(data, {"sampling.engine.x": 1})

