@@ -336,6 +336,17 @@ _PIVOT_COLUMNS = ("benchmark", "n_seeds", "mean", "sd", "ci_low", "ci_high", "ci
                   "trial_ids", "n_problems")
 
 
+def pivot_metric_key(sw: Sweep) -> str:
+    """The MLflow metric on each trial run that the pivot averages: the trained checkpoint's evaluation
+    (`eval/<benchmark>/trained/<metric>`), or the base model's (`eval/<benchmark>/<metric>`) in a sweep that
+    does not train (flows/pipeline.py logs both shapes)."""
+    from rlvr_core.pipeline.stages import held_out_spec
+    from rlvr_core.records.tracking import metric_key
+
+    cfg = parse_config(sw.trials[0].config, sw.source)
+    return metric_key("eval", held_out_spec(cfg).name, *(("trained",) if cfg.grpo.enabled else ()), sw.spec.metric)
+
+
 def sweep_pivot(sweep_id: str, swept_keys: list[str], metric: str = "accuracy_greedy",
                 path: str | Path | None = None) -> list[dict[str, Any]]:
     """One row per cell of the sweep (and benchmark): the swept values, then the mean of `metric` over the
