@@ -179,12 +179,13 @@ def sweep_view_id(sweep_id: str) -> str:
 
 
 def _save_sweep_view(sw: Sweep, sweep_id: str, tracker: Tracker) -> None:
-    """The sweep's saved MLflow view: its trials only (no sweep parent, no stage runs), the pivot metric's chart
-    first (a bar per trial), then the training curves; the pivot metric is also the experiment's primary metric."""
+    """The sweep's saved MLflow view: its trials (no stage runs) grouped by the swept params, so each chart draws a
+    cell's mean over seeds; the pivot metric's chart first (a bar per cell: the pivot), then the training curves.
+    The pivot metric is also the experiment's primary metric."""
     key = pivot_metric_key(sw)
     tracker.set_primary_metric(key)
     tracker.save_view(sweep_view_id(sweep_id), saved_view(
-        f"sweep {sweep_id}: {sw.spec.metric}", n_runs=len(sw.trials),
+        f"sweep {sweep_id}: {sw.spec.metric}", n_runs=len(sw.trials), group_by=sw.swept_keys,
         search_filter=f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'",
         sections={f"Sweep pivot: {sw.spec.metric}": ("BAR", [key]),
                   "Training curves": ("LINE", list(TRAINING_CURVES))}))

@@ -250,16 +250,21 @@ def _chart(kind: str, key: str, section: str, n_runs: int) -> dict[str, Any]:
 
 
 def saved_view(name: str, *, search_filter: str, sections: dict[str, tuple[str, list[str]]], n_runs: int = 10,
-               now_ms: int | None = None) -> str:
+               group_by: list[str] | None = None, now_ms: int | None = None) -> str:
     """The tag value of a saved runs view (`VIEW_TAG_PREFIX`): MLflow's envelope {name, createdAt, updatedAt,
     state}, the state a JSON string of the runs page's settings. `sections`: {section title: (chart kind,
     metric keys)} in the order shown; the UI adds every other metric in sections after them, and hides empty
-    charts. `n_runs`: how many runs each chart draws."""
+    charts. `n_runs`: how many runs each chart draws. `group_by`: params whose values group the runs (the
+    table then lists one row per group, not nested under parents, and each chart draws a group's mean)."""
     charts = [_chart(kind, key, title, n_runs) for title, (kind, keys) in sections.items() for key in keys]
     state = {"searchFilter": search_filter, "compareRunCharts": charts, "isAccordionReordered": True,
              "compareRunSections": [{"uuid": t, "name": t, "display": True, "isReordered": True, "deleted": False,
                                      "isGenerated": False} for t in sections],
              "hideEmptyCharts": True, "runsHiddenMode": "FIRST_20_RUNS" if n_runs > 10 else "FIRST_10_RUNS"}
+    if group_by:
+        state.update(groupBy={"aggregateFunction": "average",
+                              "groupByKeys": [{"mode": "param", "groupByData": k} for k in group_by]},
+                     useGroupedValuesInCharts=True)
     stamp = int(time.time() * 1000) if now_ms is None else now_ms
     return json.dumps({"name": name, "createdAt": stamp, "updatedAt": stamp, "state": json.dumps(state)})
 

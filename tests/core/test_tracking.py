@@ -325,6 +325,9 @@ def test_a_sweep_view_lists_its_trials_with_the_pivot_metric_first(tracker):
     assert (first["type"], first["metricKey"]) == ("BAR", "eval/synthetic/trained/accuracy_greedy")
     assert first["runsCountToCompare"] == 12 and state["compareRunSections"][0]["uuid"] == first["metricSectionId"]
     assert state["isAccordionReordered"] is True  # the UI keeps this order instead of sorting sections by name
+    # Grouped by the swept params (params on every trial run), so a bar is a cell's mean over its seeds.
+    assert state["groupBy"] == {"aggregateFunction": "average", "groupByKeys": [
+        {"mode": "param", "groupByData": "grpo.loss_agg"}, {"mode": "param", "groupByData": "grpo.lr"}]}
     exp_tags = tracker.client.get_experiment(tracker.experiment_id).tags
     assert exp_tags[PRIMARY_METRIC_TAG] == "eval/synthetic/trained/accuracy_greedy"
 
