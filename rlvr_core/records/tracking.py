@@ -572,8 +572,9 @@ class Tracker:
 
     def view_url(self, view_id: str = RUNS_VIEW_ID, charts: bool = True) -> str:
         """The experiment's runs page in a saved view (`save_view`), as charts or as the table; no credentials."""
-        return self._ui_path("/runs", f"&viewStateShareKey={quote(view_id)}&compareRunsMode="
-                                      + ("CHART" if charts else "TABLE"))
+        url = self._ui_path("/runs", f"&viewStateShareKey={quote(view_id)}&compareRunsMode="
+                                     + ("CHART" if charts else "TABLE"))
+        return url.replace("#/", "/#/", 1) if url.startswith(("http://", "https://")) and "/#/" not in url else url
 
     def compare_url(self, run_ids: list[str]) -> str:
         """MLflow's compare view of these runs (params side by side, parallel coordinates); no credentials."""

@@ -300,7 +300,7 @@ def test_the_runs_view_lists_every_run_but_the_stage_runs(tracker):
     assert _view_state(tracker, RUNS_VIEW_ID)["searchFilter"] == ""
     served = Tracker(tracker.experiment)
     served.tracking_uri = "http://u:pw@127.0.0.1:5000"
-    assert served.view_url() == (f"http://127.0.0.1:5000#/experiments/{tracker.experiment_id}/runs"
+    assert served.view_url() == (f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
                                  "?workflowType=machine_learning&viewStateShareKey=rlvr-runs&compareRunsMode=CHART")
 
 
