@@ -218,17 +218,20 @@ def test_the_sweep_in_a_browser(stack):
         pg.get_by_text(parent.info.run_name).first.wait_for(timeout=90_000)
         assert pg.get_by_text("rlvr: runs (no stage runs)").count() >= 1  # MLflow lists the saved view by name
         screenshot(pg, "mlflow_sweep_runs.png")
+        # Each link in a page of its own, as a person opens it from the terminal.
+        pg = pg.context.browser.new_page(viewport={"width": 1600, "height": 1000})
         pg.goto(tracker.view_url(f"sweep-{parent.data.tags['sweep_id']}"))  # the link `rlvr sweep run` prints
         pg.get_by_text("Sweep pivot: accuracy_greedy").first.wait_for(timeout=90_000)
         pg.get_by_text("train/reward_mean").first.wait_for(timeout=90_000)  # a chart, drawn from the trials' curves
         for n in names:  # one group per cell, each with its seeds
-            assert pg.get_by_text(n).count() >= 1, n
+            pg.get_by_text(n).first.wait_for(timeout=30_000)
         screenshot(pg, "mlflow_sweep_compare.png")
         trial = next(c for c in children if c.data.tags["trial_id"] == "t00")
+        pg = pg.context.browser.new_page(viewport={"width": 1600, "height": 1000})
         pg.goto(tracker.run_url(trial.info.run_id).replace(f"/runs/{trial.info.run_id}",
                                                            f"/runs/{trial.info.run_id}/model-metrics"))
         pg.get_by_placeholder("Search metric charts").fill("train/")  # the run's own training curves
-        pg.get_by_text("reward_mean").first.wait_for(timeout=90_000)
+        pg.get_by_text("completion_len_mean", exact=True).first.wait_for(timeout=90_000)
         screenshot(pg, "mlflow_trial_curves.png")
         # Our pages in a page of their own: MLflow's UI logs its own 404s (a telemetry worker), not ours to judge.
         own: list[str] = []
