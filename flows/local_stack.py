@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -36,6 +37,8 @@ import urllib.request
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFECT_FILE = ROOT / "infra" / "prefect" / "prefect.yaml"
@@ -165,8 +168,6 @@ DEPLOYED_VARIABLE = "rlvr_stack_deployed"  # a Prefect variable: the fingerprint
 def deploy_fingerprint(env: dict[str, str], gpu_slots: int) -> str:
     """What the setup and deployments depend on: prefect.yaml and the job template, the flows' code (their
     parameters), the checkout, pools, schedule and GPU slots. Equal on a restart: nothing to deploy again."""
-    import hashlib
-
     h = hashlib.sha256()
     for f in [PREFECT_FILE, PROCESS_TEMPLATE, *sorted((ROOT / "flows").glob("*.py"))]:
         h.update(f.name.encode() + b"\0" + f.read_bytes())
@@ -186,8 +187,6 @@ def _server_variable(api_url: str) -> str | None:
 
 def _deployments_there(api_url: str) -> bool:
     """Every deployment of prefect.yaml is on the server (none was deleted by hand)."""
-    import yaml
-
     names = {d["name"] for d in yaml.safe_load(PREFECT_FILE.read_text())["deployments"]}
     req = urllib.request.Request(f"{api_url}/deployments/filter", data=b"{}", method="POST",
                                  headers={"Content-Type": "application/json"})
