@@ -291,7 +291,8 @@ def test_the_runs_view_lists_every_run_but_the_stage_runs(tracker):
     listed = tracker.client.search_runs([tracker.experiment_id], state["searchFilter"])
     assert {r.info.run_id for r in listed} == {demo, sweep, trial}  # 3 of the 6 runs: no stage run
     assert len(tracker.client.search_runs([tracker.experiment_id], "")) == 6
-    assert [c["metricKey"] for c in state["compareRunCharts"]][:2] == ["train/reward_mean", "train/eval/greedy_pass_at_1"]
+    charts = [c["metricKey"] for c in state["compareRunCharts"]]
+    assert charts[:2] == ["train/reward_mean", "train/eval/greedy_pass_at_1"]
     assert {c["metricSectionId"] for c in state["compareRunCharts"]} <= {s["uuid"] for s in state["compareRunSections"]}
     # A view someone edited in the UI is theirs: a later Tracker does not overwrite it.
     tracker.client.set_experiment_tag(tracker.experiment_id, VIEW_TAG_PREFIX + RUNS_VIEW_ID,
