@@ -232,6 +232,7 @@ def test_the_sweep_in_a_browser(stack):
                                                            f"/runs/{trial.info.run_id}/model-metrics"))
         pg.get_by_placeholder("Search metric charts").fill("train/")  # the run's own training curves
         pg.get_by_text("completion_len_mean", exact=True).first.wait_for(timeout=90_000)
+        pg.get_by_text("Step", exact=True).first.wait_for(timeout=90_000)  # a curve drawn (its x axis), not a spinner
         screenshot(pg, "mlflow_trial_curves.png")
         # Our pages in a page of their own: MLflow's UI logs its own 404s (a telemetry worker), not ours to judge.
         own: list[str] = []
