@@ -436,8 +436,11 @@ class Tracker:
 
     def set_primary_metric(self, key: str, greater_is_better: bool = True) -> None:
         """Name the metric runs are judged by (MLflow's experiment tag; a sweep sets its pivot metric)."""
-        self.client.set_experiment_tag(self.experiment_id, PRIMARY_METRIC_TAG, key)
-        self.client.set_experiment_tag(self.experiment_id, GREATER_IS_BETTER_TAG, str(greater_is_better).lower())
+        try:
+            self.client.set_experiment_tag(self.experiment_id, PRIMARY_METRIC_TAG, key)
+            self.client.set_experiment_tag(self.experiment_id, GREATER_IS_BETTER_TAG, str(greater_is_better).lower())
+        except Exception as e:  # noqa: BLE001 - cosmetic, like the views
+            _log.info("could not set the primary metric: %s", _text_without_credentials(str(e))[:200])
 
     def _mark_experiment_kind(self, current: str | None) -> None:
         """Tag an existing experiment "machine learning" (runs view) unless someone chose a kind: no tag, or
