@@ -45,9 +45,9 @@ from rlvr_core.core import settings
 from rlvr_core.experiment.config import config_hash
 from rlvr_core.experiment.secrets import unseal
 from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
-                                       pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
+                                       pivot_metric_key, pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
 from rlvr_core.records import warehouse
-from rlvr_core.records.tracking import Tracker
+from rlvr_core.records.tracking import TRAINING_CURVES, Tracker, saved_view
 from tasks.retry import DeterministicError, FlowRunCrashed, relaunch_condition_fn
 from tasks.stage_process import ROOT
 from tasks.stages import RETRY
@@ -129,7 +129,9 @@ def ablation_sweep_flow(sweep: str | dict[str, Any] = "demo-2x2", max_parallel: 
                                {"kind": "sweep", "sweep_id": sweep_id, "sweep_name": sw.spec.name,
                                 "sweep_hash": sw.sweep_hash, "sweep_file": source,
                                 "prefect_flow_run_id": str(flow_run.id) if flow_run.id else None})
-    get_run_logger().info(f"sweep {sweep_id}: {len(sw.trials)} trials, MLflow parent run {parent}")
+    _save_sweep_view(sw, sweep_id, tracker)
+    get_run_logger().info(f"sweep {sweep_id}: {len(sw.trials)} trials, MLflow parent run {parent}; its trials "
+                          f"in MLflow: {tracker.view_url(sweep_view_id(sweep_id))}")
     try:
         out = _run_sweep(sw, sweep_id, parent, tracker, max_parallel, deployment, trial_timeout_s)
         tracker.end_run(parent, "FINISHED")
@@ -172,6 +174,23 @@ def _run_sweep(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, max_para
     return out
 
 
+def sweep_view_id(sweep_id: str) -> str:
+    return f"sweep-{sweep_id}"
+
+
+def _save_sweep_view(sw: Sweep, sweep_id: str, tracker: Tracker) -> None:
+    """The sweep's saved MLflow view: its trials (no stage runs) grouped by the swept params, so each chart draws a
+    cell's mean over seeds; the pivot metric's chart first (a bar per cell: the pivot), then the training curves.
+    The pivot metric is also the experiment's primary metric."""
+    key = pivot_metric_key(sw)
+    tracker.set_primary_metric(key)
+    tracker.save_view(sweep_view_id(sweep_id), saved_view(
+        f"sweep {sweep_id}: {sw.spec.metric}", n_runs=len(sw.trials), group_by=sw.swept_keys,
+        search_filter=f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'",
+        sections={f"Sweep pivot: {sw.spec.metric}": ("BAR", [key]),
+                  "Training curves": ("LINE", list(TRAINING_CURVES))}))
+
+
 def ui_link(tracker: Tracker, run_id: str) -> str | None:
     """The run's page in the MLflow UI (`<server>/#/experiments/<id>/runs/<run id>`), or None for a file store."""
     url = tracker.run_url(run_id)
@@ -202,8 +221,8 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
                                       f"swept: {', '.join(sw.swept_keys)}")
     create_link_artifact(ui_link(tracker, parent) or tracker.run_url(parent), link_text=f"MLflow parent run {parent}",
                          key=key + "-mlflow", description=f"MLflow parent run of {sweep_id} (experiment {tracker.experiment_id})")
-    if children:
-        create_link_artifact(tracker.compare_url([c.info.run_id for c in children]), key=key + "-compare",
+    if children:  # MLflow's runs page in the sweep's saved view: its trials, the pivot metric's chart first
+        create_link_artifact(tracker.view_url(sweep_view_id(sweep_id)), key=key + "-compare",
                              link_text="MLflow compare view of the trials", description=f"the trials of {sweep_id}")
     create_link_artifact(sweep_location(sw, sweep_id), link_text="the sweep's folder in the artifact store",
                          key=key + "-artifacts", description=f"index.html, pivot and one folder per trial of {sweep_id}")
@@ -225,7 +244,8 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
     print("sweep index: " + publish_sweep_index(
         sw.base_config, sweep_id, pivot, sw.swept_keys, metric,
         {"MLflow parent run": tracker.run_url(parent),
-         "MLflow compare view of the trials": tracker.compare_url([c.info.run_id for c in children])}
+         "MLflow compare view of the trials": tracker.view_url(sweep_view_id(sweep_id)),
+         "MLflow parallel coordinates of the trials": tracker.compare_url([c.info.run_id for c in children])}
         if tracker.tracking_uri.startswith("http") else None))
     return {"sweep_id": sweep_id, "mlflow_parent_run_id": parent, "n_trials": len(sw.trials),
             "n_child_runs": len(children), "pivot": pivot, "swept_keys": sw.swept_keys,

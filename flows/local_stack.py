@@ -11,6 +11,8 @@
      Crashed when its heartbeats stop (a lost worker), so the sweep can launch it again;
   4. the deployments of `infra/prefect/prefect.yaml` (`prefect deploy --all`);
   5. one worker per pool.
+Steps 2-4 are skipped on a restart on the same database when nothing they depend on changed
+(`deploy_fingerprint`, kept on the server as the variable `rlvr_stack_deployed`): they cost 10-20 s of start-up.
 It returns a JSON-able state dict; `prefect_down(state)` stops everything by pid (workers before the
 server: a worker whose server is gone ignores SIGINT, STACK.md). `rlvr stack up/down` calls these;
 `python -m flows.local_stack up|down --home DIR` does the same from a shell.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -34,6 +37,8 @@ import urllib.request
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFECT_FILE = ROOT / "infra" / "prefect" / "prefect.yaml"
@@ -141,10 +146,17 @@ def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int
     state["server_pid"] = server.pid
     try:
         _wait_healthy(api_url, server, log)
-        _run([sys.executable, "-m", "flows.local_stack", "_setup", "--gpu-slots", str(gpu_slots)], env, "stack setup")
-        if deploy:
+        fingerprint = deploy_fingerprint(env, gpu_slots)
+        # A restart on the same database: pools, limits, automation and deployments are there, unchanged.
+        kept = deploy and _server_variable(api_url) == fingerprint and _deployments_there(api_url)
+        state["deployments"] = "kept" if kept else "deployed" if deploy else "none"
+        if not kept:
+            _run([sys.executable, "-m", "flows.local_stack", "_setup", "--gpu-slots", str(gpu_slots)], env,
+                 "stack setup")
+        if deploy and not kept:
             _run([_bin("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_FILE)], env,
                  "prefect deploy")
+            _set_server_variable(api_url, fingerprint)
         if workers:
             start_worker(state, CPU_POOL, "local-cpu")
             start_worker(state, GPU_POOL, "local-gpu")
@@ -153,6 +165,50 @@ def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int
         raise
     (home / "prefect-stack.json").write_text(json.dumps(state, indent=2))
     return state
+
+
+DEPLOYED_VARIABLE = "rlvr_stack_deployed"  # a Prefect variable: the fingerprint of what `prefect_up` deployed
+
+
+def deploy_fingerprint(env: dict[str, str], gpu_slots: int) -> str:
+    """What the setup and deployments depend on: prefect.yaml and the job template, the flows' code (their
+    parameters), the checkout, pools, schedule and GPU slots. Equal on a restart: nothing to deploy again."""
+    h = hashlib.sha256()
+    for f in [PREFECT_FILE, PROCESS_TEMPLATE, *sorted((ROOT / "flows").glob("*.py"))]:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    keys = ("RLVR_PROJECT_ROOT", "RLVR_GPU_POOL", "RLVR_CPU_POOL", "RLVR_NIGHTLY_CRON")
+    h.update(json.dumps([gpu_slots, LOST_AFTER_S, *(env[k] for k in keys)]).encode())
+    return h.hexdigest()[:32]
+
+
+def _server_variable(api_url: str) -> str | None:
+    """The fingerprint stored on the server (kept in its database, so it goes with `--delete-data`), or None."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/variables/name/{DEPLOYED_VARIABLE}", timeout=10) as r:
+            return json.loads(r.read()).get("value")
+    except (OSError, ValueError):  # 404: never deployed on this database
+        return None
+
+
+def _deployments_there(api_url: str) -> bool:
+    """Every deployment of prefect.yaml is on the server (none was deleted by hand)."""
+    names = {d["name"] for d in yaml.safe_load(PREFECT_FILE.read_text())["deployments"]}
+    req = urllib.request.Request(f"{api_url}/deployments/filter", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return names <= {d["name"] for d in json.loads(r.read())}
+    except (OSError, ValueError):
+        return False
+
+
+def _set_server_variable(api_url: str, value: str) -> None:
+    body = json.dumps({"name": DEPLOYED_VARIABLE, "value": value}).encode()
+    exists = _server_variable(api_url) is not None
+    req = urllib.request.Request(f"{api_url}/variables/name/{DEPLOYED_VARIABLE}" if exists else f"{api_url}/variables/",
+                                 data=body, method="PATCH" if exists else "POST",
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=10).close()
 
 
 def _setup(gpu_slots: int) -> None:

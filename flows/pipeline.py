@@ -222,9 +222,12 @@ def _train(cfg: ExperimentConfig, run: _Run, data, model, curriculum, progress: 
     """GRPO, then export, then evaluation of the exported, uploaded and checksum-verified copy (G-lost-ckpt):
     the numbers belong to the checkpoint users will download."""
     with run.stage("train", "grpo", "reward") as child:
-        trained = t.train(cfg, data, model, curriculum, child, in_process=in_process, progress=progress,
-                          base_eval=base_reference)
-        run.tracker.log_step_rows(child, pq.read_table(trained.steps_path).to_pylist())  # only what is missing
+        # The curves go to the stage run and to the pipeline (trial) run itself: one click from the runs table.
+        trained = t.train(cfg, data, model, curriculum, [child, run.run_id], in_process=in_process,
+                          progress=progress, base_eval=base_reference)
+        rows = pq.read_table(trained.steps_path).to_pylist()
+        for run_id in (child, run.run_id):
+            run.tracker.log_step_rows(run_id, rows)  # only what is missing
     with run.stage("export") as child:
         exported = t.export(trained, model, run.store, join(run.prefix, "checkpoints", "final"),
                             {"config_hash": run.config_hash, "mlflow_run_id": run.run_id, "git_sha": run.git["sha"],

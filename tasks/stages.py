@@ -84,10 +84,11 @@ def build_curriculum(cfg: ExperimentConfig, data: stages.DataArtifact, passrates
 
 @task(name="grpo-train", tags=[GPU_TAG], **RETRY)
 def train(cfg: ExperimentConfig, data: stages.DataArtifact, base: stages.ModelArtifact,
-          curriculum: stages.CurriculumArtifact, mlflow_run_id: str | None = None, *, in_process: bool = False,
-          progress: Progress = SILENT, base_eval: dict[str, float] | None = None) -> stages.TrainArtifact:
-    """`mlflow_run_id`: the run that gets the per-step metrics while training runs (docs/tracking.md); a stage
-    process reaches it through `cfg.tracking` and the environment, so no credential is written to disk.
+          curriculum: stages.CurriculumArtifact, mlflow_run_id: str | list[str] | None = None, *,
+          in_process: bool = False, progress: Progress = SILENT,
+          base_eval: dict[str, float] | None = None) -> stages.TrainArtifact:
+    """`mlflow_run_id`: the run (or runs) that get the per-step metrics while training runs (docs/tracking.md);
+    a stage process reaches them through `cfg.tracking` and the environment, so no credential is written to disk.
     `base_eval`: G-reward-hacking's reference point (`stages.base_reference`)."""
     data, base, curriculum = stages.here(data), stages.here(base), stages.here(curriculum)
     if in_process:

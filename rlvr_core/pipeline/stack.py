@@ -220,16 +220,20 @@ def _s3_client(url: str):
 
 
 def _start_s3(port: int, sdir: Path, logs: Path) -> dict[str, Any]:
-    """The S3 API on disk (rlvr_core.artifacts.s3_local): objects outlive `down`, a crash and a reboot."""
+    """The S3 API on disk (rlvr_core.artifacts.s3_local): objects outlive `down`, a crash and a reboot.
+    Started, not waited for: `_s3_ready`."""
     data = sdir / "s3"
     argv = [sys.executable, "-m", "rlvr_core.artifacts.s3_local", "--host", "127.0.0.1", "--port", str(port), "--data", str(data)]
     entry = _spawn("s3", argv, dict(os.environ), logs)
-    url = f"http://127.0.0.1:{port}"
-    _wait_healthy(entry, url + "/moto-api/", "S3 (rlvr_core.artifacts.s3_local)")
-    s3 = _s3_client(url)
+    return {**entry, "url": f"http://127.0.0.1:{port}", "bucket": BUCKET, "data": str(data)}
+
+
+def _s3_ready(entry: dict[str, Any]) -> None:
+    """Wait until the S3 API answers, then create the bucket unless it is there."""
+    _wait_healthy(entry, entry["url"] + "/moto-api/", "S3 (rlvr_core.artifacts.s3_local)")
+    s3 = _s3_client(entry["url"])
     if BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
         s3.create_bucket(Bucket=BUCKET)
-    return {**entry, "url": url, "bucket": BUCKET, "data": str(data)}
 
 
 # ------------------------------------------------------------------------------------------ PostgreSQL
@@ -314,10 +318,8 @@ def _start_mlflow(port: int, sdir: Path, s3: dict[str, Any] | None, logs: Path) 
     argv = [_exe("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
             "--backend-store-uri", f"sqlite:///{sdir / 'mlflow.db'}", "--serve-artifacts",
             "--artifacts-destination", destination]
-    entry = _spawn("mlflow", argv, env, logs)
-    url = f"http://127.0.0.1:{port}"
-    _wait_healthy(entry, url + "/health", "mlflow server")
-    return {**entry, "url": url, "artifacts_destination": destination}
+    entry = _spawn("mlflow", argv, env, logs)  # started, not waited for: `_wait_healthy` on /health
+    return {**entry, "url": f"http://127.0.0.1:{port}", "artifacts_destination": destination}
 
 
 def exports(state: dict[str, Any]) -> dict[str, str]:
@@ -361,30 +363,41 @@ def up(*, home: Path | None = None, mlflow_port: int = DEFAULT_MLFLOW_PORT, s3_p
     logs = sdir / "logs"
     state: dict[str, Any] = {"home": str(home), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
+        # The servers start side by side: S3 and MLflow (which needs S3's address, not S3 itself, to start) come
+        # up while PostgreSQL and Prefect do, and are waited for at the end (docs/stack.md, "Start-up time").
         if s3:
             state["s3"] = _start_s3(_port(s3_port, "S3"), sdir, logs)
             _write_state(state, home)  # recorded at once: a failure below still lets `down` clean up
-        state["mlflow"] = _start_mlflow(_port(mlflow_port, "mlflow server"), sdir, state.get("s3"),
-                                        logs)
+        state["mlflow"] = _start_mlflow(_port(mlflow_port, "mlflow server"), sdir, state.get("s3"), logs)
         _write_state(state, home)
         hooks = prefect_hooks if prefect else None
         if hooks is not None:
-            ports = {"prefect": _port(prefect_port, "prefect server")}
-            if prefect_db == "postgres":
-                state["postgres"] = _start_postgres(_port(pg_port, "postgres"), sdir, logs)
-                _write_state(state, home)
-            # The worker inherits this environment, so deployed flow runs log to this stack.
-            os.environ.update(exports(state))
-            state["prefect"] = hooks.prefect_up(home, port=ports["prefect"], nightly_cron=nightly_cron,
-                                                database_url=(state.get("postgres") or {}).get("url"))
+            _start_prefect(state, hooks, home, prefect_port=prefect_port, prefect_db=prefect_db, pg_port=pg_port,
+                           nightly_cron=nightly_cron)
         else:
             state["prefect"] = {"skipped": "--no-prefect" if not prefect else "no Prefect hooks (flows.local_stack) given"}
+        if s3:
+            _s3_ready(state["s3"])
+        _wait_healthy(state["mlflow"], state["mlflow"]["url"] + "/health", "mlflow server")
         state["env"] = exports(state)
         _write_state(state, home)
     except BaseException:
         down(home=home, prefect_hooks=prefect_hooks)
         raise
     return state
+
+
+def _start_prefect(state: dict[str, Any], hooks: PrefectHooks, home: Path, *, prefect_port: int, prefect_db: str,
+                   pg_port: int, nightly_cron: str | None) -> None:
+    """PostgreSQL (unless `prefect_db` is sqlite), then the hooks' Prefect server, pools, deployments, workers."""
+    port = _port(prefect_port, "prefect server")
+    if prefect_db == "postgres":
+        state["postgres"] = _start_postgres(_port(pg_port, "postgres"), stack_dir(home), stack_dir(home) / "logs")
+        _write_state(state, home)
+    # The workers inherit this environment, so deployed flow runs log to this stack.
+    os.environ.update(exports(state))
+    state["prefect"] = hooks.prefect_up(home, port=port, nightly_cron=nightly_cron,
+                                        database_url=(state.get("postgres") or {}).get("url"))
 
 
 def down(*, home: Path | None = None, delete_data: bool = False,

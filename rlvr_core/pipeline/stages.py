@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -375,27 +375,30 @@ def _rollout_options(cfg: ExperimentConfig) -> dict | None:
 
 
 @contextlib.contextmanager
-def _live_metrics(cfg: ExperimentConfig, run_id: str | None):
-    """The trainer's `on_step` for MLflow run `run_id` (None: no live metrics); flushed at the end, also when
-    training fails, so the steps before a crash or a guard stop are in MLflow."""
-    if not run_id:
+def _live_metrics(cfg: ExperimentConfig, run_ids: str | Sequence[str] | None):
+    """The trainer's `on_step` for one MLflow run id or several (the train stage run and the pipeline run
+    above it, so the curves are on the run a person opens; None: no live metrics); every sink is flushed at
+    the end, also when training fails, so the steps before a crash or a guard stop are in MLflow."""
+    ids = [run_ids] if isinstance(run_ids, str) else [r for r in run_ids or () if r]
+    if not ids:
         yield None
         return
-
-    with StepMetricsSink(run_id, cfg.tracking.tracking_uri) as sink:
-        yield sink
+    with contextlib.ExitStack() as stack:
+        sinks = [stack.enter_context(StepMetricsSink(r, cfg.tracking.tracking_uri)) for r in dict.fromkeys(ids)]
+        yield sinks[0] if len(sinks) == 1 else (lambda row: [sink(row) for sink in sinks])
 
 
 def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, curriculum: CurriculumArtifact,
-                progress: Progress = SILENT, mlflow_run_id: str | None = None,
+                progress: Progress = SILENT, mlflow_run_id: str | Sequence[str] | None = None,
                 base_eval: dict[str, float] | None = None) -> TrainArtifact:
     """GRPO on the curriculum, starting from the base model.
 
     `base_eval`: the base model's score on what the periodic evaluation scores (`base_reference`), handed to
     G-reward-hacking as its reference point (without it, the first eval point during training is).
 
-    With `mlflow_run_id` each step's metrics reach that run (in `cfg.tracking`'s store) while training runs
-    (`StepMetricsSink`); the caller still records steps.parquet afterwards, which logs only what is missing.
+    With `mlflow_run_id` (one run id or several) each step's metrics reach those runs (in `cfg.tracking`'s
+    store) while training runs (`StepMetricsSink`); the caller still records steps.parquet afterwards, which
+    logs only what is missing.
 
     The output folder is keyed by every input (base model hash, curriculum, GRPO settings, template,
     verifier, seed) and used in place, so a killed or retried run resumes from its last checkpoint

@@ -35,7 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rlvr_core.experiment.config import (ConfigError, ExperimentConfig, apply_overrides, check_files, config_hash,
                                          parse_config, read_yaml_file)
+from rlvr_core.pipeline.stages import held_out_spec
 from rlvr_core.records import warehouse_queries
+from rlvr_core.records.tracking import metric_key
 
 SWEEP_METRICS = ("accuracy_greedy", "pass@1", "pass@2", "pass@4", "pass@8")
 
@@ -334,6 +336,14 @@ def one_line_error(message: str | None) -> str:
 # The canned query's columns a sweep pivot row keeps, after the swept values.
 _PIVOT_COLUMNS = ("benchmark", "n_seeds", "mean", "sd", "ci_low", "ci_high", "ci_kind", "per_seed", "seeds",
                   "trial_ids", "n_problems")
+
+
+def pivot_metric_key(sw: Sweep) -> str:
+    """The MLflow metric on each trial run that the pivot averages: the trained checkpoint's evaluation
+    (`eval/<benchmark>/trained/<metric>`), or the base model's (`eval/<benchmark>/<metric>`) in a sweep that
+    does not train (flows/pipeline.py logs both shapes)."""
+    cfg = parse_config(sw.trials[0].config, sw.source)
+    return metric_key("eval", held_out_spec(cfg).name, *(("trained",) if cfg.grpo.enabled else ()), sw.spec.metric)
 
 
 def sweep_pivot(sweep_id: str, swept_keys: list[str], metric: str = "accuracy_greedy",

@@ -19,7 +19,9 @@ The conventions, each enforced here rather than remembered by callers:
   under names that are credentials (`is_secret_key`), passwords inside URLs.
 - Per-step training metrics reach MLflow while training runs, each at its own step and time, batched in a
   background thread, never twice (`StepMetricsSink`; `log_step_rows` backfills only what is missing).
-- Experiments open on MLflow 3's runs view, not its GenAI page (`EXPERIMENT_KIND_TAG`, `UI_QUERY`).
+- Experiments open on MLflow 3's runs view, not its GenAI page (`EXPERIMENT_KIND_TAG`, `UI_QUERY`), and carry
+  saved views (`saved_view`, `view_url`): the runs without their stage runs, and per sweep its trials with the
+  pivot metric's chart first.
 - System metrics (CPU, memory, disk, network, GPU) are sampled into the run as `system/*`
   (`system_metrics`); MLflow's monitor takes an explicit run id, so it works with client-created runs.
 - Artifacts go through the client, so against `mlflow server --serve-artifacts` they travel through
@@ -86,6 +88,19 @@ _TOKENIZER_TOKENS = frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask",
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 UI_QUERY = "?workflowType=machine_learning"
+
+# Saved views (docs/tracking.md, "Views"): MLflow 3.17's UI keeps a runs-page view (search filter, charts and
+# their order) as an experiment tag `mlflow.sharedViewState.<id>`, lists it under "Views" and opens it from a
+# link with `viewStateShareKey=<id>`. rlvr saves one that hides the stage runs and one per sweep.
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+RUNS_VIEW_ID = "rlvr-runs"
+NO_STAGE_RUNS = "tags.kind != 'stage'"  # the runs a person compares: demos, pipelines, sweeps, trials
+# MLflow's experiment tag naming the metric runs are judged by (the sweep's pivot metric).
+PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
+GREATER_IS_BETTER_TAG = "mlflow.experiment.primaryMetric.greaterIsBetter"
+# The curves a view shows first; a missing one is an empty chart, which the view hides.
+TRAINING_CURVES = ("train/reward_mean", "train/eval/greedy_pass_at_1", "train/loss", "train/kl_ref_mean",
+                   "train/entropy", "train/completion_len_mean")
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -221,6 +236,37 @@ def logged_steps(client: Any, run_id: str, keep: Callable[[str], bool]) -> dict[
     training or a repeated record must not log again (MLflow appends, it never replaces a step's value)."""
     keys = [k for k in client.get_run(run_id).data.metrics if keep(k)]
     return {k: {m.step for m in client.get_metric_history(run_id, k)} for k in keys}
+
+
+def _chart(kind: str, key: str, section: str, n_runs: int) -> dict[str, Any]:
+    """One chart card as MLflow's runs page stores it (BAR: the latest value per run; LINE: the history by step)."""
+    card = {"uuid": f"{section}:{key}", "type": kind, "metricKey": key, "displayName": key,
+            "runsCountToCompare": n_runs, "metricSectionId": section, "deleted": False, "isGenerated": False}
+    if kind == "LINE":
+        card.update(selectedMetricKeys=[key], lineSmoothness=0, xAxisScaleType="linear", scaleType="linear",
+                    range={}, xAxisKey="step", selectedXAxisMetricKey="", yAxisKey="metric", yAxisExpressions=[],
+                    ignoreOutliers=False, useGlobalXaxisKey=True, useGlobalLineSmoothing=True)
+    return card
+
+
+def saved_view(name: str, *, search_filter: str, sections: dict[str, tuple[str, list[str]]], n_runs: int = 10,
+               group_by: list[str] | None = None, now_ms: int | None = None) -> str:
+    """The tag value of a saved runs view (`VIEW_TAG_PREFIX`): MLflow's envelope {name, createdAt, updatedAt,
+    state}, the state a JSON string of the runs page's settings. `sections`: {section title: (chart kind,
+    metric keys)} in the order shown; the UI adds every other metric in sections after them, and hides empty
+    charts. `n_runs`: how many runs each chart draws. `group_by`: params whose values group the runs (the
+    table then lists one row per group, not nested under parents, and each chart draws a group's mean)."""
+    charts = [_chart(kind, key, title, n_runs) for title, (kind, keys) in sections.items() for key in keys]
+    state = {"searchFilter": search_filter, "compareRunCharts": charts, "isAccordionReordered": True,
+             "compareRunSections": [{"uuid": t, "name": t, "display": True, "isReordered": True, "deleted": False,
+                                     "isGenerated": False} for t in sections],
+             "hideEmptyCharts": True, "runsHiddenMode": "FIRST_20_RUNS" if n_runs > 10 else "FIRST_10_RUNS"}
+    if group_by:
+        state.update(groupBy={"aggregateFunction": "average",
+                              "groupByKeys": [{"mode": "param", "groupByData": k} for k in group_by]},
+                     useGroupedValuesInCharts=True)
+    stamp = int(time.time() * 1000) if now_ms is None else now_ms
+    return json.dumps({"name": name, "createdAt": stamp, "updatedAt": stamp, "state": json.dumps(state)})
 
 
 def _text_without_credentials(text: str) -> str:
@@ -369,9 +415,32 @@ class Tracker:
         if exp is not None:
             self.experiment_id = exp.experiment_id
             self._mark_experiment_kind(exp.tags.get(EXPERIMENT_KIND_TAG))
+        self._ensure_runs_view(exp.tags if exp is not None else {})
         self.experiment = experiment
         self.common: dict[str, str] = {k: "" if v is None else str(v) for k, v in (common or {}).items()}
         self._runs: list[str] = []  # runs started here, so late common tags reach all of them
+
+    def _ensure_runs_view(self, tags: dict[str, str]) -> None:
+        """The experiment's "rlvr: runs (no stage runs)" view, saved once (a view a person edited stays)."""
+        if VIEW_TAG_PREFIX + RUNS_VIEW_ID not in tags:
+            self.save_view(RUNS_VIEW_ID, saved_view(
+                "rlvr: runs (no stage runs)", search_filter=NO_STAGE_RUNS,
+                sections={"Training curves": ("LINE", list(TRAINING_CURVES))}))
+
+    def save_view(self, view_id: str, value: str) -> None:
+        """Save a runs view (`saved_view`) on the experiment; the UI lists it under "Views" (`view_url` opens it)."""
+        try:
+            self.client.set_experiment_tag(self.experiment_id, VIEW_TAG_PREFIX + view_id, value)
+        except Exception as e:  # noqa: BLE001 - cosmetic (e.g. a read-only user): the runs are what matter
+            _log.info("could not save MLflow view %s: %s", view_id, _text_without_credentials(str(e))[:200])
+
+    def set_primary_metric(self, key: str, greater_is_better: bool = True) -> None:
+        """Name the metric runs are judged by (MLflow's experiment tag; a sweep sets its pivot metric)."""
+        try:
+            self.client.set_experiment_tag(self.experiment_id, PRIMARY_METRIC_TAG, key)
+            self.client.set_experiment_tag(self.experiment_id, GREATER_IS_BETTER_TAG, str(greater_is_better).lower())
+        except Exception as e:  # noqa: BLE001 - cosmetic, like the views
+            _log.info("could not set the primary metric: %s", _text_without_credentials(str(e))[:200])
 
     def _mark_experiment_kind(self, current: str | None) -> None:
         """Tag an existing experiment "machine learning" (runs view) unless someone chose a kind: no tag, or
@@ -494,15 +563,21 @@ class Tracker:
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)
 
-    def _ui_path(self, path: str) -> str:
+    def _ui_path(self, path: str, query: str = "") -> str:
         parts = urlsplit(self.tracking_uri)
         base = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1])) if parts.scheme else self.tracking_uri
-        return f"{base}#/experiments/{self.experiment_id}{path}{UI_QUERY}"
+        return f"{base}#/experiments/{self.experiment_id}{path}{UI_QUERY}{query}"
 
     def experiment_url(self) -> str:
         """The experiment's runs table in the MLflow UI (a server); no credentials in it. `UI_QUERY` makes
         MLflow 3 open the runs, not its GenAI traces page."""
         return self._ui_path("")
+
+    def view_url(self, view_id: str = RUNS_VIEW_ID, charts: bool = True) -> str:
+        """The experiment's runs page in a saved view (`save_view`), as charts or as the table; no credentials."""
+        url = self._ui_path("/runs", f"&viewStateShareKey={quote(view_id)}&compareRunsMode="
+                                     + ("CHART" if charts else "TABLE"))
+        return url.replace("#/", "/#/", 1) if url.startswith(("http://", "https://")) and "/#/" not in url else url
 
     def compare_url(self, run_ids: list[str]) -> str:
         """MLflow's compare view of these runs (params side by side, parallel coordinates); no credentials."""

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from rlvr_core.records.tracking import (EXPERIMENT_KIND_TAG, STANDARD_TAGS, StepMetricsSink, Tracker, common_tags,
-                                        config_params, is_secret_key, metric_key, redact, redact_url)
+from rlvr_core.records.tracking import (EXPERIMENT_KIND_TAG, PRIMARY_METRIC_TAG, RUNS_VIEW_ID, STANDARD_TAGS,
+                                        VIEW_TAG_PREFIX, StepMetricsSink, Tracker, common_tags, config_params,
+                                        is_secret_key, metric_key, redact, redact_url, saved_view)
 
 
 @pytest.fixture(scope="module")
@@ -266,3 +267,84 @@ def test_log_step_rows_backfills_only_missing_steps(tracker):
     tracker.log_step_rows(run, [_row(s, float(s)) for s in (1, 2)])
     assert tracker.log_step_rows(run, [_row(s, float(s)) for s in (1, 2, 3)]) == 3  # step 3's three values
     assert [m.step for m in _history(tracker.client, run)] == [1, 2, 3]
+
+
+# ------------------------------------------------------------------ saved views: no stage runs, a sweep's pivot first
+def _view_state(tracker: Tracker, view_id: str) -> dict:
+    """A saved view as MLflow's UI reads it: the envelope in the experiment tag, the state a JSON string inside."""
+    import json
+
+    envelope = json.loads(tracker.client.get_experiment(tracker.experiment_id).tags[VIEW_TAG_PREFIX + view_id])
+    assert isinstance(envelope["name"], str) and isinstance(envelope["createdAt"], int)
+    return json.loads(envelope["state"])
+
+
+def test_the_runs_view_lists_every_run_but_the_stage_runs(tracker):
+    demo = tracker.start_run("demo", {"kind": "demo"})
+    with tracker.child_run(demo, "data"), tracker.child_run(demo, "train"):
+        pass
+    sweep = tracker.start_run("sweep", {"kind": "sweep"})
+    trial = tracker.start_run("t01", {"kind": "trial"}, parent_run_id=sweep)
+    with tracker.child_run(trial, "train"):
+        pass
+    state = _view_state(tracker, RUNS_VIEW_ID)
+    listed = tracker.client.search_runs([tracker.experiment_id], state["searchFilter"])
+    assert {r.info.run_id for r in listed} == {demo, sweep, trial}  # 3 of the 6 runs: no stage run
+    assert len(tracker.client.search_runs([tracker.experiment_id], "")) == 6
+    charts = [c["metricKey"] for c in state["compareRunCharts"]]
+    assert charts[:2] == ["train/reward_mean", "train/eval/greedy_pass_at_1"]
+    assert {c["metricSectionId"] for c in state["compareRunCharts"]} <= {s["uuid"] for s in state["compareRunSections"]}
+    # A view someone edited in the UI is theirs: a later Tracker does not overwrite it.
+    tracker.client.set_experiment_tag(tracker.experiment_id, VIEW_TAG_PREFIX + RUNS_VIEW_ID,
+                                      saved_view("mine", search_filter="", sections={}))
+    Tracker(tracker.experiment)
+    assert _view_state(tracker, RUNS_VIEW_ID)["searchFilter"] == ""
+    served = Tracker(tracker.experiment)
+    served.tracking_uri = "http://u:pw@127.0.0.1:5000"
+    assert served.view_url() == (f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
+                                 "?workflowType=machine_learning&viewStateShareKey=rlvr-runs&compareRunsMode=CHART")
+
+
+def test_a_sweep_view_lists_its_trials_with_the_pivot_metric_first(tracker):
+    from flows.ablation_sweep import _save_sweep_view, sweep_view_id
+    from rlvr_core.pipeline.sweeps import load_sweep
+    from tasks.stage_process import ROOT
+
+    sw = load_sweep(ROOT / "configs" / "sweeps" / "demo_2x2.yaml")  # 12 trials, metric accuracy_greedy
+    parent = tracker.start_run("sweep", {"kind": "sweep", "sweep_id": "s1"})
+    trials = [tracker.start_run(f"t{i}", {"kind": "trial", "sweep_id": "s1"}, parent_run_id=parent) for i in range(2)]
+    with tracker.child_run(trials[0], "train", tags={"sweep_id": "s1"}):
+        pass
+    tracker.start_run("other sweep's trial", {"kind": "trial", "sweep_id": "s2"})
+    _save_sweep_view(sw, "s1", tracker)
+    state = _view_state(tracker, sweep_view_id("s1"))
+    listed = tracker.client.search_runs([tracker.experiment_id], state["searchFilter"])
+    assert sorted(r.info.run_id for r in listed) == sorted(trials)
+    # The pivot metric (the trained checkpoint's greedy accuracy on the held-out split, as flows/pipeline.py logs it
+    # on every trial run) is the first chart, a bar per trial, for all 12 trials, and the experiment's primary metric.
+    first = state["compareRunCharts"][0]
+    assert (first["type"], first["metricKey"]) == ("BAR", "eval/synthetic/trained/accuracy_greedy")
+    assert first["runsCountToCompare"] == 12 and state["compareRunSections"][0]["uuid"] == first["metricSectionId"]
+    assert state["isAccordionReordered"] is True  # the UI keeps this order instead of sorting sections by name
+    # Grouped by the swept params (params on every trial run), so a bar is a cell's mean over its seeds.
+    assert state["groupBy"] == {"aggregateFunction": "average", "groupByKeys": [
+        {"mode": "param", "groupByData": "grpo.loss_agg"}, {"mode": "param", "groupByData": "grpo.lr"}]}
+    exp_tags = tracker.client.get_experiment(tracker.experiment_id).tags
+    assert exp_tags[PRIMARY_METRIC_TAG] == "eval/synthetic/trained/accuracy_greedy"
+
+
+def test_live_curves_reach_the_stage_run_and_the_run_above_it(tracker):
+    """The trainer's `on_step` with two run ids (the train stage run and its pipeline/trial run) sends every step
+    to both, at its step."""
+    from rlvr_core.experiment.config import parse_config
+    from rlvr_core.pipeline.stages import _live_metrics
+
+    parent = tracker.start_run("trial", {"kind": "trial"})
+    with tracker.child_run(parent, "train") as child:
+        cfg = parse_config({"tracking": {"experiment": tracker.experiment, "tracking_uri": tracker.tracking_uri}})
+        with _live_metrics(cfg, [child, parent]) as on_step:
+            for step in (1, 2, 3):
+                on_step(_row(step, float(step)))
+    for run_id in (child, parent):
+        history = tracker.client.get_metric_history(run_id, "train/reward_mean")
+        assert sorted((m.step, m.value) for m in history) == [(1, 0.5), (2, 1.0), (3, 1.5)], run_id

@@ -129,6 +129,19 @@ def test_sweep_2x2_through_the_cli(stack):
         assert r["per_seed"] == [by_trial[t] for t in r["trial_ids"]] and r["seeds"] == [0, 1]
         assert abs(r["mean"] - sum(r["per_seed"]) / 2) < 1e-12
     _assert_printed_pivot(out, pivot, parent, stack)
+    # MLflow (docs/tracking.md): each trial run holds its own training curves; the sweep's saved view lists exactly
+    # its trials (no stage run, no sweep run), grouped by the swept params, the pivot's metric charted first.
+    c = mlflow_client(stack)
+    for ch in children:
+        assert sorted(m.step for m in c.get_metric_history(ch.info.run_id, "train/reward_mean")) == [1, 2, 3, 4]
+    exp = c.get_experiment(parent.info.experiment_id)
+    view = json.loads(json.loads(exp.tags[f"mlflow.sharedViewState.sweep-{sweep_id}"])["state"])
+    assert sorted(r.info.run_id for r in c.search_runs([exp.experiment_id], view["searchFilter"])) == \
+        sorted(ch.info.run_id for ch in children)
+    assert len(c.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.kind = 'stage'")) >= 4 * 7
+    assert view["compareRunCharts"][0]["metricKey"] == "eval/synthetic/trained/accuracy_greedy" == \
+        exp.tags["mlflow.experiment.primaryMetric.name"]  # the metric the pivot averaged above
+    assert [k["groupByData"] for k in view["groupBy"]["groupByKeys"]] == ["grpo.loss_agg", "grpo.lr"]
     # `rlvr sweep show` prints the same table from the warehouse alone (no Prefect), by sweep name.
     show = rlvr_cli(stack, "sweep", "show", "demo-2x2")
     assert show.returncode == 0 and show.stdout.splitlines()[1:] == out.splitlines()[1:1 + len(pivot) + 3], \
@@ -190,24 +203,37 @@ def test_artifacts_open_takes_what_the_sweep_printed(stack):
 
 
 def test_the_sweep_in_a_browser(stack):
-    """What a person sees (Debian's chromium): the experiment link opens MLflow's runs table (not the GenAI
-    page) with the sweep's parent run; the compare view of the sweep's trials shows their names and the
-    swept params; the sweep's index page and a trial's index page, opened as files, draw their figures."""
-    from rlvr_core.records.tracking import UI_QUERY, Tracker
+    """What a person sees (Debian's chromium): the runs view opens MLflow's runs table (not the GenAI page) with
+    the sweep's parent run and no stage run; the sweep's view (the compare link) charts the pivot metric per cell
+    and the training curves; a trial run's own metrics hold its curves; the sweep's index page and a trial's
+    index page, opened as files, draw their figures."""
+    from rlvr_core.records.tracking import Tracker
     from tests.dashboards.browser import page, screenshot
 
     parent, children = sweep_runs(stack, "demo-2x2")
     exp, names = parent.info.experiment_id, sorted(c.info.run_name for c in children)
     tracker = Tracker("rlvr-sweeps", tracking_uri=stack["mlflow_url"])
     with page(width=1600, height=1000) as (pg, errors):
-        pg.goto(f"{stack['mlflow_url']}/#/experiments/{exp}{UI_QUERY}")
-        pg.get_by_text(parent.info.run_name).first.wait_for(timeout=90_000)  # the runs table (trials nest under it)
+        pg.goto(tracker.view_url(charts=False))  # the runs without stage runs: the sweep run, its trials under it
+        pg.get_by_text(parent.info.run_name).first.wait_for(timeout=90_000)
+        assert pg.get_by_text("rlvr: runs (no stage runs)").count() >= 1  # MLflow lists the saved view by name
         screenshot(pg, "mlflow_sweep_runs.png")
-        pg.goto(tracker.compare_url([c.info.run_id for c in children]))  # the link `rlvr sweep run` prints
-        pg.get_by_text("grpo.lr").first.wait_for(timeout=90_000)
-        for n in names:
-            assert pg.get_by_text(n).count() >= 1, n
+        # Each link in a page of its own, as a person opens it from the terminal.
+        pg = pg.context.browser.new_page(viewport={"width": 1600, "height": 1000})
+        pg.goto(tracker.view_url(f"sweep-{parent.data.tags['sweep_id']}"))  # the link `rlvr sweep run` prints
+        pg.get_by_text("Sweep pivot: accuracy_greedy").first.wait_for(timeout=90_000)
+        pg.get_by_text("train/reward_mean").first.wait_for(timeout=90_000)  # a chart, drawn from the trials' curves
+        for n in names:  # one group per cell, each with its seeds
+            pg.get_by_text(n).first.wait_for(timeout=30_000)
         screenshot(pg, "mlflow_sweep_compare.png")
+        trial = next(c for c in children if c.data.tags["trial_id"] == "t00")
+        pg = pg.context.browser.new_page(viewport={"width": 1600, "height": 1000})
+        pg.goto(tracker.run_url(trial.info.run_id).replace(f"/runs/{trial.info.run_id}",
+                                                           f"/runs/{trial.info.run_id}/model-metrics"))
+        pg.get_by_placeholder("Search metric charts").fill("train/")  # the run's own training curves
+        pg.get_by_text("completion_len_mean", exact=True).first.wait_for(timeout=90_000)
+        pg.get_by_text("Step", exact=True).first.wait_for(timeout=90_000)  # a curve drawn (its x axis), not a spinner
+        screenshot(pg, "mlflow_trial_curves.png")
         # Our pages in a page of their own: MLflow's UI logs its own 404s (a telemetry worker), not ours to judge.
         own: list[str] = []
         pg = pg.context.browser.new_page(viewport={"width": 1600, "height": 1000})
@@ -242,9 +268,9 @@ def _assert_printed_pivot(out: str, pivot: list[dict], parent, stack) -> None:
     exp = parent.info.experiment_id
     link = f"MLflow parent run: {stack['mlflow_url']}/#/experiments/{exp}/runs/{parent.info.run_id}"
     assert any(ln == link or ln.startswith(link + "?") for ln in lines), out[-2000:]  # (+ the runs-view query)
-    compare = next(ln for ln in lines if ln.startswith("MLflow compare view: "))
-    assert compare.startswith(f"MLflow compare view: {stack['mlflow_url']}/#/compare-runs?runs=") and \
-        f"experiments=%5B%22{exp}%22%5D" in compare, compare
+    compare = next(ln for ln in lines if ln.startswith("MLflow compare view: "))  # the sweep's saved view
+    assert compare == (f"MLflow compare view: {stack['mlflow_url']}/#/experiments/{exp}/runs?workflowType="
+                       f"machine_learning&viewStateShareKey=sweep-{parent.data.tags['sweep_id']}&compareRunsMode=CHART")
     sweep_dir = Path(stack["home"]) / "artifacts" / "rlvr-sweeps" / parent.data.tags["sweep_id"]
     assert f"artifacts: {sweep_dir}/" in lines, out[-2000:]
 

@@ -173,12 +173,22 @@ def test_down_then_up_at_once_on_the_same_ports_keeps_every_artifact_run_and_flo
             assert down.returncode == 0 and "data kept" in down.stderr, down.stderr
             waited |= _time_wait_on(ports)
             t0 = time.monotonic()
-            state = _up(home, *ports)
+            state = _up(home, *ports, "--nightly-cron", "* * * * *")  # the same schedule: nothing to deploy again
             print(f"restart {i + 1}: up took {time.monotonic() - t0:.1f} s")
             assert state["env"] == env, (state["env"], env)  # the same URLs: clients need not re-read `stack env`
         assert waited, "no TIME_WAIT socket on the stack's ports at any restart: the test did not test it"
         _read_everything(state, written, tmp_path / "after", monkeypatch)
         assert before and before <= {r["id"] for r in _nightly_runs(state)}  # Prefect's history is in PostgreSQL
+        # The restarts kept the setup and deployments (nothing they depend on changed) and the stack still works:
+        # a nightly run the scheduler made after the last restart is picked up and completed by a new worker.
+        assert state["prefect"]["deployments"] == "kept", state["prefect"]
+        restarted, deadline, after = time.time(), time.monotonic() + 240, []
+        while not after and time.monotonic() < deadline:
+            time.sleep(2)
+            after = [r for r in _nightly_runs(state) if r["state_type"] == "COMPLETED" and r["id"] not in before
+                     and datetime.fromisoformat(r["end_time"]).timestamp() > restarted - 5]
+        assert after, [(r["state_type"], r["state_name"], r["expected_start_time"], r["end_time"])
+                       for r in _nightly_runs(state) if r["id"] not in before][-12:]
     finally:
         gone = stack_cmd(home, "down", "--delete-data")
     assert gone.returncode == 0, gone.stderr
