@@ -126,7 +126,7 @@ def snapshot(flow_run_id: UUID | str) -> Snapshot:
 
 
 def find_sweep_run(ref: str | None) -> Any:
-    """A sweep's flow run by id, by flow-run name, by sweep id (`demo-2x2-1a2b3c4d`) or by sweep name (the latest)."""
+    """A sweep's flow run by id, by flow-run name, by sweep id (`demo-lr-1a2b3c4d`) or by sweep name (the latest)."""
     with _client() as client:
         if ref is None:
             return _latest(client, None)

@@ -68,11 +68,11 @@ def test_run_index_draws_its_figures_inline_and_keeps_its_links(store):
 
 
 def test_sweep_index_links_trials_and_shows_the_pivot(store):
-    sweep = "exp/demo-2x2-5eed5eed"
+    sweep = "exp/demo-lr-5eed5eed"
     trials = {}
     for i, (lr, seed, acc) in enumerate(((1e-5, 0, 0.40), (1e-5, 1, 0.50), (5e-5, 0, 0.70), (5e-5, 1, 0.60))):
         tid, label = f"t{i:02d}", f"grpo.lr={lr:g} seed={seed}"
-        folder = trial_prefix("exp", "demo-2x2-5eed5eed", tid, label)
+        folder = trial_prefix("exp", "demo-lr-5eed5eed", tid, label)
         _run_folder(store, folder, f"{i:032x}", {"trial_id": tid, "trial_label": label, "accuracy_greedy": acc})
         write_run_index(store, folder)
         trials[tid] = folder.rsplit("/", 1)[1]
