@@ -200,14 +200,7 @@ def render_sweep_index(base: str, pivot: list[dict], swept_keys: list[str], metr
     out.append(f"<h2>Pivot: {html.escape(metric)} by cell</h2>" + fig + "<table><tr>"
                + "".join(f"<th>{html.escape(c)}</th>" for c in [*swept_keys, "seeds", "n problems", "mean", "95% CI",
                                                                   "interval", "per seed", "trials"]) + "</tr>")
-    for r in pivot:
-        ci = (f"{r['ci_low']:.{d}f}–{r['ci_high']:.{d}f}" if r.get("ci_low") is not None
-              and r.get("ci_high") is not None else "–")
-        cells = [*(html.escape(str(r.get(k))) for k in swept_keys), str(r.get("n_seeds")), str(r.get("n_problems", "–")),
-                 f"{r['mean']:.{d}f}", ci, html.escape(str(r.get("ci_kind", ""))),
-                 ", ".join(f"{v:.{decimals(r.get('n_problems'))}f}" for v in r.get("per_seed") or []),
-                 ", ".join(trial_link(t) for t in r.get("trial_ids") or [])]
-        out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    out += [_pivot_row(r, swept_keys, d, trial_link) for r in pivot]
     out.append("</table><p>" + _link("pivot.json") + " (the same rows as JSON)</p><h2>Trials</h2><table>"
                "<tr><th>trial</th><th>what differs</th><th>status</th><th>" + html.escape(metric) + "</th>"
                "<th>95% CI (Wilson)</th><th>n</th></tr>")
@@ -216,6 +209,17 @@ def render_sweep_index(base: str, pivot: list[dict], swept_keys: list[str], metr
     out.append(f"</table><p><small>{len(trials)} trials; written {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())}"
                " UTC</small></p></body></html>\n")
     return "\n".join(out)
+
+
+def _pivot_row(r: dict, swept_keys: list[str], d: int, trial_link) -> str:
+    """A cell's line: its swept values, seeds, problems per trial, mean and interval to `d` decimals, the
+    interval's kind, each seed's value (to the decimals its n needs) and the trials, linked."""
+    ci = f"{_num(r.get('ci_low'), d)}–{_num(r.get('ci_high'), d)}" if r.get("ci_low") is not None else "–"
+    cells = [*(html.escape(str(r.get(k))) for k in swept_keys), str(r.get("n_seeds")), str(r.get("n_problems", "–")),
+             f"{r['mean']:.{d}f}", ci, html.escape(str(r.get("ci_kind", ""))),
+             ", ".join(f"{v:.{decimals(r.get('n_problems'))}f}" for v in r.get("per_seed") or []),
+             ", ".join(trial_link(t) for t in r.get("trial_ids") or [])]
+    return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
 def _trial_row(t: dict, metric: str) -> str:
