@@ -183,7 +183,8 @@ class WatchLines:
             count = ""
             if t.state == "Completed" and t.key != "shared" and t.key not in self.completed:
                 self.completed.add(t.key)
-                count = f"  [{len(self.completed)} trials done]"
+                n = len(self.completed)
+                count = f"  [{n} trial{'s' if n > 1 else ''} done]"
             out.append(f"{clock}   {t.key:<6} {t.label}: {t.state}{count}" + (f" — {t.error}" if t.error else ""))
         return out
 

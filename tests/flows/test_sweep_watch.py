@@ -33,8 +33,9 @@ def test_done_counter_counts_each_completed_trial_once_even_when_several_finish_
     printer, lines = WatchLines(), []
     for states in polls:
         lines += printer.lines(Snapshot(SWEEP, [_trial(fr) for fr in _runs(states)]), "12:00:00")
-    counts = [int(m.group(1)) for ln in lines if (m := re.search(r"\[(\d+) trials done\]", ln))]
+    counts = [int(m.group(1)) for ln in lines if (m := re.search(r"\[(\d+) trials? done\]", ln))]
     assert counts == [1, 2, 3, 4], lines  # the old watch printed [2 …] twice, then [4 …] twice
+    assert "[1 trial done]" in lines[4] and "[2 trials done]" in lines[5], lines
     # One line per state change: the unchanged third poll printed nothing; the shared run is never counted.
     assert len(lines) == 1 + 3 + 4 + 2 and sum("shared" in ln for ln in lines) == 1, lines
-    assert all("trials done" not in ln for ln in lines if "shared" in ln or "Running" in ln)
+    assert all(" done]" not in ln for ln in lines if "shared" in ln or "Running" in ln)
