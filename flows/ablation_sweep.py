@@ -1,7 +1,7 @@
 """The `ablation-sweep` flow: a sweep file expands to trials; each trial is a `pipeline` flow run on the GPU
 work pool; results aggregate into an MLflow parent run, a Prefect table artifact and a warehouse pivot.
 
-    rlvr sweep run demo-lr --watch           (validates, submits, follows, prints the pivot: rlvr_cli/sweep.py)
+    rlvr sweep run demo-lr --watch            (validates, submits, follows, prints the pivot: rlvr_cli/sweep.py)
     prefect deployment run 'ablation-sweep/demo-lr'
     prefect deployment run 'ablation-sweep/demo-lr' --param sweep=configs/sweeps/my_sweep.yaml
 

@@ -1,6 +1,6 @@
 """`rlvr sweep run|status|show`: submit an ablation sweep to the Prefect server, follow it, print its pivot.
 
-    rlvr sweep run demo-lr --watch            validate every trial here, submit `ablation-sweep/...`, follow
+    rlvr sweep run demo-lr --watch             validate every trial here, submit `ablation-sweep/...`, follow
                                                the trials, end with the pivot and the MLflow parent link
     rlvr sweep run my.yaml --set seeds=[0,1,2,3] --set grpo.steps=8 --no-watch
     rlvr sweep status [FLOW_RUN_ID|NAME]       the sweep's state and each trial's (the latest sweep by default)
