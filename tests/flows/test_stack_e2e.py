@@ -390,7 +390,8 @@ def test_lost_worker_trial_resumes_from_its_checkpoint(stack, tmp_path):
     demo = yaml.safe_load((ROOT / "configs" / "sweeps" / "demo_lr.yaml").read_text())
     sweep.write_text(yaml.safe_dump({"name": "fault-1", "base": str(ROOT / "configs" / "demo.yaml"),
                                      "set": {**demo["set"], "grpo.steps": steps, "grpo.checkpoint_every": 2,
-                                             "grpo.prompts_per_step": 2, "grpo.group_size": 4},  # small steps
+                                             # small steps and evaluation: this trial checks resuming, not numbers
+                                             "grpo.prompts_per_step": 2, "grpo.group_size": 4, "eval.max_problems": 40},
                                      "grid": {"grpo.lr": [2.0e-5]}}))
     env = stack_env(home, stack["api_url"])
     watcher = subprocess.Popen([str(Path(os.sys.executable).parent / "prefect"), "deployment", "run",
