@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from datetime import datetime
 import uuid
@@ -298,11 +299,19 @@ def test_sweep_cli_errors_in_one_line(stack, tmp_path):
     assert parent.info.status == "FAILED" and "G-logprob-temp" in parent.data.tags["error"]
 
 
-def _api(state, path: str, body: dict | None = None):
-    req = urllib.request.Request(state["api_url"] + path, data=json.dumps(body or {}).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
+def _api(state, path: str, body: dict | None = None, tries: int = 5):
+    """POST to the Prefect API. A 503 is retried, as Prefect's own client does: the test server's SQLite answers
+    it while another writer holds the database ("database is locked"), and the write was rolled back."""
+    for attempt in range(tries):
+        req = urllib.request.Request(state["api_url"] + path, data=json.dumps(body or {}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or attempt == tries - 1:
+                raise
+            time.sleep(1 + attempt)
 
 
 def _nightly_deployment_run(state) -> str:
