@@ -1,9 +1,9 @@
 """The `ablation-sweep` flow: a sweep file expands to trials; each trial is a `pipeline` flow run on the GPU
 work pool; results aggregate into an MLflow parent run, a Prefect table artifact and a warehouse pivot.
 
-    rlvr sweep run demo-2x2 --watch           (validates, submits, follows, prints the pivot: rlvr_cli/sweep.py)
-    prefect deployment run 'ablation-sweep/demo-2x2'
-    prefect deployment run 'ablation-sweep/demo-2x2' --param sweep=configs/sweeps/my_sweep.yaml
+    rlvr sweep run demo-lr --watch            (validates, submits, follows, prints the pivot: rlvr_cli/sweep.py)
+    prefect deployment run 'ablation-sweep/demo-lr'
+    prefect deployment run 'ablation-sweep/demo-lr' --param sweep=configs/sweeps/my_sweep.yaml
 
 Order of work:
 1. Load and expand the sweep (`rlvr_core.pipeline.sweeps`): every trial config is validated before anything runs.
@@ -112,7 +112,7 @@ def _load(sweep: str | dict[str, Any], sweep_source: str | None) -> tuple[Sweep,
 
 
 @sealed_flow(name="ablation-sweep", log_prints=True, validate_parameters=False)
-def ablation_sweep_flow(sweep: str | dict[str, Any] = "demo-2x2", max_parallel: int = 2,
+def ablation_sweep_flow(sweep: str | dict[str, Any] = "demo-lr", max_parallel: int = 2,
                         deployment: str | None = "pipeline/pipeline", trial_timeout_s: float = 6 * 3600,
                         sweep_source: str | None = None) -> dict[str, Any]:
     """`sweep`: a sweep name under configs/sweeps, a path, or the sweep itself (a mapping, as `rlvr sweep run`

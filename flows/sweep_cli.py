@@ -75,6 +75,11 @@ class TrialRun:
     label: str          # what differs ("loss_agg=token-mean lr=1e-05 seed=0")
     state: str          # "COMPLETED", "RUNNING", … ("RETRYING" shows as the state name)
     error: str = ""     # one line, when it failed
+    run_id: str = ""    # its flow run (tells apart the shared-stages runs of a sweep with several settings)
+
+    @property
+    def ident(self) -> str:
+        return self.key if self.key != "shared" else f"shared-{self.run_id}"
 
 
 @dataclass
@@ -104,7 +109,7 @@ def _trial(fr: Any) -> TrialRun:
         key, label = p.get("trial_id") or fr.name, p.get("trial_label") or ""
     st = fr.state
     failed = st is not None and st.is_final() and not st.is_completed()
-    return TrialRun(key, label, st.name if st else "?", one_line_error(st.message) if failed else "")
+    return TrialRun(key, label, st.name if st else "?", one_line_error(st.message) if failed else "", str(fr.id))
 
 
 def snapshot(flow_run_id: UUID | str) -> Snapshot:
@@ -116,12 +121,12 @@ def snapshot(flow_run_id: UUID | str) -> Snapshot:
     latest: dict[str, TrialRun] = {}
     for k in kids:
         t = _trial(k)
-        latest[t.key if t.key != "shared" else f"shared-{k.id}"] = t
+        latest[t.ident] = t
     return Snapshot(fr, sorted(latest.values(), key=lambda t: (t.key != "shared", t.key)))
 
 
 def find_sweep_run(ref: str | None) -> Any:
-    """A sweep's flow run by id, by flow-run name, by sweep id (`demo-2x2-1a2b3c4d`) or by sweep name (the latest)."""
+    """A sweep's flow run by id, by flow-run name, by sweep id (`demo-lr-1a2b3c4d`) or by sweep name (the latest)."""
     with _client() as client:
         if ref is None:
             return _latest(client, None)
@@ -157,21 +162,40 @@ def _latest(client: Any, ref: str | None) -> Any:
     return None
 
 
+class WatchLines:
+    """What `watch` prints for each snapshot: the sweep's state when it changes, and a line per trial whose
+    state changed. A trial's first Completed line carries the number of trials completed so far, counted
+    line by line: trials that finish between two polls get 3 and 4, not 4 twice."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] = {}
+        self.completed: set[str] = set()
+
+    def lines(self, snap: Snapshot, clock: str) -> list[str]:
+        out = []
+        if self.seen.get("sweep") != snap.state:
+            self.seen["sweep"] = snap.state
+            out.append(f"{clock} sweep {snap.flow_run.name}: {snap.state}")
+        for t in snap.trials:
+            if self.seen.get(t.ident) == t.state:
+                continue
+            self.seen[t.ident] = t.state
+            count = ""
+            if t.state == "Completed" and t.key != "shared" and t.key not in self.completed:
+                self.completed.add(t.key)
+                n = len(self.completed)
+                count = f"  [{n} trial{'s' if n > 1 else ''} done]"
+            out.append(f"{clock}   {t.key:<6} {t.label}: {t.state}{count}" + (f" — {t.error}" if t.error else ""))
+        return out
+
+
 def watch(flow_run_id: UUID | str, echo: Callable[[str], None], poll_s: float = 2.0) -> Snapshot:
     """Poll until the sweep's flow run is final, echoing each change of the sweep's or a trial's state."""
-    seen: dict[str, str] = {}
+    printer = WatchLines()
     while True:
         snap = snapshot(flow_run_id)
-        if seen.get("sweep") != snap.state:
-            seen["sweep"] = snap.state
-            echo(f"{time.strftime('%H:%M:%S')} sweep {snap.flow_run.name}: {snap.state}")
-        done = sum(t.state == "Completed" for t in snap.trials if t.key != "shared")
-        for t in snap.trials:
-            if seen.get(t.key) != t.state:
-                seen[t.key] = t.state
-                count = f"  [{done} trials done]" if t.state == "Completed" and t.key != "shared" else ""
-                echo(f"{time.strftime('%H:%M:%S')}   {t.key:<6} {t.label}: {t.state}{count}"
-                     + (f" — {t.error}" if t.error else ""))
+        for line in printer.lines(snap, time.strftime("%H:%M:%S")):
+            echo(line)
         if snap.final:
             return snap
         time.sleep(poll_s)

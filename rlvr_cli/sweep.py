@@ -1,6 +1,6 @@
 """`rlvr sweep run|status|show`: submit an ablation sweep to the Prefect server, follow it, print its pivot.
 
-    rlvr sweep run demo-2x2 --watch            validate every trial here, submit `ablation-sweep/...`, follow
+    rlvr sweep run demo-lr --watch             validate every trial here, submit `ablation-sweep/...`, follow
                                                the trials, end with the pivot and the MLflow parent link
     rlvr sweep run my.yaml --set seeds=[0,1,2,3] --set grpo.steps=8 --no-watch
     rlvr sweep status [FLOW_RUN_ID|NAME]       the sweep's state and each trial's (the latest sweep by default)
@@ -34,7 +34,7 @@ def _overrides(sets: list[str]) -> dict[str, Any]:
 
 @sweep_app.command("run")
 def sweep_run(
-    sweep: str = typer.Argument(..., help="a sweep file, or a name under configs/sweeps (demo-2x2)"),
+    sweep: str = typer.Argument(..., help="a sweep file, or a name under configs/sweeps (demo-lr)"),
     set_: list[str] = typer.Option([], "--set", help="a sweep field (seeds=[0,1,2], metric=pass@4), a grid entry "
                                    "(grid.grpo.lr=[1e-5,2e-5]) or an experiment field for every trial (grpo.steps=8)"),
     watch: bool = typer.Option(True, "--watch/--no-watch", help="follow the sweep and print its pivot at the end"),
@@ -122,7 +122,7 @@ def _find_sweep_id(ref: str, path: Optional[Path]) -> str:
 
 @sweep_app.command("show")
 def sweep_show(
-    ref: str = typer.Argument(..., help="sweep id (demo-2x2-1a2b3c4d) or sweep name (its latest run)"),
+    ref: str = typer.Argument(..., help="sweep id (demo-lr-1a2b3c4d) or sweep name (its latest run)"),
     metric: Optional[str] = typer.Option(None, help="default: the sweep file's metric, else accuracy_greedy"),
     warehouse_path: Optional[Path] = typer.Option(None, "--warehouse", help="DuckDB file (default: $RLVR_HOME's)"),
     json_out: bool = typer.Option(False, "--json", help="print the pivot rows as JSON"),

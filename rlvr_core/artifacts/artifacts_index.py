@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -41,6 +42,16 @@ def human_size(n: int) -> str:
 
 def _fmt(v) -> str:
     return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def decimals(n: int | None) -> int:
+    """Decimals for a fraction of `n` (an accuracy over n problems, or a mean over n problem-seeds): enough that
+    two neighbouring values k/n and (k+1)/n never print alike (0.025 and 0.050 from n = 40), and at least 3."""
+    return max(3, math.ceil(math.log10(n))) if n and n > 1 else 3
+
+
+def _num(v, d: int) -> str:
+    return "–" if v is None else f"{v:.{d}f}"
 
 
 def _link(rel: str, text: str | None = None) -> str:
@@ -176,35 +187,55 @@ def render_sweep_index(base: str, pivot: list[dict], swept_keys: list[str], metr
         t = by_trial.get(tid)
         return _link(t["folder"] + "/" + INDEX, tid) if t and t["has_index"] else html.escape(str(tid))
 
+    n_cell = max([(r.get("n_problems") or 0) * (r.get("n_seeds") or 1) for r in pivot] or [0])
+    d = decimals(n_cell)  # means over seeds of accuracies over n problems
     fig = svgplot.interval_chart(
         [(" ".join(f"{k.rsplit('.', 1)[-1]}={r.get(k)}" for k in swept_keys) or "all", r["mean"], r.get("ci_low"),
-          r.get("ci_high")) for r in pivot], title=f"{metric}: mean and 95% CI per cell", ylabel=metric)
+          r.get("ci_high")) for r in pivot], title=f"{metric}: mean and 95% CI per cell", ylabel=metric, decimals=d)
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>",
            f"<link rel=icon href='data:,'>{_STYLE}</head><body>", f"<h1>{title}</h1>"]
     if links:
         out.append("<p>" + " · ".join(f'<a href="{html.escape(u)}">{html.escape(n)}</a>' for n, u in links.items())
                    + "</p>")
     out.append(f"<h2>Pivot: {html.escape(metric)} by cell</h2>" + fig + "<table><tr>"
-               + "".join(f"<th>{html.escape(c)}</th>" for c in [*swept_keys, "seeds", "mean", "95% CI", "interval",
-                                                                  "per seed", "trials"]) + "</tr>")
-    for r in pivot:
-        ci = (f"{r['ci_low']:.3f}–{r['ci_high']:.3f}" if r.get("ci_low") is not None and r.get("ci_high") is not None
-              else "–")
-        cells = [*(html.escape(str(r.get(k))) for k in swept_keys), str(r.get("n_seeds")), f"{r['mean']:.4f}", ci,
-                 html.escape(str(r.get("ci_kind", ""))), ", ".join(f"{v:.3f}" for v in r.get("per_seed") or []),
-                 ", ".join(trial_link(t) for t in r.get("trial_ids") or [])]
-        out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+               + "".join(f"<th>{html.escape(c)}</th>" for c in [*swept_keys, "seeds", "n problems", "mean", "95% CI",
+                                                                  "interval", "per seed", "trials"]) + "</tr>")
+    out += [_pivot_row(r, swept_keys, d, trial_link) for r in pivot]
     out.append("</table><p>" + _link("pivot.json") + " (the same rows as JSON)</p><h2>Trials</h2><table>"
-               "<tr><th>trial</th><th>what differs</th><th>status</th><th>" + html.escape(metric) + "</th></tr>")
+               "<tr><th>trial</th><th>what differs</th><th>status</th><th>" + html.escape(metric) + "</th>"
+               "<th>95% CI (Wilson)</th><th>n</th></tr>")
     for t in sorted(trials, key=lambda t: t["folder"]):
-        s, v = t["summary"], t["summary"].get(metric)
-        name = _link(t["folder"] + "/" + INDEX, t["folder"]) if t["has_index"] else html.escape(t["folder"])
-        out.append(f"<tr><td>{name}</td><td>{html.escape(str(s.get('trial_label') or ''))}</td>"
-                   f"<td>{html.escape(str(t['run'].get('status') or ''))}</td>"
-                   f"<td class='n'>{_fmt(v) if v is not None else '–'}</td></tr>")
+        out.append(_trial_row(t, metric))
     out.append(f"</table><p><small>{len(trials)} trials; written {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())}"
                " UTC</small></p></body></html>\n")
     return "\n".join(out)
+
+
+def _pivot_row(r: dict, swept_keys: list[str], d: int, trial_link) -> str:
+    """A cell's line: its swept values, seeds, problems per trial, mean and interval to `d` decimals, the
+    interval's kind, each seed's value (to the decimals its n needs) and the trials, linked."""
+    ci = f"{_num(r.get('ci_low'), d)}–{_num(r.get('ci_high'), d)}" if r.get("ci_low") is not None else "–"
+    cells = [*(html.escape(str(r.get(k))) for k in swept_keys), str(r.get("n_seeds")), str(r.get("n_problems", "–")),
+             f"{r['mean']:.{d}f}", ci, html.escape(str(r.get("ci_kind", ""))),
+             ", ".join(f"{v:.{decimals(r.get('n_problems'))}f}" for v in r.get("per_seed") or []),
+             ", ".join(trial_link(t) for t in r.get("trial_ids") or [])]
+    return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+
+def _trial_row(t: dict, metric: str) -> str:
+    """A trial's line: its value to the decimals its n needs, its interval and n (the greedy accuracy's, from
+    summary.json: `accuracy_greedy_ci95`, `n_eval`; other metrics show their value alone)."""
+    s = t["summary"]
+    v = s.get(metric)
+    n = s.get("n_eval") if metric == "accuracy_greedy" else None
+    ci = s.get("accuracy_greedy_ci95") if metric == "accuracy_greedy" else None
+    d = decimals(n)
+    name = _link(t["folder"] + "/" + INDEX, t["folder"]) if t["has_index"] else html.escape(t["folder"])
+    ci_text = f"{_num(ci[0], d)}–{_num(ci[1], d)}" if isinstance(ci, (list, tuple)) and len(ci) == 2 else "–"
+    return (f"<tr><td>{name}</td><td>{html.escape(str(s.get('trial_label') or ''))}</td>"
+            f"<td>{html.escape(str(t['run'].get('status') or ''))}</td>"
+            f"<td class='n'>{_num(v, d) if isinstance(v, (int, float)) else '–'}</td>"
+            f"<td class='n'>{ci_text}</td><td class='n'>{n if n is not None else '–'}</td></tr>")
 
 
 def view_cache(store: ArtifactStore) -> Path:

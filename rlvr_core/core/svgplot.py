@@ -85,23 +85,37 @@ def line_chart(series: dict[str, list[tuple[float, float]]], *, title: str, xlab
     return "\n".join(out + ["</svg>"])
 
 
-def interval_chart(rows: list[tuple[str, float, float | None, float | None]], *, title: str, ylabel: str) -> str:
-    """One point per row (label, mean, low, high) with its interval as a vertical bar; '' when empty."""
+def fitted_range(values: list[float], margin: float = 0.12) -> tuple[float, float]:
+    """The axis range of a set of values: their min to max, widened by `margin` of the span on each side (a
+    fixed 0–1 axis flattens cells that differ by a few points). A single value gets ±`margin` of itself."""
+    lo, hi = min(values), max(values)
+    pad = (hi - lo) * margin if hi > lo else max(abs(hi) * margin, 0.01)
+    return lo - pad, hi + pad
+
+
+def interval_chart(rows: list[tuple[str, float, float | None, float | None]], *, title: str, ylabel: str,
+                   decimals: int = 3) -> str:
+    """One point per row (label, mean, low, high) with its interval as an error bar; the y axis spans the
+    points and intervals (`fitted_range`); each point is labelled with its mean to `decimals`. '' when empty."""
     rows = [r for r in rows if r[1] is not None]
     if not rows:
         return ""
-    vals = [v for _, m, lo, hi in rows for v in (m, lo, hi) if v is not None]
-    y_lo, y_hi = _range(vals, min(0.0, min(vals)), max(vals) if max(vals) > 1 else 1.0)
+    y_lo, y_hi = fitted_range([v for _, m, lo, hi in rows for v in (m, lo, hi) if v is not None])
     step = (W - PAD_L - PAD_R) / len(rows)
     yv = lambda y: H - PAD_B - (y - y_lo) / (y_hi - y_lo) * (H - PAD_T - PAD_B)  # noqa: E731
     out = _frame(title, "", ylabel, y_lo, y_hi, yv)  # the cells' labels take the x-axis label's room
     for i, (label, mean, lo, hi) in enumerate(rows):
         x = PAD_L + step * (i + 0.5)
+        ci = ""
         if lo is not None and hi is not None:
-            out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{yv(lo):.1f}" y2="{yv(hi):.1f}" stroke="#555" '
-                       f'stroke-width="2"/>')
+            ci = f" [{lo:.{decimals}f}, {hi:.{decimals}f}]"
+            out += [f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{yv(lo):.1f}" y2="{yv(hi):.1f}" stroke="#555" '
+                    f'stroke-width="2"/>'] + [f'<line x1="{x - 6:.1f}" x2="{x + 6:.1f}" y1="{yv(v):.1f}" '
+                                              f'y2="{yv(v):.1f}" stroke="#555" stroke-width="2"/>' for v in (lo, hi)]
         out.append(f'<circle cx="{x:.1f}" cy="{yv(mean):.1f}" r="4" fill="{COLOURS[0]}"><title>'
-                   f"{html.escape(label)}: {_fmt(mean)}</title></circle>" + _cell_label(label, x, step))
+                   f"{html.escape(label)}: {mean:.{decimals}f}{ci}</title></circle>"
+                   f'<text x="{x + 8:.1f}" y="{yv(mean) + 4:.1f}">{mean:.{decimals}f}</text>'
+                   + _cell_label(label, x, step))
     return "\n".join(out + ["</svg>"])
 
 

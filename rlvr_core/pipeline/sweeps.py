@@ -2,7 +2,7 @@
 
 A sweep is a base experiment plus what varies:
 
-    name: demo-2x2                    # the sweep's name (also the deployment name used in the docs)
+    name: demo-lr                    # the sweep's name (also the deployment name used in the docs)
     description: …
     base: ../demo.yaml                # an experiment file (relative to this file) or an inline mapping
     set: {grpo.enabled: true, …}      # dotted overrides applied to the base for every trial
@@ -257,7 +257,7 @@ def load_sweep(path: str | Path) -> Sweep:
 
 
 def find_sweep(name_or_path: str, root: Path | None = None) -> Path:
-    """A sweep by file path, or by name under `configs/sweeps/` (`demo-2x2` → `demo_2x2.yaml`)."""
+    """A sweep by file path, or by name under `configs/sweeps/` (`demo-lr` → `demo_lr.yaml`)."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml"):
         return p

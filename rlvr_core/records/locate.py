@@ -3,7 +3,7 @@
     s3://BUCKET/KEY[/]           an object or a folder (the `artifacts:` line of `rlvr demo` and of a sweep)
     /PATH[/], file:///PATH       a file or folder on disk (the same lines with a local store)
     EXPERIMENT/FOLDER[/KEY]      a key or folder of the configured store
-    FOLDER                       a run's or sweep's folder name in any experiment: a sweep id (`demo-2x2-40e69213`,
+    FOLDER                       a run's or sweep's folder name in any experiment: a sweep id (`demo-lr-40e69213`,
                                  what `rlvr sweep` prints), `demo-1a2b3c4d`; a Prefect flow run id finds the sweep
                                  whose id ends in its first 8 characters
     RUN_ID                       a run id, full or its first 8 characters, found by the run folders' run.json

@@ -16,7 +16,7 @@ from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
 LEGACY = "0f" * 16           # an old run folder: rlvr-demo/<full run id>
 SINGLE = "a1b2c3d4" + "e" * 24
 TRIAL = "c0ffee00" + "1" * 24
-SWEEP = "demo-2x2-5eed5eed"
+SWEEP = "demo-lr-5eed5eed"
 
 
 

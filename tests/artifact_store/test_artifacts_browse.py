@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from rlvr_core.artifacts.artifacts_index import write_run_index, write_sweep_index
 from rlvr_core.artifacts.layout import run_prefix, sweep_prefix, trial_prefix
 
-SWEEP_ID = "demo-2x2-40e69213"
+SWEEP_ID = "demo-lr-40e69213"
 RUN_ID = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
 TRIALS = {"t00": ("lr=1e-05 seed=0", "11112222333344445555666677778888"),
           "t01": ("lr=5e-05 seed=0", "99990000aaaabbbbccccddddeeeeffff")}

@@ -68,11 +68,11 @@ def test_run_index_draws_its_figures_inline_and_keeps_its_links(store):
 
 
 def test_sweep_index_links_trials_and_shows_the_pivot(store):
-    sweep = "exp/demo-2x2-5eed5eed"
+    sweep = "exp/demo-lr-5eed5eed"
     trials = {}
     for i, (lr, seed, acc) in enumerate(((1e-5, 0, 0.40), (1e-5, 1, 0.50), (5e-5, 0, 0.70), (5e-5, 1, 0.60))):
         tid, label = f"t{i:02d}", f"grpo.lr={lr:g} seed={seed}"
-        folder = trial_prefix("exp", "demo-2x2-5eed5eed", tid, label)
+        folder = trial_prefix("exp", "demo-lr-5eed5eed", tid, label)
         _run_folder(store, folder, f"{i:032x}", {"trial_id": tid, "trial_label": label, "accuracy_greedy": acc})
         write_run_index(store, folder)
         trials[tid] = folder.rsplit("/", 1)[1]
@@ -86,11 +86,38 @@ def test_sweep_index_links_trials_and_shows_the_pivot(store):
     html = store.get_text(key)
     for tid, name in trials.items():  # each trial linked twice: in its pivot cell and in the trial list
         assert html.count(f'href="{quote(name)}/index.html"') == 2, tid
-    assert "0.4500" in html and "0.6500" in html and "t over 2 seeds" in html and 'href="pivot.json"' in html
+    assert "0.450" in html and "0.650" in html and "t over 2 seeds" in html and 'href="pivot.json"' in html
     assert json.loads(store.get_text(f"{sweep}/pivot.json")) == pivot
     (fig,) = _svgs(html)
     assert len(list(fig.iter(f"{SVG}circle"))) == 2 and len(list(fig.iter(f"{SVG}line"))) >= 2  # points + CI bars
     assert not store.exists(f"{sweep}/run.json")  # a sweep folder is not a run (the warehouse skips it)
+
+
+def test_sweep_figure_axis_fits_the_intervals_and_values_keep_their_precision(tmp_path):
+    """Two cells 0.5 points apart: the chart's axis spans their intervals (not 0–1, which drew them as one dot),
+    with error bars; the pivot and the trial table print 0.025 and 0.030 apart, with n and the interval."""
+    store = LocalStore(tmp_path / "store")
+    sweep, cells = "exp/lr-5eed5eed", ((1e-5, 0.025, 0.020, 0.030), (5e-5, 0.030, 0.027, 0.033))
+    pivot = [{"grpo.lr": lr, "n_seeds": 2, "mean": m, "ci_low": lo, "ci_high": hi, "ci_kind": "t over 2 seeds",
+              "per_seed": [m, m], "seeds": [0, 1], "trial_ids": [f"t{2 * i:02d}", f"t{2 * i + 1:02d}"], "n_problems": 40}
+             for i, (lr, m, lo, hi) in enumerate(cells)]
+    folder = trial_prefix("exp", "lr-5eed5eed", "t00", "lr=1e-05 seed=0")
+    _run_folder(store, folder, "0" * 32, {"trial_id": "t00", "trial_label": "lr=1e-05 seed=0", "accuracy_greedy": 0.025,
+                                          "accuracy_greedy_ci95": [0.0044, 0.1288], "n_eval": 40})
+    html = store.get_text(write_sweep_index(store, sweep, pivot=pivot, swept_keys=["grpo.lr"], metric="accuracy_greedy"))
+    (fig,) = _svgs(html)
+    ticks = [float(t.text) for t in fig.iter(f"{SVG}text") if t.get("text-anchor") == "end" and t.text]
+    assert len(ticks) >= 3 and 0.019 <= min(ticks) and max(ticks) <= 0.034, ticks  # the data's range, not 0–1
+    ys = {float(c.get("cy")) for c in fig.iter(f"{SVG}circle")}
+    assert max(ys) - min(ys) > 50, ys  # the two means are drawn apart (the plot is ~200 px high)
+    bars = [ln for ln in fig.iter(f"{SVG}line") if ln.get("stroke") == "#555"]
+    assert len(bars) == 2 * 3  # per cell: the interval and its two caps
+    span = [(float(b.get("y1")), float(b.get("y2"))) for b in bars if b.get("x1") == b.get("x2")]
+    assert all(abs(y1 - y2) > 20 for y1, y2 in span), span  # each interval visible, not a dot
+    assert {"0.025", "0.030"} <= {t.text for t in fig.iter(f"{SVG}text")}  # each mean labelled to 3 decimals
+    rows = re.findall(r"<tr><td>([15]e-05)</td><td>2</td><td>40</td><td>([0-9.]+)</td><td>([0-9.–]+)</td>", html)
+    assert rows == [("1e-05", "0.025", "0.020–0.030"), ("5e-05", "0.030", "0.027–0.033")], html
+    assert re.search(r"<td class='n'>0\.025</td><td class='n'>0\.004–0\.129</td><td class='n'>40</td>", html), html
 
 
 @pytest.mark.slow

@@ -19,19 +19,23 @@ def write(tmp_path: Path, data: dict, name: str = "s.yaml") -> Path:
     return p
 
 
-def test_demo_sweep_expands_to_four_cells_times_three_seeds():
-    sw = load_sweep(ROOT / "configs" / "sweeps" / "demo_2x2.yaml")
-    assert [t.trial_id for t in sw.trials] == [f"t{i:02d}" for i in range(12)]
-    assert sw.swept_keys == ["grpo.loss_agg", "grpo.lr"]
-    cells = [(t.config["grpo"]["loss_agg"], t.config["grpo"]["lr"], t.config["seed"]) for t in sw.trials]
-    assert sorted(cells) == sorted((a, b, s) for a in ("token-mean", "seq-mean-token-mean") for b in (1e-5, 5e-5)
-                                   for s in (0, 1, 2))
-    # `set` reached every trial, and everything else is the base file's.
+def test_demo_sweep_is_the_demo_recipe_at_two_lrs_times_three_seeds():
+    sw = load_sweep(ROOT / "configs" / "sweeps" / "demo_lr.yaml")
+    assert [t.trial_id for t in sw.trials] == [f"t{i:02d}" for i in range(6)]
+    assert sw.swept_keys == ["grpo.lr"]
+    assert [(t.config["grpo"]["lr"], t.config["seed"]) for t in sw.trials] == [
+        (lr, s) for lr in (3e-5, 3e-4) for s in (0, 1, 2)]
+    # The demo's recipe: its data, base model, sampling and GRPO batch; only the length of training (and the
+    # warm-up and evaluation interval that scale with it) and the lr differ.
     base = load_config(ROOT / "configs" / "demo.yaml").resolved()
+    assert 3e-4 == base["grpo"]["lr"]
     for t in sw.trials:
-        assert t.config["grpo"]["enabled"] is True and t.config["passk"]["max_prompts"] == 24
-        assert t.config["sampling"] == base["sampling"]
-    assert find_sweep("demo-2x2") == ROOT / "configs" / "sweeps" / "demo_2x2.yaml"
+        for section in ("data", "model", "prompt", "sampling"):
+            assert t.config[section] == base[section], section
+        differ = {k for k in base["grpo"] if t.config["grpo"][k] != base["grpo"][k]}
+        assert differ <= {"lr", "steps", "warmup_steps", "eval_every"}, differ
+        assert t.config["grpo"]["steps"] == 10 and t.config["passk"]["max_prompts"] == 200
+    assert find_sweep("demo-lr") == ROOT / "configs" / "sweeps" / "demo_lr.yaml"
 
 
 def test_sampling_ablation_sweep_expands_to_valid_variants_times_seeds():

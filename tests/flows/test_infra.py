@@ -22,15 +22,15 @@ def test_prefect_yaml_deploys_the_four_flows_on_the_right_pools():
         module, attr = d["entrypoint"].split(":")
         flows[d["name"]] = getattr(importlib.import_module(module.removesuffix(".py").replace("/", ".")), attr).name
     # The CLI addresses them as FLOW_NAME/DEPLOYMENT_NAME.
-    assert {f"{flows[n]}/{n}" for n in deps} == {"pipeline/pipeline", "ablation-sweep/demo-2x2", "ablation-sweep/sweep",
+    assert {f"{flows[n]}/{n}" for n in deps} == {"pipeline/pipeline", "ablation-sweep/demo-lr", "ablation-sweep/sweep",
                                                  "nightly-eval/nightly", "probe/probe", "pipeline/shared-stages"}
     assert deps["shared-stages"]["work_pool"]["name"] == "{{ $RLVR_CPU_POOL }}"
     assert deps["shared-stages"]["parameters"]["stop_after"] == "curriculum"
     assert deps["nightly"]["schedules"][0]["cron"] == "{{ $RLVR_NIGHTLY_CRON }}"  # stack_env sets it
     assert (deps["pipeline"]["work_pool"]["name"] == deps["nightly"]["work_pool"]["name"] == deps["probe"]["work_pool"]["name"]
             == "{{ $RLVR_GPU_POOL }}")
-    assert deps["demo-2x2"]["work_pool"]["name"] == deps["sweep"]["work_pool"]["name"] == "{{ $RLVR_CPU_POOL }}"
-    assert (ROOT / "configs" / "sweeps" / "demo_2x2.yaml").is_file()
+    assert deps["demo-lr"]["work_pool"]["name"] == deps["sweep"]["work_pool"]["name"] == "{{ $RLVR_CPU_POOL }}"
+    assert (ROOT / "configs" / "sweeps" / "demo_lr.yaml").is_file()
 
 
 @pytest.mark.parametrize("name", ["process", "docker", "kubernetes"])
