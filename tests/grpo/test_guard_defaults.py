@@ -51,11 +51,16 @@ def test_guard_coverage_lists_every_guard_for_the_shipped_configs():
     assert _needs(default) == {}
     assert "drift signal every 4 steps" in default["G-kl-explosion"]
     assert "kl_spike_max flag needs grpo.beta > 0" in default["G-kl-explosion"]
-    # Every example config validates; without training, the training guards say what they need.
+    # Every example config validates; a recipe that trains is guarded by every guard; without training, the
+    # training guards say what they need.
     for path in sorted((ROOT / "configs" / "examples").glob("*.yaml")):
-        cov = guard_coverage(load_config(path))
+        cfg = load_config(path)
+        cov = guard_coverage(cfg)
         assert list(cov) == list(GUARDS), path
-        assert cov["G-collapse"] == "needs grpo.enabled (no training in this run)", path
+        if cfg.grpo.enabled:
+            assert _needs(cov) == {} and cov["G-collapse"] == "active", (path, _needs(cov))
+        else:
+            assert cov["G-collapse"] == "needs grpo.enabled (no training in this run)", path
 
 
 def test_guard_coverage_names_the_setting_a_blind_guard_needs():
