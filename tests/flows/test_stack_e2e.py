@@ -406,8 +406,15 @@ def test_nightly_eval_evaluates_each_checkpoint_once(stack):
     run_s = (datetime.fromisoformat(completed["end_time"]) - datetime.fromisoformat(completed["start_time"]))
     run_s = run_s.total_seconds()
     assert run_s < 30 and wall < 30, (run_s, wall)
-    logs = [m["message"] for m in _api(stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [completed["id"]]}}})]
-    assert f"nothing new: 4 checkpoints already evaluated for suite {suite}" in logs, logs
+    # The flow run's logs reach the server in batches, after its state under load: wait for them, bounded.
+    line, deadline = f"nothing new: 4 checkpoints already evaluated for suite {suite}", time.monotonic() + 30
+    while True:
+        logs = [m["message"] for m in
+                _api(stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [completed["id"]]}}})]
+        if line in logs or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert line in logs, logs
     assert wh(stack, "select name from runs where kind = 'eval' order by name") == evals
     print(f"nightly, nothing new: {run_s:.1f} s from Running to Completed, {wall:.1f} s from creation")
 
