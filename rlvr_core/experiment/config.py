@@ -424,11 +424,11 @@ class GRPOConfig(_Strict):
                                                   "output head (peft's 'all-linear')")
 
     # ---- how the stage starts its ranks (docs/gpu.md, "Multi-node"); none of these changes the maths ----
-    launch: Literal["local", "torchrun"] = Field("local", description="local: the stage trains in its own process "
-                                                 "(or under whatever launcher started it). torchrun: the stage starts "
-                                                 "nnodes x nproc_per_node ranks with torch.distributed.run, waits for "
-                                                 "them, and stops the whole group when one node fails (a retry "
-                                                 "relaunches every node and resumes from the last checkpoint)")
+    launch: Literal["local", "torchrun", "deepspeed"] = Field(
+        "local", description="local: the stage trains in its own process (or under whatever launcher started it). "
+        "torchrun / deepspeed: the stage starts nnodes x nproc_per_node ranks, one torch.distributed.run / "
+        "deepspeed.launcher.launch per node (deepspeed: the nodes are hostfile's hosts), waits for them, and stops "
+        "the whole group when one node fails (a retry relaunches every node and resumes from the last checkpoint)")
     nnodes: int = Field(1, ge=1, description="torchrun: nodes in the group (node 0 runs where the stage runs)")
     nproc_per_node: int = Field(1, ge=1, description="torchrun: ranks per node (one per GPU)")
     rdzv_endpoint: str = Field("127.0.0.1:0", description="torchrun: HOST:PORT of node 0's rendezvous store "
@@ -440,6 +440,12 @@ class GRPOConfig(_Strict):
                               "are written by every rank)")
     hosts: list[str] = Field(default_factory=list, description="torchrun: the host of nodes 1..nnodes-1 for "
                              "node_command's {host} (nnodes - 1 entries when node_command names {host})")
+    hostfile: str = Field("", description="deepspeed: a DeepSpeed hostfile, one 'HOST slots=N' line per node "
+                          "(node 0, where the stage runs, first); its hosts fill node_command's {host}; it must "
+                          "list nnodes hosts of nproc_per_node slots each (after include/exclude)")
+    include: str = Field("", description="deepspeed: DeepSpeed's --include filter of the hostfile, e.g. "
+                         "'worker-0@worker-1:0,2'")
+    exclude: str = Field("", description="deepspeed: DeepSpeed's --exclude filter of the hostfile")
 
     @field_validator("health")
     @classmethod
@@ -490,9 +496,10 @@ class GRPOConfig(_Strict):
         if self.max_staleness and (self.dynamic_sampling or self.adaptive_sampling):
             raise ValueError("max_staleness > 0 cannot be combined with dynamic_sampling or adaptive_sampling: "
                              "those decide from verified rewards while sampling, and the ahead sampler only samples")
-        if "{host}" in self.node_command and len(self.hosts) != self.nnodes - 1:
+        if self.launch != "deepspeed" and "{host}" in self.node_command and len(self.hosts) != self.nnodes - 1:
             raise ValueError(f"node_command names {{host}}, so hosts needs nnodes - 1 = {self.nnodes - 1} entries "
                              f"(the hosts of nodes 1..{self.nnodes - 1}), got {len(self.hosts)}")
+        self._launch_fits()
         host, _, port = self.rdzv_endpoint.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"rdzv_endpoint must be HOST:PORT, got {self.rdzv_endpoint!r}")
@@ -500,6 +507,21 @@ class GRPOConfig(_Strict):
             raise ValueError(f"adaptive_max_samples={self.adaptive_max_samples} is below group_size="
                              f"{self.group_size}, the first chunk: every prompt gets at least one chunk")
         return self
+
+    def _launch_fits(self) -> None:
+        """deepspeed: the hostfile names the nodes (read here, before any work); torchrun: hosts does."""
+        if self.launch != "deepspeed":
+            if self.hostfile or self.include or self.exclude:
+                raise ValueError(f"hostfile / include / exclude are for launch: deepspeed, not {self.launch}")
+            return
+        if not self.hostfile:
+            raise ValueError("launch: deepspeed needs grpo.hostfile (one 'HOST slots=N' line per node)")
+        if self.hosts:
+            raise ValueError("launch: deepspeed takes the nodes' hosts from grpo.hostfile; leave grpo.hosts empty")
+        from rlvr_core.pipeline.hostfile import read_hostfile
+
+        read_hostfile(self.hostfile, self.include, self.exclude, nnodes=self.nnodes,
+                      nproc_per_node=self.nproc_per_node)
 
 
 def _known_verifier(name: str) -> str:

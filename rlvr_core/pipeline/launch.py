@@ -1,10 +1,12 @@
-"""The training stage as a group of ranks: `grpo.launch: torchrun` (docs/gpu.md, "Multi-node").
+"""The training stage as a group of ranks: `grpo.launch: torchrun` or `deepspeed` (docs/gpu.md, "Multi-node").
 
 The stage process (`train_stage`) keeps what it always does (the folder keyed by the inputs, the recorded
 numerics, the summary and `.done`) and hands only the training itself to `train_group`: one
 `torch.distributed.run` per node (`--nnodes N --node_rank i --nproc_per_node K`, static rendezvous at
-`grpo.rdzv_endpoint`), every rank running `python -m rlvr_core.pipeline.rank REQUEST`, which calls
-`stages.train_here` with the same arguments (N ranks train like one process: rlvr_core/grpo/distributed.py).
+`grpo.rdzv_endpoint`), or one `deepspeed.launcher.launch` per hostfile host (`--world_info --node_rank i`,
+the same endpoint as --master_addr/--master_port); either way every rank runs
+`python -m rlvr_core.pipeline.rank REQUEST`, which calls `stages.train_here` with the same arguments (N ranks
+train like one process: rlvr_core/grpo/distributed.py).
 
 A group stands or falls together: when one node's process ends badly, the others are given a few seconds to
 report their own error and are then killed (each node is its own process group; its ranks stop when
@@ -37,7 +39,7 @@ LAUNCH_DIR = "launch"
 FAILURES = "failures.jsonl"  # one line per failed attempt of the group, kept across retries
 # Variables a launcher sets; inherited from an outer launch they would confuse the nodes' own.
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
-               "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")
 GRACE_S = 5.0  # after one node fails: how long the others may take to report their own error
 # A rank's error that only says its peers went away (the real failure is elsewhere).
 _PEER_LOST = ("gloo", "nccl", "connection", "socket", "broken pipe", "timed out", "peer")
@@ -52,16 +54,24 @@ class GroupFailure(RuntimeError):
 
 
 def node_commands(grpo, request: Path, port: int) -> list[list[str]]:
-    """The command of each node, node 0 first (it runs where the stage runs)."""
-    host = grpo.rdzv_endpoint.rpartition(":")[0]
-    cmds = []
-    for i in range(grpo.nnodes):
-        prefix = shlex.split(grpo.node_command.format(host=grpo.hosts[i - 1] if grpo.hosts else "")) if i else []
-        cmds.append(prefix + [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(grpo.nnodes),
-                              "--node_rank", str(i), "--nproc_per_node", str(grpo.nproc_per_node),
-                              "--master_addr", host, "--master_port", str(port),
-                              "-m", "rlvr_core.pipeline.rank", str(request)])
-    return cmds
+    """The command of each node, node 0 first (it runs where the stage runs); nodes >= 1 behind node_command."""
+    addr, rank = grpo.rdzv_endpoint.rpartition(":")[0], ["rlvr_core.pipeline.rank", str(request)]
+    if grpo.launch == "deepspeed":
+        from rlvr_core.pipeline.hostfile import encode_world_info, read_hostfile
+
+        world = read_hostfile(grpo.hostfile, grpo.include, grpo.exclude, nnodes=grpo.nnodes,
+                              nproc_per_node=grpo.nproc_per_node)
+        hosts, info = list(world), encode_world_info(world)
+        # --no_local_rank: the rank reads LOCAL_RANK from its environment; --module: rank.py is a module.
+        agents = [["deepspeed.launcher.launch", f"--world_info={info}", f"--node_rank={i}", f"--master_addr={addr}",
+                   f"--master_port={port}", "--no_local_rank", "--module", *rank] for i in range(grpo.nnodes)]
+    else:
+        hosts = [""] + list(grpo.hosts) if grpo.hosts else [""] * grpo.nnodes
+        agents = [["torch.distributed.run", "--nnodes", str(grpo.nnodes), "--node_rank", str(i), "--nproc_per_node",
+                   str(grpo.nproc_per_node), "--master_addr", addr, "--master_port", str(port), "-m", *rank]
+                  for i in range(grpo.nnodes)]
+    return [(shlex.split(grpo.node_command.format(host=hosts[i])) if i else []) + [sys.executable, "-m", *agent]
+            for i, agent in enumerate(agents)]
 
 
 def _free_port() -> int:
@@ -93,7 +103,7 @@ def train_group(cfg, data, base, curriculum, folder: Path, progress: Progress = 
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS} | secrets
     env.update(OMP_NUM_THREADS=str(request["threads"]), TOKENIZERS_PARALLELISM="false")
     g = cfg.grpo
-    progress("grpo", f"launching {g.nnodes} node(s) x {g.nproc_per_node} rank(s) (torchrun, rendezvous "
+    progress("grpo", f"launching {g.nnodes} node(s) x {g.nproc_per_node} rank(s) ({g.launch}, rendezvous "
                      f"{g.rdzv_endpoint.rpartition(':')[0]}:{port})")
     procs = []
     for i, cmd in enumerate(node_commands(g, req, port)):

@@ -1,5 +1,6 @@
 """One rank of a launched training group: `python -m rlvr_core.pipeline.rank REQUEST` under torch.distributed.run
-(rlvr_core/pipeline/launch.py starts the group). It reads the sealed request, trains with every other rank through
+or deepspeed.launcher.launch (rlvr_core/pipeline/launch.py starts the group; both export RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT). It reads the sealed request, trains with every other rank through
 `stages.train_here`, and rank 0 writes `result.json` next to the request; a failure is written as
 `rank<R>.error.json` for the launcher to judge."""
 
@@ -29,7 +30,9 @@ def rank_main(argv: list[str]) -> int:
     stop_with_launcher(req["launcher_pid"])
     torch.set_num_threads(req["threads"])
     try:
-        cfg = parse_config(req["config"], str(path))
+        # The stage checked the launch settings; the hostfile they name may exist only on its host.
+        cfg = parse_config({**req["config"], "grpo": {**req["config"]["grpo"], "launch": "local", "hostfile": "",
+                                                      "include": "", "exclude": ""}}, str(path))
         data, base = stages.DataArtifact(**req["data"]), stages.ModelArtifact(**req["base"])
         cur = stages.CurriculumArtifact(**req["curriculum"])
         main = rank == 0

@@ -63,7 +63,8 @@ GRPO_MEMORY_FIELDS = frozenset({"micro_batch_size", "max_tokens_per_micro_batch"
                                 "gradient_checkpointing"})
 # How the stage starts its ranks (docs/gpu.md, "Multi-node"): N ranks train like one process, so these stay out of
 # the key too, and a run started on one node resumes on two (the change is recorded like the thread count).
-GRPO_LAUNCH_FIELDS = frozenset({"launch", "nnodes", "nproc_per_node", "rdzv_endpoint", "node_command", "hosts"})
+GRPO_LAUNCH_FIELDS = frozenset({"launch", "nnodes", "nproc_per_node", "rdzv_endpoint", "node_command", "hosts",
+                                "hostfile", "include", "exclude"})
 
 
 _PATH_FIELDS = frozenset({"path", "train_path", "test_path", "table_path", "samples_path", "steps_path", "folder"})
@@ -406,7 +407,7 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     (`numerics`) are recorded, not keyed: a retry on another host or at another thread count resumes
     instead of starting over, and says so (`_track_numerics`). So do the memory settings
     (`GRPO_MEMORY_FIELDS`): a run that ran out of memory resumes with smaller micro-batches; and so do the
-    launch settings (`GRPO_LAUNCH_FIELDS`): with `grpo.launch: torchrun` the training runs in a group of ranks
+    launch settings (`GRPO_LAUNCH_FIELDS`): with `grpo.launch: torchrun` or `deepspeed` the training runs in a group of ranks
     the stage starts (`rlvr_core.pipeline.launch.train_group`) instead of this process.
     """
     template_warnings = check_template_at_start(cfg, base.path, progress, "grpo")
@@ -414,7 +415,7 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     if not done:
         recorded = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS | GRPO_LAUNCH_FIELDS))
         run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(recorded.items())})
-        if cfg.grpo.launch == "torchrun":
+        if cfg.grpo.launch in ("torchrun", "deepspeed"):
             result = train_group(cfg, data, base, curriculum, folder, progress, mlflow_run_id=mlflow_run_id,
                                  base_eval=base_eval)
         else:

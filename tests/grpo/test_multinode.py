@@ -11,6 +11,7 @@ on loopback, gloo), each the agent of one rank.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -39,12 +40,23 @@ def _with(cfg, **grpo):
     return parse_config({**d, "grpo": {**d["grpo"], **grpo}}, "<multinode test>")
 
 
+def _two_hosts(tmp_path: Path) -> dict:
+    """`grpo.launch: deepspeed` over a hostfile of two loopback "hosts"; node 1 starts here (no node_command)."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# two loopback nodes\n127.0.0.1 slots=1\n\nlocalhost slots=1\n")
+    return {**TWO_NODES, "launch": "deepspeed", "hostfile": str(hostfile)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("zero", [2, 3])
-def test_two_nodes_train_like_one_process(tiny, rlvr_home, tmp_path, monkeypatch, zero):
+@pytest.mark.parametrize("launch,zero", [("torchrun", 2), ("torchrun", 3), ("deepspeed", 2)])
+def test_two_nodes_train_like_one_process(tiny, rlvr_home, tmp_path, monkeypatch, launch, zero):
     cfg, data, base, cur = _inputs(tiny, tmp_path)
     cfg = _with(cfg, steps=2, lr=1e-3, checkpoint_every=1, zero_stage=zero)
-    group = stages.train_stage(_with(cfg, **TWO_NODES), data, base, cur)
+    group = stages.train_stage(_with(cfg, **(TWO_NODES if launch == "torchrun" else _two_hosts(tmp_path))),
+                               data, base, cur)
+    if launch == "deepspeed":  # node 1 ran under DeepSpeed's per-node launcher as global rank 1
+        assert "'localhost': [1]" in (Path(group.folder) / "launch" / "node1.log").read_text()
+        assert group.summary["numerics"]["grpo.launch"] == "deepspeed"
     monkeypatch.setenv("RLVR_HOME", str(tmp_path / "one-process-home"))
     one = stages.train_stage(cfg, data, base, cur)
     # Same inputs, same key: the launch settings are recorded, not keyed.
@@ -134,3 +146,38 @@ def test_a_lost_node_is_transient_and_a_ranks_own_error_is_not():
     lost = GroupFailure("grpo: node 1 of 2 exited with signal SIGKILL", transient=True)
     guard = GroupFailure("grpo: node 0 of 2 exited with status 1\nrank 0: GuardError: ...", transient=False)
     assert is_transient(lost) and not is_transient(guard)
+
+
+def test_deepspeed_nodes_are_the_hostfiles_hosts_in_its_order(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("gpu-a slots=8\ngpu-b slots=8  # DeepSpeed ignores what follows the slots\ngpu-c slots=8\n")
+    cfg = parse_config({"grpo": {"launch": "deepspeed", "hostfile": str(hostfile), "nnodes": 2, "nproc_per_node": 8,
+                                 "exclude": "gpu-b", "rdzv_endpoint": "10.0.0.5:29500",
+                                 "node_command": "ssh -o BatchMode=yes {host}"}}, "<t>")
+    cmds = node_commands(cfg.grpo, tmp_path / "request.json", 29500)
+    assert cmds[0][1:3] == ["-m", "deepspeed.launcher.launch"] and cmds[1][:4] == ["ssh", "-o", "BatchMode=yes", "gpu-c"]
+    for i, c in enumerate(cmds):
+        flags = dict(a.split("=", 1) for a in c if a.startswith("--") and "=" in a)
+        world = json.loads(base64.urlsafe_b64decode(flags["--world_info"]))
+        assert world == {"gpu-a": list(range(8)), "gpu-c": list(range(8))}  # DeepSpeed's --world_info
+        assert (flags["--node_rank"], flags["--master_addr"], flags["--master_port"]) == (str(i), "10.0.0.5", "29500")
+        assert c[-4:] == ["--no_local_rank", "--module", "rlvr_core.pipeline.rank", str(tmp_path / "request.json")]
+
+
+@pytest.mark.parametrize("text,grpo,error", [
+    (None, {}, r"hostfile .*/hostfile: no such file"),
+    ("a slots=1\n\nb slot=1\n", {}, r"/hostfile:3: not 'HOST slots=N': 'b slot=1'"),
+    ("a slots=1\na slots=1\n", {}, r"/hostfile:2: host a is already on line 1"),
+    ("a slots=1\nb slots=2\n", {}, r"/hostfile:2: host b has 2 slot\(s\) in use, but grpo.nproc_per_node is 1"),
+    ("a slots=1\n", {}, r"/hostfile: 1 host\(s\) after include/exclude \(a\), but grpo.nnodes is 2"),
+    ("a slots=1\nb slots=1\n", {"include": "c"}, r"/hostfile: grpo.include/exclude: Hostname 'c' not found"),
+])
+def test_a_bad_hostfile_is_one_error_naming_file_and_line(tmp_path, text, grpo, error):
+    from rlvr_core.experiment.config import ConfigError
+
+    if text is not None:
+        (tmp_path / "hostfile").write_text(text)
+    with pytest.raises(ConfigError, match=error) as e:
+        parse_config({"grpo": {**TWO_NODES, "launch": "deepspeed", "hostfile": str(tmp_path / "hostfile"), **grpo}},
+                     "exp.yaml")
+    assert "exp.yaml: grpo:" in str(e.value) and "Traceback" not in str(e.value)
