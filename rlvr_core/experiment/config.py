@@ -24,6 +24,7 @@ from rlvr_core.core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, Regist
 from rlvr_core.data.curriculum import known_orderings
 from rlvr_core.data.templates import get_template, known_templates
 from rlvr_core.experiment.guards import health_config
+from rlvr_core.experiment.hostfile import read_hostfile
 from rlvr_core.verifiers.registry import can_hang, default_workers, verifier_class
 
 
@@ -429,15 +430,16 @@ class GRPOConfig(_Strict):
         "torchrun / deepspeed: the stage starts nnodes x nproc_per_node ranks, one torch.distributed.run / "
         "deepspeed.launcher.launch per node (deepspeed: the nodes are hostfile's hosts), waits for them, and stops "
         "the whole group when one node fails (a retry relaunches every node and resumes from the last checkpoint)")
-    nnodes: int = Field(1, ge=1, description="torchrun: nodes in the group (node 0 runs where the stage runs)")
-    nproc_per_node: int = Field(1, ge=1, description="torchrun: ranks per node (one per GPU)")
-    rdzv_endpoint: str = Field("127.0.0.1:0", description="torchrun: HOST:PORT of node 0's rendezvous store "
-                               "(--master_addr/--master_port), reachable from every node; port 0 picks a free "
+    nnodes: int = Field(1, ge=1, description="torchrun, deepspeed: nodes in the group (node 0 runs where the stage "
+                        "runs)")
+    nproc_per_node: int = Field(1, ge=1, description="torchrun, deepspeed: ranks per node (one per GPU)")
+    rdzv_endpoint: str = Field("127.0.0.1:0", description="torchrun, deepspeed: HOST:PORT of node 0's rendezvous "
+                               "store (--master_addr/--master_port), reachable from every node; port 0 picks a free "
                                "port at launch (only for a group whose nodes all run on this host)")
-    node_command: str = Field("", description="torchrun: the prefix that starts node i >= 1 on its host, with "
-                              "{host} replaced by hosts[i-1], e.g. 'ssh {host}'; empty: every node runs on this "
-                              "host. The training folder must be on a disk every node sees (DeepSpeed checkpoints "
-                              "are written by every rank)")
+    node_command: str = Field("", description="torchrun, deepspeed: the prefix that starts node i >= 1 on its "
+                              "host, with {host} replaced by hosts[i-1] (deepspeed: the hostfile's i-th host), e.g. "
+                              "'ssh {host}'; empty: every node runs on this host. The training folder must be on a "
+                              "disk every node sees (DeepSpeed checkpoints are written by every rank)")
     hosts: list[str] = Field(default_factory=list, description="torchrun: the host of nodes 1..nnodes-1 for "
                              "node_command's {host} (nnodes - 1 entries when node_command names {host})")
     hostfile: str = Field("", description="deepspeed: a DeepSpeed hostfile, one 'HOST slots=N' line per node "
@@ -518,8 +520,6 @@ class GRPOConfig(_Strict):
             raise ValueError("launch: deepspeed needs grpo.hostfile (one 'HOST slots=N' line per node)")
         if self.hosts:
             raise ValueError("launch: deepspeed takes the nodes' hosts from grpo.hostfile; leave grpo.hosts empty")
-        from rlvr_core.pipeline.hostfile import read_hostfile
-
         read_hostfile(self.hostfile, self.include, self.exclude, nnodes=self.nnodes,
                       nproc_per_node=self.nproc_per_node)
 

@@ -33,6 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rlvr_core.core.progress import SILENT, Progress
+from rlvr_core.experiment.hostfile import encode_world_info, read_hostfile
 from rlvr_core.experiment.secrets import seal
 
 LAUNCH_DIR = "launch"
@@ -57,8 +58,6 @@ def node_commands(grpo, request: Path, port: int) -> list[list[str]]:
     """The command of each node, node 0 first (it runs where the stage runs); nodes >= 1 behind node_command."""
     addr, rank = grpo.rdzv_endpoint.rpartition(":")[0], ["rlvr_core.pipeline.rank", str(request)]
     if grpo.launch == "deepspeed":
-        from rlvr_core.pipeline.hostfile import encode_world_info, read_hostfile
-
         world = read_hostfile(grpo.hostfile, grpo.include, grpo.exclude, nnodes=grpo.nnodes,
                               nproc_per_node=grpo.nproc_per_node)
         hosts, info = list(world), encode_world_info(world)

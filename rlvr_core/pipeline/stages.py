@@ -407,8 +407,8 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     (`numerics`) are recorded, not keyed: a retry on another host or at another thread count resumes
     instead of starting over, and says so (`_track_numerics`). So do the memory settings
     (`GRPO_MEMORY_FIELDS`): a run that ran out of memory resumes with smaller micro-batches; and so do the
-    launch settings (`GRPO_LAUNCH_FIELDS`): with `grpo.launch: torchrun` or `deepspeed` the training runs in a group of ranks
-    the stage starts (`rlvr_core.pipeline.launch.train_group`) instead of this process.
+    launch settings (`GRPO_LAUNCH_FIELDS`): with `grpo.launch: torchrun` or `deepspeed` the training runs in a
+    group of ranks the stage starts (`rlvr_core.pipeline.launch.train_group`) instead of this process.
     """
     template_warnings = check_template_at_start(cfg, base.path, progress, "grpo")
     folder, done = resumable_dir("grpo", _train_key(cfg, base, curriculum))

@@ -7,6 +7,9 @@ on loopback, gloo), each the agent of one rank.
 * SIGKILLing one node's agent fails the stage as transient (the Prefect retry rule's verdict); the real
   `grpo-train` task's retry relaunches both nodes at another thread count, and they resume from the checkpoint:
   every step once in steps.parquet, the thread change recorded from that step.
+* `grpo.launch: deepspeed`: a hostfile of two loopback hosts, one `deepspeed.launcher.launch` per node, trains
+  the same weights under ZeRO-2; a SIGKILLed node 1 fails the group naming it; a bad hostfile is one error
+  naming the file and line.
 """
 
 from __future__ import annotations
@@ -155,7 +158,8 @@ def test_deepspeed_nodes_are_the_hostfiles_hosts_in_its_order(tmp_path):
                                  "exclude": "gpu-b", "rdzv_endpoint": "10.0.0.5:29500",
                                  "node_command": "ssh -o BatchMode=yes {host}"}}, "<t>")
     cmds = node_commands(cfg.grpo, tmp_path / "request.json", 29500)
-    assert cmds[0][1:3] == ["-m", "deepspeed.launcher.launch"] and cmds[1][:4] == ["ssh", "-o", "BatchMode=yes", "gpu-c"]
+    assert cmds[0][1:3] == ["-m", "deepspeed.launcher.launch"]  # node 0 runs here, no prefix
+    assert cmds[1][:4] == ["ssh", "-o", "BatchMode=yes", "gpu-c"]  # gpu-b excluded: node 1 is gpu-c
     for i, c in enumerate(cmds):
         flags = dict(a.split("=", 1) for a in c if a.startswith("--") and "=" in a)
         world = json.loads(base64.urlsafe_b64decode(flags["--world_info"]))
@@ -181,3 +185,23 @@ def test_a_bad_hostfile_is_one_error_naming_file_and_line(tmp_path, text, grpo, 
         parse_config({"grpo": {**TWO_NODES, "launch": "deepspeed", "hostfile": str(tmp_path / "hostfile"), **grpo}},
                      "exp.yaml")
     assert "exp.yaml: grpo:" in str(e.value) and "Traceback" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_killed_deepspeed_node_fails_the_group_naming_it(tiny, rlvr_home, tmp_path, monkeypatch):
+    cfg, data, base, cur = _inputs(tiny, tmp_path)
+    cfg = _with(cfg, steps=20, lr=1e-3, checkpoint_every=2, zero_stage=2, **_two_hosts(tmp_path))
+    monkeypatch.setenv("RLVR_STAGE_THREADS", "1")  # restored after the killer's change for a retry
+    stop, killed = threading.Event(), []
+    threading.Thread(target=_kill_node_one_after_a_checkpoint, args=(rlvr_home, stop, killed), daemon=True).start()
+    try:
+        with pytest.raises(GroupFailure) as e:
+            stages.train_stage(cfg, data, base, cur)
+    finally:
+        stop.set()
+    assert killed, "node 1 was never killed"
+    assert str(e.value).startswith("grpo: node 1 of 2 exited with signal SIGKILL") and e.value.transient, e.value
+    [failure] = [json.loads(p.read_text()) for p in (rlvr_home / "cache" / "grpo").glob("*/launch/failures.jsonl")]
+    assert failure["transient"] and failure["exit_codes"][1] == -signal.SIGKILL, failure
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(rlvr_home) in " ".join(p.info["cmdline"] or [])]
+    assert left == [], f"ranks outlived their group: {left}"  # rank 1 stops with its launcher, rank 0 is killed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from pathlib import Path
 
 
@@ -14,8 +15,6 @@ def read_hostfile(path: str, include: str = "", exclude: str = "", *, nnodes: in
                   nproc_per_node: int) -> dict[str, list[int]]:
     """{host: [local slot ids]} in the file's order (node 0 first), after the filters; `ValueError` naming the
     file (and line) when the file is missing, a line is bad, or the group differs from nnodes x nproc_per_node."""
-    import logging
-
     from deepspeed.launcher.runner import _parse_hostfile, parse_inclusion_exclusion
 
     p = Path(path).expanduser()
