@@ -3,8 +3,8 @@
 Generation gets processes (and, on a GPU cluster, devices) of its own; the trainer pushes each new policy
 version into the servers through vLLM's weight-transfer routes (`push_backend`: `file` = version files on a
 shared disk and `gloo` = a torch gloo group, both through our `rlvr` server backend in `vllm_push.py`, on CPU
-or GPU; vLLM's `nccl` (servers on other GPUs) and `ipc` (the trainer's GPU) need CUDA). Everything the in-process `vllm` engine promises
-holds here too, because the request is the same: prompts tokenized by our tokenizer, one request per
+or GPU; vLLM's `nccl` (servers on other GPUs) and `ipc` (the trainer's GPU) need CUDA). Everything the
+in-process `vllm` engine promises holds here too, because the request is the same: prompts tokenized by our tokenizer, one request per
 (prompt, sample index) with its own seed, raw log-probs of the sampled token, the hf engine's eos ids, our
 own decode and stop-string cut. The route is vLLM's token-in/token-out `/inference/v1/generate`, which also
 reports the weight version that sampled each token; `Sample.weight_version` records it.
