@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -301,8 +303,6 @@ def _need_cuda(backend: str) -> None:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -386,8 +386,6 @@ class _CollectivePush:
 def _with_deadline(fn, timeout_s: float) -> None:
     """Run fn in a thread and wait at most timeout_s (vLLM's nccl broadcast has no timeout of its own); a
     TimeoutError after that, the thread left behind (it may never return)."""
-    import threading
-
     box: dict = {}
 
     def run():
