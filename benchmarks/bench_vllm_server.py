@@ -66,7 +66,7 @@ def run_child(a: argparse.Namespace) -> dict:
     return {"arm": a.child, "steps": steps}
 
 
-def _spawn(a: argparse.Namespace, arm: str, work: Path, server: str, backend: str = "rlvr_file") -> dict:
+def _spawn(a: argparse.Namespace, arm: str, work: Path, server: str, backend: str = "file") -> dict:
     work.mkdir(parents=True, exist_ok=True)
     out = work / f"{arm}.json"
     env = {k: v for k, v in os.environ.items() if k not in peer.DIST_VARS}
@@ -110,10 +110,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="trainer and engines")
-    ap.add_argument("--push-backends", default="rlvr_file", help="comma-separated: rlvr_file, ipc (GPU); one "
+    ap.add_argument("--push-backends", default="file", help="comma-separated: file, gloo (CPU or GPU), ipc, nccl "
+                    "(CUDA; nccl needs the servers on another GPU: CUDA_VISIBLE_DEVICES); one "
                     "server per backend, each used by both server arms")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--push-backend", default="rlvr_file", help=argparse.SUPPRESS)
+    ap.add_argument("--push-backend", default="file", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-work", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--server", default=None, help=argparse.SUPPRESS)

@@ -168,17 +168,18 @@ class SamplingConfig(_Strict):
         "sampling.server_launch) that rank 0 pushes every policy version into, while pass rates and evaluation "
         "use the in-process vllm engine; same per-request seeds either way (docs/engines.md)")
     servers: list[str] = Field(default_factory=list, description="vllm-server: URLs (http://host:port) of running "
-                               "vllm serve processes started as docs/engines.md says (weight-transfer backend rlvr_file)")
+                               "vllm serve processes started as docs/engines.md says (weight-transfer backend rlvr, or nccl/ipc)")
     server_launch: ServerLaunchConfig | None = Field(None, description="vllm-server: start the servers on this machine "
                                                      "instead of naming them in sampling.servers")
     server_request_timeout_s: float = Field(300.0, gt=0, description="vllm-server: one generation request; a server "
                                             "that does not answer within it ends the step with an error naming it")
     server_push_timeout_s: float = Field(120.0, gt=0, description="vllm-server: each call of a weight push (start, "
                                          "update, finish); a server that does not finish within it is an error")
-    server_push_backend: Literal["rlvr_file", "ipc"] = Field(
-        "rlvr_file", description="vllm-server: how weights reach the servers: rlvr_file = a safetensors file per "
-        "version in server_push_folder (CPU or GPU, any machine that sees the folder); ipc = vLLM's CUDA IPC "
-        "(servers on the trainer's GPU)")
+    server_push_backend: Literal["file", "gloo", "nccl", "ipc"] = Field(
+        "file", description="vllm-server: how weights reach the servers: file = a safetensors file per version in "
+        "server_push_folder (CPU or GPU, any machine that sees the folder; rlvr_file is the same); gloo = a torch "
+        "gloo broadcast from the trainer (CPU, servers it can reach over TCP); nccl = vLLM's NCCL broadcast (CUDA, "
+        "servers on other GPUs); ipc = vLLM's CUDA IPC (servers on the trainer's GPU)")
     server_push_folder: str | None = Field(None, description="vllm-server: folder the trainer writes weight versions "
                                            "to and the servers read (a shared disk across machines); default: the "
                                            "GRPO run's own folder (weight_push/)")
@@ -195,6 +196,11 @@ class SamplingConfig(_Strict):
     max_new_tokens: int = Field(48, ge=1, description="completion length cap (truncations are counted, G-truncation)")
     batch_size: int = Field(64, ge=1, description="sequences per generation batch")
     seed: int = Field(0, description="run seed; each request's seed is derived from it (G-fixed-seed)")
+
+    @field_validator("server_push_backend", mode="before")
+    @classmethod
+    def _older_push_backend_names(cls, v):
+        return "file" if v == "rlvr_file" else v
 
     @field_validator("servers")
     @classmethod

@@ -1,9 +1,10 @@
 """`vllm-server` engine: the same sampling interface over HTTP, on one or more `vllm serve` processes.
 
 Generation gets processes (and, on a GPU cluster, devices) of its own; the trainer pushes each new policy
-version into the servers through vLLM's weight-transfer routes (`vllm_push.py`: the `rlvr_file` backend on
-CPU or any shared disk; vLLM's `nccl`/`ipc` need CUDA). Everything the in-process `vllm` engine promises
-holds here too, because the request is the same: prompts tokenized by our tokenizer, one request per
+version into the servers through vLLM's weight-transfer routes (`push_backend`: `file` = version files on a
+shared disk and `gloo` = a torch gloo group, both through our `rlvr` server backend in `vllm_push.py`, on CPU
+or GPU; vLLM's `nccl` (servers on other GPUs) and `ipc` (the trainer's GPU) need CUDA). Everything the
+in-process `vllm` engine promises holds here too, because the request is the same: prompts tokenized by our tokenizer, one request per
 (prompt, sample index) with its own seed, raw log-probs of the sampled token, the hf engine's eos ids, our
 own decode and stop-string cut. The route is vLLM's token-in/token-out `/inference/v1/generate`, which also
 reports the weight version that sampled each token; `Sample.weight_version` records it.
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,10 +30,22 @@ from rlvr_core.core.seeding import request_seed
 from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids, find_stop
 from rlvr_core.sampling.vllm import VLLMEngine, _eos_ids, to_vllm_sampling_kwargs
 
-__all__ = ["ServerError", "ServerClient", "VLLMServerEngine", "write_version_file", "PUSH_BACKEND"]
+__all__ = ["ServerError", "ServerClient", "VLLMServerEngine", "write_version_file", "PUSH_BACKEND", "PUSH_BACKENDS",
+           "SERVER_BACKEND", "push_backend_name", "collective_init_info"]
 
-PUSH_BACKEND = "rlvr_file"
-PUSH_BACKENDS = ("rlvr_file", "ipc")  # ipc: vLLM's CUDA IPC backend, trainer and server on the same GPU
+PUSH_BACKEND = "file"
+PUSH_BACKENDS = ("file", "gloo", "nccl", "ipc")
+COLLECTIVE_BACKENDS = ("gloo", "nccl")  # a group per server, the trainer broadcasting as rank 0
+_ALIASES = {"rlvr_file": "file"}  # an older name of `file`
+SERVER_BACKEND = {"file": "rlvr", "gloo": "rlvr", "nccl": "nccl", "ipc": "ipc"}  # --weight-transfer-config
+
+
+def push_backend_name(name: str) -> str:
+    """`name` as one of PUSH_BACKENDS (older names mapped); ValueError naming the known ones."""
+    name = _ALIASES.get(name, name)
+    if name not in PUSH_BACKENDS:
+        raise ValueError(f"unknown weight push backend {name!r}; known: {list(PUSH_BACKENDS)}")
+    return name
 _NO_LOGPROB_TEXT = "rlvr_no_logprob_text"
 
 
@@ -122,9 +137,9 @@ class VLLMServerEngine:
 
     servers: their URLs. model_dir: the served model's folder (tokenizer, generation config for the eos ids).
     push_folder: where weight versions are written for the servers to load (None: no pushes; the servers keep
-    what they loaded). push_backend: the servers' --weight-transfer-config backend, `rlvr_file` or `ipc` (CUDA,
-    same GPU; the servers need VLLM_ALLOW_INSECURE_SERIALIZATION=1 for its handles over HTTP).
-    max_concurrency: requests in flight at once, over all servers.
+    what they loaded). push_backend: file | gloo | nccl | ipc (see PUSH_BACKENDS; ipc servers need
+    VLLM_ALLOW_INSECURE_SERIALIZATION=1 for its handles over HTTP). server_workers: each server's TP*PP*DP
+    workers (the collective group's size is 1 + that). max_concurrency: requests in flight at once, over all servers.
     """
 
     name = "vllm-server"
@@ -132,10 +147,10 @@ class VLLMServerEngine:
     def __init__(self, servers: list[str], model_dir: str | Path, *, tokenizer=None, add_special_tokens: bool = True,
                  push_folder: str | Path | None = None, request_timeout_s: float = 300.0,
                  push_timeout_s: float = 120.0, max_concurrency: int = 64, pad_token_id: int | None = None,
-                 push_backend: str = PUSH_BACKEND):
-        if push_backend not in PUSH_BACKENDS:
-            raise ValueError(f"unknown weight push backend {push_backend!r}; known: {list(PUSH_BACKENDS)}")
-        self.push_backend = push_backend
+                 push_backend: str = PUSH_BACKEND, server_workers: int = 1):
+        self.push_backend = push_backend_name(push_backend)
+        if self.push_backend == "nccl":
+            _need_cuda("nccl")
         if not servers:
             raise ValueError("vllm-server engine needs at least one server URL")
         if tokenizer is None:
@@ -152,6 +167,8 @@ class VLLMServerEngine:
         self._pool = ThreadPoolExecutor(max_workers=max(max_concurrency, len(self.clients)),
                                         thread_name_prefix="rlvr-vllm-server")
         self._push_ready = False
+        self.server_workers = int(server_workers)
+        self._collective: dict[str, _CollectivePush] = {}  # per server URL: its trainer engine and group
         self.version: int | None = None  # the last version pushed
         self.push_seconds: list[float] = []
 
@@ -165,6 +182,11 @@ class VLLMServerEngine:
             self.version = version
             self.push_seconds.append(time.perf_counter() - t0)
             return self.push_seconds[-1]
+        if self.push_backend in COLLECTIVE_BACKENDS:
+            self._push_collective(weights, version)
+            self.version = version
+            self.push_seconds.append(time.perf_counter() - t0)
+            return self.push_seconds[-1]
         if self.push_folder is None:
             raise RuntimeError("this vllm-server engine has no push folder: it cannot push weights")
         path, nbytes = write_version_file(self.push_folder, version, weights)
@@ -175,6 +197,13 @@ class VLLMServerEngine:
         self.version = version
         self.push_seconds.append(time.perf_counter() - t0)
         return self.push_seconds[-1]
+
+    def _push_collective(self, weights, version: int) -> None:
+        pairs = [(k, v.detach().contiguous()) for k, v in weights]
+        for c in self.clients:
+            if c.url not in self._collective:
+                self._collective[c.url] = _CollectivePush(c, self.push_backend, 1 + self.server_workers)
+        list(self._pool.map(lambda c: self._collective[c.url].push(pairs, version), self.clients))
 
     # ---- sampling --------------------------------------------------------------------------------------
     def _request_params(self, params: SamplingParams, seed: int) -> dict:
@@ -263,6 +292,115 @@ def _push_ipc(clients: list[ServerClient], weights, version: int) -> None:
             raise ServerError(f"vLLM server {c.url}: reports weight version {c.weight_version()!r} after the push "
                               f"of {version}")
     torch.cuda.synchronize()
+
+
+def _need_cuda(backend: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"weight push backend {backend!r} needs CUDA (trainer and servers on GPUs); "
+                           f"on CPU use 'file' or 'gloo'")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def collective_init_info(backend: str, world_size: int, timeout_s: float, port: int | None = None):
+    """The trainer-side init info of a gloo or nccl push into one server: rank 0 of `world_size` (1 + the
+    server's workers), rendezvous on a free local port."""
+    port = port or _free_port()
+    if backend == "gloo":
+        from rlvr_core.sampling.vllm_push import GlooTrainerInitInfo
+
+        return GlooTrainerInitInfo(master_address="127.0.0.1", master_port=port, world_size=world_size,
+                                   timeout_s=timeout_s, rank=0)
+    if backend == "nccl":
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        return NCCLTrainerInitInfo(master_address="127.0.0.1", master_port=port, world_size=world_size, rank=0)
+    raise ValueError(f"{backend!r} is not a collective weight push backend; known: {list(COLLECTIVE_BACKENDS)}")
+
+
+class _CollectivePush:
+    """One server's collective push (gloo or vLLM's nccl) through vLLM's trainer engine factory: the group is
+    built at the first push; each push sends every tensor under a deadline of the push timeout, then labels
+    the version and checks that the server reports it. After a failure the group is unusable (a peer may be
+    stuck inside a broadcast): the push raises ServerError naming the server."""
+
+    def __init__(self, client: ServerClient, backend: str, world_size: int) -> None:
+        self.client, self.backend, self.world_size = client, backend, world_size
+        self.pairs: list = []
+        self.trainer = None
+        self.broken: str | None = None
+
+    def _source(self):
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+        owner = self
+
+        class _Pairs(WeightSource):  # reads the current version's pairs each round
+            def metadata(self):
+                return [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in owner.pairs]
+
+            def __iter__(self):
+                return iter(owner.pairs)
+
+        return _Pairs()
+
+    def push(self, pairs, version: int) -> None:
+        c = self.client
+        if self.broken:
+            raise ServerError(f"vLLM server {c.url}: its {self.backend} transfer group failed earlier ({self.broken})")
+        self.pairs = [(k, v.to("cuda")) for k, v in pairs] if self.backend == "nccl" else pairs
+        try:
+            _with_deadline(self._send, c.push_timeout_s * 2)  # rendezvous and broadcast: one timeout each
+        except Exception as e:  # noqa: BLE001 - any failure leaves the group unusable
+            self.broken = f"{type(e).__name__}: {str(e)[:200]}"
+            raise ServerError(f"vLLM server {c.url}: {self.backend} weight push of version {version} failed "
+                              f"({self.broken}); its transfer group is unusable") from None
+        c._call("POST", "/update_weight_version", c.push_timeout_s, {"new_version": str(version)})
+        got = c.weight_version()
+        if got != str(version):
+            raise ServerError(f"vLLM server {c.url}: reports weight version {got!r} after the push of {version}")
+
+    def _send(self) -> None:
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        import rlvr_core.sampling.vllm_push  # noqa: F401 - registers the gloo trainer engine
+
+        if self.trainer is None:
+            info = collective_init_info(self.backend, self.world_size, self.client.push_timeout_s)
+            http = HTTPVLLMWeightSyncClient(self.client.url, timeout=self.client.push_timeout_s)
+            self.trainer = WeightTransferTrainerFactory.trainer_init(info, client=http, source=self._source())
+        self.trainer.send_weights()
+        if self.backend == "nccl":
+            import torch
+
+            torch.cuda.synchronize()
+
+
+def _with_deadline(fn, timeout_s: float) -> None:
+    """Run fn in a thread and wait at most timeout_s (vLLM's nccl broadcast has no timeout of its own); a
+    TimeoutError after that, the thread left behind (it may never return)."""
+    box: dict = {}
+
+    def run():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True, name="rlvr-collective-push")
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise TimeoutError(f"not done within {timeout_s:g}s")
+    if "error" in box:
+        raise box["error"]
 
 
 def _version_of(choice: dict) -> int | None:

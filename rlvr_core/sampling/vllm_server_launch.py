@@ -2,7 +2,7 @@
 
 Each server serves one model folder on 127.0.0.1 with what the engine needs: the weight-transfer routes
 (`VLLM_SERVER_DEV_MODE=1`), the token-in/token-out generate route (`--enable-scale-out`), raw log-probs,
-the `rlvr_file` push backend (imported in the server's worker through `--worker-extension-cls`), and on CPU
+the push backend (`rlvr` for the file and gloo pushes, else vLLM's `nccl`/`ipc`) (imported in the server's worker through `--worker-extension-cls`), and on CPU
 the in-process engine's settings (float32, eager, a fixed KV cache, no chunked prefill: see
 `rlvr_core.sampling.vllm.default_llm_kwargs`). Start-up is bounded: a server that exits or is not healthy
 within `start_timeout_s` is an error naming it, with the tail of its log.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlvr_core.sampling.vllm import _on_gpu
-from rlvr_core.sampling.vllm_server import PUSH_BACKEND, ServerClient
+from rlvr_core.sampling.vllm_server import PUSH_BACKEND, SERVER_BACKEND, ServerClient, push_backend_name
 
 __all__ = ["LaunchedServer", "launch_servers", "server_command"]
 
@@ -36,14 +36,16 @@ def _free_port() -> int:
 def server_command(model_dir: str | Path, port: int, *, dtype: str = "float32", kv_cache_bytes: int = 1 << 28,
                    seed: int = 0, push_backend: str = PUSH_BACKEND, gpu_memory_utilization: float = 0.3,
                    extra_args: tuple[str, ...] = ()) -> list[str]:
-    """The command line of one server (CPU settings unless a GPU is visible to it)."""
+    """The command line of one server (CPU settings unless a GPU is visible to it). push_backend: the
+    trainer's (file | gloo | nccl | ipc); the server gets the matching --weight-transfer-config."""
+    backend = SERVER_BACKEND[push_backend_name(push_backend)]
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     max_len = min(int(cfg.get("max_position_embeddings") or 4096), 4096)
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_len),
            "--logprobs-mode", "raw_logprobs", "--seed", str(seed), "--enable-scale-out",
            "--worker-extension-cls", "rlvr_core.sampling.vllm_push.RlvrWeightPushExtension",
-           "--weight-transfer-config", json.dumps({"backend": push_backend})]
+           "--weight-transfer-config", json.dumps({"backend": backend})]
     if _on_gpu():  # a share of the device: the trainer (and other servers) use the rest
         cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
     else:

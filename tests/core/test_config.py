@@ -218,11 +218,19 @@ def test_template_kind_must_match_model_kind(tmp_path):
     assert ExperimentConfig().prompt.allow_kind_mismatch is False
 
 
+def test_push_backend_accepts_file_gloo_nccl_ipc_and_the_older_rlvr_file():
+    def backend(name):
+        return parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://a:1"],
+                                          "server_push_backend": name}}).sampling.server_options()["push_backend"]
+
+    assert [backend(b) for b in ("file", "gloo", "nccl", "ipc", "rlvr_file")] == ["file", "gloo", "nccl", "ipc", "file"]
+
+
 def test_vllm_server_settings_are_checked_before_any_work(tmp_path):
     ok = parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://127.0.0.1:8000"],
                                     "server_push_timeout_s": 30}})
     assert ok.sampling.server_options() == {"servers": ["http://127.0.0.1:8000"], "request_timeout_s": 300.0,
-                                            "push_timeout_s": 30.0, "push_backend": "rlvr_file"}
+                                            "push_timeout_s": 30.0, "push_backend": "file"}
     launched = parse_config({"sampling": {"engine": "vllm-server", "server_launch": {"count": 2}}})
     assert launched.sampling.server_options()["launch"] == {"count": 2, "start_timeout_s": 600.0, "threads": 1}
     for bad, where in [({"engine": "vllm-server"}, "exactly one of servers"),
@@ -232,7 +240,8 @@ def test_vllm_server_settings_are_checked_before_any_work(tmp_path):
                        ({"engine": "vllm-server", "servers": ["http://a:1", "http://a:1"]}, "listed twice"),
                        ({"engine": "vllm-server", "server_launch": {"count": 0}}, "greater than or equal to 1"),
                        ({"engine": "vllm-server", "servers": ["http://a:1"], "server_push_timeout_s": 0}, "greater than 0"),
-                       ({"engine": "vllm-server", "servers": ["http://a:1"], "server_push_backend": "nccl"}, "rlvr_file")]:
+                       ({"engine": "vllm-server", "servers": ["http://a:1"], "server_push_backend": "tcp"},
+                        "'file', 'gloo', 'nccl' or 'ipc'")]:
         p = write(tmp_path, yaml.safe_dump({"sampling": bad}))
         with pytest.raises(ConfigError, match=where) as e:
             load_config(p)

