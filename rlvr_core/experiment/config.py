@@ -180,6 +180,9 @@ class SamplingConfig(_Strict):
         "server_push_folder (CPU or GPU, any machine that sees the folder; rlvr_file is the same); gloo = a torch "
         "gloo broadcast from the trainer (CPU, servers it can reach over TCP); nccl = vLLM's NCCL broadcast (CUDA, "
         "servers on other GPUs); ipc = vLLM's CUDA IPC (servers on the trainer's GPU)")
+    server_workers: int = Field(1, ge=1, description="vllm-server with gloo/nccl pushes: worker processes of each "
+                                "server (its tensor x pipeline x data parallel size); the push group is the trainer "
+                                "plus these")
     server_push_folder: str | None = Field(None, description="vllm-server: folder the trainer writes weight versions "
                                            "to and the servers read (a shared disk across machines); default: the "
                                            "GRPO run's own folder (weight_push/)")
@@ -224,7 +227,7 @@ class SamplingConfig(_Strict):
     def server_options(self) -> dict:
         """The vllm-server rollout engine's settings (rlvr_core/grpo/server_rollout.py)."""
         opts = {"request_timeout_s": self.server_request_timeout_s, "push_timeout_s": self.server_push_timeout_s,
-                "push_backend": self.server_push_backend}
+                "push_backend": self.server_push_backend, "server_workers": self.server_workers}
         if self.servers:
             opts["servers"] = list(self.servers)
         else:

@@ -109,6 +109,7 @@ class RolloutBatch:
     version: int | None = None      # with the ahead sampler: policy updates behind the weights that sampled
     generate_s: float | None = None  # with the ahead sampler: its generation time for this step
     push_s: float = 0.0             # on-policy: the weight sync into the engine (part of t_rollout_s)
+    stale: dict[str, int] | None = None  # vllm-server: stale groups dropped and refilled (async/* columns)
 
     @property
     def K(self) -> int:
@@ -203,8 +204,9 @@ class RolloutCollector:
             dropped += keep.count(False)
             selected += [rounds * P + i for i in range(P) if keep[i]][:P - len(selected)]
             rounds += 1
+        stale = getattr(self.engine, "stale_columns", None)
         return RolloutBatch(local, stats, selected, rounds, dropped, self.M, t_roll, taken.get("version"),
-                            taken.get("generate_s"), push_s)
+                            taken.get("generate_s"), push_s, stale(step) if stale else None)
 
     def _stats(self, samples: list[Sample], outcomes: list[Any]) -> GroupStats:
         cfg = self.cfg

@@ -6,9 +6,18 @@ optimizer steps behind it). On-policy (`max_staleness` 0) step t pushes version 
 staleness s the ahead sampler's thread pushes version max(0, t - s) before sampling step t, so the servers
 generate step t + s while the trainer trains step t (ahead.py).
 
-G-weight-push: the servers label every sampled token with the version they held. A sample whose version is
-not the one the trainer pushed for it (a push that was skipped, lost or only half applied) stops the run
-with a GuardError naming the server's version and the expected one; a push that fails or times out is a
+G-weight-push and stale groups: the servers label every sampled token with the version they held. Step t's
+groups must come from the version pushed for it (t on-policy, max(0, t - s) at staleness s: the window
+t - s .. newest pushed is that one version here, since the ahead thread pushes before it samples). A group
+with a sample older than that (its server missed a push, or still held the previous version) is stale: it is
+dropped whole (GRPO's advantages need the whole group) and the same prompt is sampled again, same seeds, on
+the servers whose groups were current, so the step keeps its P groups. Refilling instead of shrinking keeps
+the batch, the loss normalisation, G-partial-batch and dynamic/adaptive sampling exactly as on one server,
+and the refilled samples equal what a current server would have sampled in the first place. Dropped groups
+are counted per step (`async/stale_groups_dropped`, `async/stale_lag_max`) and per run
+(`async/stale_groups_total`). GuardError (G-weight-push): every group of a call is stale (no server holds
+the pushed version: a push that was skipped or lost), a refilled group is stale again, or a sample's version
+was never pushed (newer than the newest push, or unlabelled). A push that fails or times out is a
 ServerError naming the server. Under several ranks only rank 0 pushes; the others wait (bounded) until
 every server reports the version before they sample.
 """
@@ -27,9 +36,23 @@ from rlvr_core.sampling.base import Sample
 from rlvr_core.sampling.vllm_server import ServerError, VLLMServerEngine
 from rlvr_core.sampling.vllm_server_launch import launch_servers
 
-__all__ = ["VLLMServerRolloutEngine", "check_sample_versions", "GUARD_WEIGHT_PUSH"]
+__all__ = ["VLLMServerRolloutEngine", "check_sample_versions", "split_stale", "GUARD_WEIGHT_PUSH"]
 
 GUARD_WEIGHT_PUSH = "G-weight-push"
+
+
+def split_stale(groups: list[list[Sample]], oldest: int, newest: int) -> tuple[list[int], list[int]]:
+    """(accepted, stale) group indices: accepted when every sample's version v has oldest <= v <= newest,
+    stale when a sample is older than `oldest`. GuardError (G-weight-push) for a version never pushed:
+    newer than `newest`, or unlabelled (None)."""
+    never = [(s.prompt_id, s.sample_index, s.weight_version) for g in groups for s in g
+             if s.weight_version is None or s.weight_version > newest]
+    if never:
+        pid, idx, got = never[0]
+        raise GuardError(f"{GUARD_WEIGHT_PUSH}: {len(never)} samples carry a weight version never pushed "
+                         f"(e.g. {pid!r}/{idx} by version {got}; newest pushed {newest})")
+    old = [any(s.weight_version < oldest for s in g) for g in groups]
+    return [i for i, o in enumerate(old) if not o], [i for i, o in enumerate(old) if o]
 
 
 def check_sample_versions(groups: list[list[Sample]], expected: int, server_urls: list[str]) -> None:
@@ -43,7 +66,8 @@ def check_sample_versions(groups: list[list[Sample]], expected: int, server_urls
 
 
 class _CheckedSampler:
-    """The server engine's `generate`, plus the version check of every sample it returns."""
+    """The server engine's `generate`, plus the version check of every sample it returns and the refill of
+    stale groups on the servers that were current (see the module docstring)."""
 
     def __init__(self, engine: VLLMServerEngine, owner: "VLLMServerRolloutEngine"):
         self._engine, self._owner = engine, owner
@@ -51,8 +75,22 @@ class _CheckedSampler:
 
     def generate(self, prompts, prompt_ids, params, **kw) -> list[list[Sample]]:
         groups = self._engine.generate(prompts, prompt_ids, params, **kw)
-        if self._owner.version is not None:
-            check_sample_versions(groups, self._owner.version, [c.url for c in self._engine.clients])
+        v, clients = self._owner.version, self._engine.clients
+        if v is None:
+            return groups
+        accepted, stale = split_stale(groups, v, v)
+        if not stale:
+            return groups
+        current = sorted({i % len(clients) for i in accepted})  # prompt i was sampled by server i mod n
+        if not current:
+            check_sample_versions(groups, v, [c.url for c in clients])
+        redo = self._engine.generate([prompts[i] for i in stale], [prompt_ids[i] for i in stale], params,
+                                     clients=[clients[j] for j in current], **kw)
+        check_sample_versions(redo, v, [clients[j].url for j in current])
+        lag = max(v - s.weight_version for i in stale for s in groups[i])
+        self._owner.count_stale(int(kw.get("step", 0)), len(stale), lag)
+        for i, g in zip(stale, redo):
+            groups[i] = g
         return groups
 
 
@@ -74,6 +112,19 @@ class VLLMServerRolloutEngine:
         self.version: int | None = None  # the version the servers must hold now
         self.pushes = 0
         self.push_s: list[float] = []
+        self.stale: dict[int, tuple[int, int]] = {}  # step -> (stale groups dropped, their largest version lag)
+        self.stale_total = 0
+
+    def count_stale(self, step: int, groups: int, lag: int) -> None:
+        n, most = self.stale.get(step, (0, 0))
+        self.stale[step] = (n + groups, max(most, lag))
+
+    def stale_columns(self, step: int) -> dict[str, int]:
+        """Step `step`'s stale-group columns (this rank's groups) and the run's total so far."""
+        n, lag = self.stale.pop(step, (0, 0))
+        self.stale_total += n
+        return {"async/stale_groups_dropped": n, "async/stale_lag_max": lag,
+                "async/stale_groups_total": self.stale_total}
 
     def sync(self, module: torch.nn.Module, version: int | None = None) -> None:
         """On-policy: make `version` (the policy's current weights) the servers'. Every rank calls it (a
@@ -119,9 +170,10 @@ def build_server_rollout_engine(*, base_model_dir: str | Path, tokenizer: Any, o
                                 servers: list[str] | None = None, launch: dict | None = None,
                                 request_timeout_s: float = 300.0, push_timeout_s: float = 120.0,
                                 push_folder: str | Path | None = None,
-                                push_backend: str = "rlvr_file") -> VLLMServerRolloutEngine:
+                                push_backend: str = "file", server_workers: int = 1) -> VLLMServerRolloutEngine:
     """The engine for a trainer: the given servers, or (rank 0 only) servers started here with `launch`
-    (`count`, `start_timeout_s`, `threads`, `kv_cache_bytes`, `dtype`). push_backend: `rlvr_file` or `ipc`."""
+    (`count`, `start_timeout_s`, `threads`, `kv_cache_bytes`, `dtype`). push_backend: `file`, `gloo`, `nccl` or `ipc`;
+    server_workers: each server's worker processes (the gloo/nccl group is the trainer plus these)."""
     launched = []
     if not servers:
         if launch is None:
@@ -137,7 +189,7 @@ def build_server_rollout_engine(*, base_model_dir: str | Path, tokenizer: Any, o
     try:
         engine = VLLMServerEngine(servers, base_model_dir, tokenizer=tokenizer, push_folder=folder,
                                   request_timeout_s=request_timeout_s, push_timeout_s=push_timeout_s,
-                                  push_backend=push_backend)
+                                  push_backend=push_backend, server_workers=server_workers)
     except BaseException:
         for s in launched:
             s.stop()

@@ -156,6 +156,8 @@ def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch"
     versions = [x.weight_version for g in b.local.values() for x in g.samples if x.weight_version is not None]
     if versions:  # engines that label samples with the weights' version (vllm-server): this rank's range
         row.update({"weight_version/min": min(versions), "weight_version/max": max(versions)})
+    if b.stale is not None:  # vllm-server: stale groups dropped (and sampled again) on this rank
+        row.update(b.stale)
     if cfg.adaptive_sampling:  # share of groups that got their k_success and k_failure before the cap
         enough = [s.n_correct >= cfg.adaptive_k_success and s.size - s.n_correct >= cfg.adaptive_k_failure
                   for s in b.stats]

