@@ -312,19 +312,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def collective_init_info(backend: str, world_size: int, timeout_s: float, port: int | None = None):
+def rendezvous_address(server_url: str) -> str:
+    """The address a server's workers reach the trainer's push group at: `RLVR_PUSH_ADDRESS` if set, else
+    127.0.0.1 for a server on this machine, else this machine's host address."""
+    from urllib.parse import urlparse
+
+    if os.environ.get("RLVR_PUSH_ADDRESS"):
+        return os.environ["RLVR_PUSH_ADDRESS"]
+    if urlparse(server_url).hostname in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    return socket.gethostbyname(socket.gethostname())
+
+
+def collective_init_info(backend: str, world_size: int, timeout_s: float, port: int | None = None,
+                         address: str = "127.0.0.1"):
     """The trainer-side init info of a gloo or nccl push into one server: rank 0 of `world_size` (1 + the
-    server's workers), rendezvous on a free local port."""
+    server's workers), rendezvous at `address` on a free port."""
     port = port or _free_port()
     if backend == "gloo":
         from rlvr_core.sampling.vllm_push import GlooTrainerInitInfo
 
-        return GlooTrainerInitInfo(master_address="127.0.0.1", master_port=port, world_size=world_size,
+        return GlooTrainerInitInfo(master_address=address, master_port=port, world_size=world_size,
                                    timeout_s=timeout_s, rank=0)
     if backend == "nccl":
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        return NCCLTrainerInitInfo(master_address="127.0.0.1", master_port=port, world_size=world_size, rank=0)
+        return NCCLTrainerInitInfo(master_address=address, master_port=port, world_size=world_size, rank=0)
     raise ValueError(f"{backend!r} is not a collective weight push backend; known: {list(COLLECTIVE_BACKENDS)}")
 
 
@@ -377,7 +390,8 @@ class _CollectivePush:
         import rlvr_core.sampling.vllm_push  # noqa: F401 - registers the gloo trainer engine
 
         if self.trainer is None:
-            info = collective_init_info(self.backend, self.world_size, self.client.push_timeout_s)
+            info = collective_init_info(self.backend, self.world_size, self.client.push_timeout_s,
+                                        address=rendezvous_address(self.client.url))
             http = HTTPVLLMWeightSyncClient(self.client.url, timeout=self.client.push_timeout_s)
             self.trainer = WeightTransferTrainerFactory.trainer_init(info, client=http, source=self._source())
         self.trainer.send_weights()

@@ -230,7 +230,8 @@ def test_vllm_server_settings_are_checked_before_any_work(tmp_path):
     ok = parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://127.0.0.1:8000"],
                                     "server_push_timeout_s": 30}})
     assert ok.sampling.server_options() == {"servers": ["http://127.0.0.1:8000"], "request_timeout_s": 300.0,
-                                            "push_timeout_s": 30.0, "push_backend": "file"}
+                                            "push_timeout_s": 30.0, "push_backend": "file",
+                                            "server_workers": 1}
     launched = parse_config({"sampling": {"engine": "vllm-server", "server_launch": {"count": 2}}})
     assert launched.sampling.server_options()["launch"] == {"count": 2, "start_timeout_s": 600.0, "threads": 1}
     for bad, where in [({"engine": "vllm-server"}, "exactly one of servers"),
