@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
+from urllib.parse import urlparse
 
 from rlvr_core.core.seeding import request_seed
 from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids, find_stop
@@ -315,8 +316,6 @@ def _free_port() -> int:
 def rendezvous_address(server_url: str) -> str:
     """The address a server's workers reach the trainer's push group at: `RLVR_PUSH_ADDRESS` if set, else
     127.0.0.1 for a server on this machine, else this machine's host address."""
-    from urllib.parse import urlparse
-
     if os.environ.get("RLVR_PUSH_ADDRESS"):
         return os.environ["RLVR_PUSH_ADDRESS"]
     if urlparse(server_url).hostname in ("127.0.0.1", "localhost", "::1"):

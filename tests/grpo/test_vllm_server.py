@@ -170,8 +170,10 @@ def test_a_gloo_push_into_a_hung_server_is_an_error_naming_it_within_the_timeout
     restore.close()
 
 
-def test_nccl_push_command_line_init_info_and_a_clear_error_without_cuda(tiny):
-    from rlvr_core.sampling.vllm_server import VLLMServerEngine, collective_init_info
+def test_nccl_push_command_line_init_info_and_a_clear_error_without_cuda(tiny, monkeypatch):
+    import socket
+
+    from rlvr_core.sampling.vllm_server import VLLMServerEngine, collective_init_info, rendezvous_address
     from rlvr_core.sampling.vllm_server_launch import server_command
 
     model_dir = tiny[0]
@@ -184,6 +186,11 @@ def test_nccl_push_command_line_init_info_and_a_clear_error_without_cuda(tiny):
     assert (type(info).backend, info.master_address, info.master_port, info.world_size, info.rank,
             info.is_sender) == ("nccl", "127.0.0.1", 29555, 3, 0, True)
     assert collective_init_info("gloo", 2, 5.0).backend == "rlvr_gloo"
+    monkeypatch.delenv("RLVR_PUSH_ADDRESS", raising=False)  # where a server's workers reach the trainer's group
+    assert rendezvous_address("http://localhost:8000") == rendezvous_address("http://127.0.0.1:8") == "127.0.0.1"
+    assert rendezvous_address("http://gpu-7:8000") == socket.gethostbyname(socket.gethostname())
+    monkeypatch.setenv("RLVR_PUSH_ADDRESS", "10.0.0.5")
+    assert rendezvous_address("http://gpu-7:8000") == "10.0.0.5"
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="'nccl' needs CUDA.*'file' or 'gloo'"):
             VLLMServerEngine(["http://127.0.0.1:1"], model_dir, push_backend="nccl")
