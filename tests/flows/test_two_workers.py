@@ -14,7 +14,9 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -32,16 +34,16 @@ PARAMS = {"config": "configs/demo.yaml", "overrides": OVERRIDES}
 
 
 def _api(state, path: str, body: dict | None = None, tries: int = 5):
-    """POST to the Prefect API; a read that times out (SQLite's "database is locked" under a loaded machine) is
-    asked again."""
+    """POST to the Prefect API; a call that times out or answers 503 (SQLite's "database is locked" under a loaded
+    machine) is asked again. Creating a flow run carries an idempotency key, so asking again never makes two."""
     req = urllib.request.Request(state["api_url"] + path, data=json.dumps(body or {}).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     for attempt in range(tries):
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return json.loads(r.read())
-        except (TimeoutError, ConnectionError) as e:
-            if attempt == tries - 1 or path.endswith("/create_flow_run"):  # never create a run twice
+        except (TimeoutError, ConnectionError, urllib.error.HTTPError) as e:
+            if attempt == tries - 1 or (isinstance(e, urllib.error.HTTPError) and e.code != 503):
                 raise
             print(f"{path}: {e!r}, asking again", file=sys.stderr)
             time.sleep(2)
@@ -49,7 +51,7 @@ def _api(state, path: str, body: dict | None = None, tries: int = 5):
 
 def _run_deployment(state, name: str, timeout_s: float = 400) -> dict:
     dep = _api(state, "/deployments/filter", {"deployments": {"name": {"any_": [name]}}})[0]
-    run_id = _api(state, f"/deployments/{dep['id']}/create_flow_run", {"parameters": PARAMS})["id"]
+    run_id = _api(state, f"/deployments/{dep['id']}/create_flow_run", {"parameters": PARAMS, "idempotency_key": f"two-workers-{name}-{uuid.uuid4()}"})["id"]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         [run] = _api(state, "/flow_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})

@@ -34,7 +34,7 @@ from rlvr_core.sampling.models import model_hashes
 from tasks.retry import StageProcessError
 from tasks.stage_process import run_stage_process
 
-STEPS = 12
+STEPS = 40  # ~0.05 s a step: long enough after the first checkpoint for the killer to act under load
 
 
 def _inputs(tiny, tmp_path: Path):
