@@ -266,30 +266,50 @@ def _alive(pid: int) -> bool:
 
 def stop_pid(pid: int, timeout_s: float = 20) -> None:
     """SIGTERM the process group (the process and what it started), then SIGKILL what is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    stop_pids([pid], timeout_s)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
         try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                return
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """Wait up to `timeout_s` for the processes to end (reaping our own children); the ones still alive."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in pids:
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
-            if not _alive(pid):
-                return
-            time.sleep(0.2)
+        pids = [pid for pid in pids if _alive(pid)]
+        if not pids or time.monotonic() >= deadline:
+            return pids
+        time.sleep(0.2)
+
+
+def stop_pids(pids: list[int], timeout_s: float = 20) -> None:
+    """`stop_pid` for several at once: all are asked to stop together, so the wait is the slowest one's
+    grace period, not the sum of them."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            _signal_group(pid, sig)
+        pids = _wait_gone(pids, timeout_s)
+        if not pids:
+            return
 
 
 def prefect_down(state: dict[str, Any]) -> None:
-    """Stop workers first, then the server, by pid (never by name)."""
+    """Stop the workers (together), then the server, by pid (never by name): a worker shutting down may still
+    report to the server."""
     server = state.get("server_pid")
-    for pid in [p for p in state.get("pids", []) if p != server]:
-        stop_pid(pid)
+    stop_pids([p for p in state.get("pids", []) if p != server])
     if server:
         stop_pid(server)
     state["pids"] = []

@@ -3,6 +3,9 @@ server's database already holds what they would make (flows/local_stack.py), aga
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 from flows import local_stack as ls
 
 
@@ -24,3 +27,28 @@ def test_deploy_fingerprint_kept_on_the_server_and_what_changes_it(prefect_api, 
     assert ls.deploy_fingerprint({**env, "RLVR_PROJECT_ROOT": "/elsewhere"}, gpu_slots=2) != fp
     # The fingerprint alone is not enough: the deployments of prefect.yaml must be there (none on this server).
     assert ls._deployments_there(api) is False
+
+
+def test_stopping_several_processes_asks_them_all_at_once_then_kills_what_stays(tmp_path):
+    # `prefect_down` stops the workers together: the wait is the slowest one's grace period, not the sum of
+    # them (a worker that stalls its shutdown for the whole grace period made the stack's teardown take 50 s).
+    import subprocess
+    import sys
+
+    stubborn = ("import signal, sys, time\n"
+                "def note(*_):\n"
+                "    open(sys.argv[1], 'a').write(repr(time.time()) + '\\n')\n"
+                "signal.signal(signal.SIGTERM, note)\n"
+                "open(sys.argv[1] + '.up', 'w').close()\n"
+                "while True: time.sleep(0.05)\n")
+    marks = [tmp_path / f"p{i}" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", stubborn, str(m)], start_new_session=True) for m in marks]
+    for m in marks:
+        for _ in range(400):
+            if Path(str(m) + ".up").exists():
+                break
+            time.sleep(0.05)
+    ls.stop_pids([p.pid for p in procs], timeout_s=2.0)
+    assert not any(ls._alive(p.pid) for p in procs)  # SIGTERM was noted, not obeyed: SIGKILL ended both
+    asked = [float(m.read_text().split()[0]) for m in marks]
+    assert abs(asked[0] - asked[1]) < 1.0, asked  # one after the other would be >= the 2 s grace apart
