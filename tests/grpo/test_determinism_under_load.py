@@ -2,7 +2,7 @@
 
 The training stage (data → warm start → pass rates → curriculum → GRPO, the pipeline's own stage
 functions) runs twice in fresh processes with fresh homes, with the same seed and two torch threads:
-once on a quiet machine, once while busy-loop processes hold every core. Every per-step number of the
+once on a quiet machine, once while busy-loop processes (one per core) hold every core. Every per-step number of the
 trainer (rewards, losses, KL, token counts, the held-out evaluation at the end), the base and trained
 weights' hashes and the pass-rate table must be identical. Wall-clock columns are the only thing allowed
 to differ. The run also has to record the thread count it ran with (the GRPO summary's `numerics`),
@@ -79,7 +79,7 @@ def test_training_stage_gives_identical_numbers_on_a_loaded_machine(tmp_path):
     quiet = _run_stage(tmp_path / "home-quiet", tmp_path / "quiet.json")
 
     ctx = mp.get_context("fork")
-    hogs = [ctx.Process(target=_busy, args=(time.monotonic() + 900,), daemon=True) for _ in range(2 * (os.cpu_count() or 2))]
+    hogs = [ctx.Process(target=_busy, args=(time.monotonic() + 900,), daemon=True) for _ in range(os.cpu_count() or 2)]
     for h in hogs:
         h.start()
     try:
