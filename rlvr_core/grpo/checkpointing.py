@@ -93,10 +93,21 @@ def save_checkpoint(engine: Any, out_dir: Path, step: int, state: RunState, ahea
     if ahead is not None and is_main:  # before DeepSpeed's files and its `latest`: a resume finds both
         (ckpt_dir / f"step{step}").mkdir(parents=True, exist_ok=True)
         torch.save(ahead.for_checkpoint(step), ckpt_dir / f"step{step}" / AHEAD_WEIGHTS)
-    engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}",
+    engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", save_latest=False,
                            client_state={"step": step, "step_rows": state.step_rows, "data_pos": state.data_pos})
+    # DeepSpeed's own `latest` is written by rank 0 before its closing barrier, i.e. possibly while another
+    # rank is still writing its partition: a node lost then leaves a `latest` naming a checkpoint that cannot
+    # be loaded. save_checkpoint returns after that barrier, so every rank's files are complete here.
     if is_main:
+        _write_latest(ckpt_dir, f"step{step}")
         _write_rows(state.step_rows, out_dir / STEPS_FILE)
+
+
+def _write_latest(ckpt_dir: Path, tag: str) -> None:
+    """ckpt_dir/latest (DeepSpeed's pointer to the checkpoint to load), replaced atomically."""
+    tmp = ckpt_dir / "latest.tmp"
+    tmp.write_text(tag)
+    os.replace(tmp, ckpt_dir / "latest")
 
 
 def write_lora_config(module: Any, ckpt_dir: Path) -> None:

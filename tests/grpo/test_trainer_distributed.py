@@ -69,6 +69,7 @@ RUNS = {
     # thread while each rank's sampler thread runs ahead; resumed at step 2, whose checkpoint carries version 1.
     "z3_stale1_resumed": dict(cfg=dict(zero_stage=3, max_staleness=1, steps=3), calls=[2, None]),
 }
+LATE_SAVE_RUN = "z2_token_mean_resumed"  # rank 1 saves its partitions late (the worker's `late_save`)
 EXACT = ("step", "epoch", "reward_mean", "reward_std", "zero_var_group_share", "n_tokens", "completion_len_mean",
          "truncation_share", "unique_frac_mean", "health/G-onpolicy-ratio", "health/G-kl-explosion",
          "health/G-fixed-seed", "health/G-verifier-format", "status/correct", "status/incorrect", "status/no_answer",
@@ -196,6 +197,9 @@ def test_two_processes_train_like_one(tiny, tmp_path):
         assert summary["steps"] == cfg.steps and summary["done"]
         if len(run.get("calls", [None])) > 1:
             assert summary["resumed_from_step"] == run["calls"][0]
+        if name == LATE_SAVE_RUN:  # while rank 1 was still writing a checkpoint, `latest` named an older one
+            seen = json.loads((out / "latest_seen_rank1.json").read_text())
+            assert len(seen) >= 2 and all(s["latest"] != s["tag"] for s in seen), seen
 
         # rollouts.parquet (rank 0 writes what the ranks picked): the same rows as one process, 4 per step.
         ra, rb = pq.read_table(ref.rollouts_path).to_pylist(), pq.read_table(out / "rollouts.parquet").to_pylist()
@@ -278,6 +282,23 @@ def _worker(spec_path: str) -> None:
 
     trainer_mod.build_policy = recording_build_policy
 
+    # A checkpoint's `latest` may name it only once every rank's partition is on disk (a node lost in between
+    # would leave a `latest` that cannot be loaded): in one run rank 1 writes its optimizer partition 0.5 s
+    # late and records what `latest` named meanwhile.
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    save, late = TorchCheckpointEngine.save, {"on": False, "seen": []}
+
+    def late_save(self, state_dict, path):
+        if late["on"] and rank == 1 and str(path).endswith("optim_states.pt"):
+            time.sleep(0.5)
+            latest = Path(path).parent.parent / "latest"
+            late["seen"].append({"tag": Path(path).parent.name,
+                                 "latest": latest.read_text().strip() if latest.is_file() else None})
+        return save(self, state_dict, path)
+
+    TorchCheckpointEngine.save = late_save
+
     def train(name: str, cfg, verifier: str = "_test_parity", **kw):
         return train_grpo(spec["model_dir"], spec["rows"], spec["ids"], out / name, cfg, template_id="qa",
                           reward=RewardConfig(verifier=verifier),  max_new_tokens=12, seed=0, **kw)
@@ -291,10 +312,13 @@ def _worker(spec_path: str) -> None:
     for name, run in spec["runs"].items():
         prompts.clear()
         policies.clear()
+        late["on"] = name == LATE_SAVE_RUN
         for stop in run.get("calls", [None]):
             train(name, _cfg(lr=LR, **run["cfg"]), run.get("verifier", "_test_parity"), stop_after_steps=stop,
                   evaluate=_probe if run.get("evaluate") else None)
         (out / name / f"prompts_rank{rank}.json").write_text(json.dumps(prompts))
+        if late["on"] and rank == 1:
+            (out / name / "latest_seen_rank1.json").write_text(json.dumps(late["seen"]))
         (out / name / f"policy_rank{rank}.json").write_text(json.dumps(
             [{"replica": p.replica is not None, "partitioned": p.partitioned, "lockstep": p.lockstep,
               "local_numel": sum(x.ds_tensor.numel() if hasattr(x, "ds_tensor") else x.numel()
