@@ -8,18 +8,7 @@
 #   bash benchmarks/gpu_check.sh --tiny --out /tmp/gpu_check_dry   # anywhere, CPU, ~2 minutes
 set -u
 cd "$(dirname "$0")/.." || exit 1
-PY=${PYTHON:-python3}
-if ! "$PY" -c 'import deepspeed, hjson, pydantic' >/dev/null 2>&1; then
-  if ! ls .whl/*.whl >/dev/null 2>&1; then
-    echo "gpu_check: deepspeed/hjson/pydantic are missing and there is no .whl/ folder to install them from (docs/gpu.md)" >&2
-    exit 1
-  fi
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-# DeepSpeed's JIT ops (CPU Adam under optimizer offload) compile into a folder that exists on a bare machine.
-export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
+source benchmarks/gpu_env.sh || exit 1
 out=${OUT:-/tmp/gpu_check}
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do [[ ${args[i]} == --out ]] && out=${args[i + 1]}; done

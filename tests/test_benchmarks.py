@@ -602,6 +602,28 @@ def test_bench_gpu_grpo_train_only_tiny(tmp_path):
     assert res["summary"]["steps_averaged"] == [2]
 
 
+def test_bench_push_gpu_tiny(tmp_path):
+    """benchmarks/bench_push_gpu.py on the CPU (tiny shape, seconds): under ZeRO-2 and ZeRO-3 every version file
+    is the policy's weights bit for bit (the script raises otherwise), whole (at least N weights: tied lm_head
+    written as its own copy), and a train step between two versions changes it."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "push.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_push_gpu.py"), "--shape", "tiny", "--allow-cpu",
+           "--versions", "2", "--work", str(tmp_path), "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert [s["zero_stage"] for s in res["stages"]] == [2, 3]
+    for s in res["stages"]:
+        v0, v1 = s["versions"]
+        assert v0["numel"] == v1["numel"] > s["n_params"]  # tied embeddings: the lm_head copy on top of N
+        assert v0["bytes"] > 2 * v0["numel"] and v1["tensors_changed"] > 0  # bf16: 2 bytes a weight + header
+    assert not list(tmp_path.glob("bench-push-*"))  # the version files' folder is removed
+
+
 def test_gpu_check_driver_helpers():
     """The GPU check's --tiny swap keeps every flag and replaces the sizes; the benchmark's trainer flags are
     GRPOConfig fields, set only when given."""
