@@ -65,7 +65,7 @@ def one_version(policy, folder: Path, v: int, cuda: bool) -> dict[str, Any]:
     spath, _ = write_version_file(folder / "stale", v, iter(snap.items()))
     t3 = time.perf_counter()
     got, got_stale = load_file(str(path)), load_file(str(spath))
-    bad = [k for k in snap if not (g_equal(got.get(k), snap[k]) and g_equal(got_stale.get(k), snap[k]))]
+    bad = [k for k in snap if not (_same(got.get(k), snap[k]) and _same(got_stale.get(k), snap[k]))]
     if bad or set(got) != set(snap):
         raise RuntimeError(f"version {v}: the file differs from the weights at {bad[:5]} "
                            f"(keys missing: {sorted(set(snap) - set(got))[:5]})")
@@ -73,7 +73,8 @@ def one_version(policy, folder: Path, v: int, cuda: bool) -> dict[str, Any]:
             "tensors": len(got), "numel": sum(t.numel() for t in got.values()), "snap": snap}
 
 
-def g_equal(a, b) -> bool:
+def _same(a, b) -> bool:
+    """`a` (read back; None if missing) is `b` exactly: dtype, shape and every bit."""
     import torch
 
     return a is not None and a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
