@@ -5,18 +5,18 @@ The same formats with a single correct answer still score 1, so the rules cannot
 The table of rules is in docs/verifiers.md, "Reward hacks (answers)".
 """
 
-import time
-
 import pytest
 
 from rlvr_core.verifiers import Status, get_verifier
 from rlvr_core.verifiers.math_verifier import last_boxed
 
+from fresh_process import FreshProcess
+
 # The verifiers' own CPU-time limit for these tests (the pool sets it to its timeout, 5 s by default).
 LIMIT_S = 0.5
 # What one verification may use beyond the limit: the timer fires between bytecodes, and the work after it
-# (unwinding a deep parse, lm-eval's regex normaliser before the limit is armed) is small. Measured on the
-# shared 2-core machine: at most 0.1 s over a 0.5 s limit idle, 0.51 s over a 1 s limit under load.
+# (unwinding a deep parse, lm-eval's regex normaliser before the limit is armed) is small. Measured in a fresh
+# process on the shared 2-core machine: at most 0.1 s over a 0.5 s limit idle, 0.51 s over a 1 s limit under load.
 SLACK_S = 1.0
 
 MATH = get_verifier("math", time_limit_s=LIMIT_S)
@@ -31,11 +31,13 @@ def minerva(answer: str) -> str:
     return f"Solving it step by step.\nFinal Answer: The final answer is ${answer}$. I hope it is correct."
 
 
-def timed(verifier, response, gold):
-    """(outcome, CPU seconds) of one verification in this process."""
-    start = time.process_time()
-    out = verifier.verify(response, gold)
-    return out, time.process_time() - start
+@pytest.fixture(scope="module")
+def fresh():
+    """A process that only verifies, for the CPU-time bounds below (tests/verifiers/fresh_process.py: this
+    worker's own heap and threads would be counted too)."""
+    proc = FreshProcess()
+    yield proc
+    proc.close()
 
 
 def assert_scores_zero(out, allowed=(Status.INCORRECT,)):
@@ -138,17 +140,17 @@ _BOUND = LIMIT_S + SLACK_S
 
 
 @pytest.mark.parametrize("answer", MATH_BOMBS, ids=[f"bomb{i}" for i in range(len(MATH_BOMBS))])
-def test_math_bombs_score_zero_within_the_time_limit(answer):
+def test_math_bombs_score_zero_within_the_time_limit(answer, fresh):
     # Lenient mode reads a box the way boxed mode does (LaTeX only), so two shapes cover both paths.
-    for verifier, response in ((MATH, f"So we get ${answer}$."), (MATH_BOXED, f"\\boxed{{{answer}}}")):
-        out, cpu = timed(verifier, response, "42")
+    for mode, response in (("lenient", f"So we get ${answer}$."), ("boxed", f"\\boxed{{{answer}}}")):
+        out, cpu, _ = fresh.timed("math", response, "42", mode=mode, time_limit_s=LIMIT_S)
         assert_scores_zero(out, (Status.INCORRECT, Status.TIMEOUT, Status.NO_ANSWER))
-        assert cpu < _BOUND, (verifier.mode, response[:60], cpu, out)
+        assert cpu < _BOUND, (mode, response[:60], cpu, out)
 
 
 @pytest.mark.parametrize("answer", MATH_BOMBS, ids=[f"bomb{i}" for i in range(len(MATH_BOMBS))])
-def test_minerva_bombs_score_zero_within_the_time_limit(answer):
-    out, cpu = timed(MINERVA, minerva(answer), "42")
+def test_minerva_bombs_score_zero_within_the_time_limit(answer, fresh):
+    out, cpu, _ = fresh.timed("minerva", minerva(answer), "42", time_limit_s=LIMIT_S)
     assert_scores_zero(out, (Status.INCORRECT, Status.TIMEOUT))
     assert cpu < _BOUND, (answer[:60], cpu, out)
 
