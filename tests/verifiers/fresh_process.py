@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _SERVER = r"""
 import json, sys, time
 from rlvr_core.verifiers import get_verifier
+replies, sys.stdout = sys.stdout, sys.stderr  # whatever a verifier prints cannot corrupt the replies
 built = {}
 for line in sys.stdin:
     req = json.loads(line)
@@ -37,7 +38,7 @@ for line in sys.stdin:
     t, c = time.monotonic(), time.process_time()
     out = v.verify(req["response"], req["gold"])
     cpu, wall = time.process_time() - c, time.monotonic() - t
-    print(json.dumps({"outcome": out.to_dict(), "cpu_s": cpu, "wall_s": wall}), flush=True)
+    print(json.dumps({"outcome": out.to_dict(), "cpu_s": cpu, "wall_s": wall}), file=replies, flush=True)
 """
 
 
