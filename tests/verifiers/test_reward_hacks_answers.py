@@ -10,8 +10,6 @@ import pytest
 from rlvr_core.verifiers import Status, get_verifier
 from rlvr_core.verifiers.math_verifier import last_boxed
 
-from fresh_process import FreshProcess
-
 # The verifiers' own CPU-time limit for these tests (the pool sets it to its timeout, 5 s by default).
 LIMIT_S = 0.5
 # What one verification may use beyond the limit: the timer fires between bytecodes, and the work after it
@@ -29,15 +27,6 @@ IFEVAL = get_verifier("ifeval")
 
 def minerva(answer: str) -> str:
     return f"Solving it step by step.\nFinal Answer: The final answer is ${answer}$. I hope it is correct."
-
-
-@pytest.fixture(scope="module")
-def fresh():
-    """A process that only verifies, for the CPU-time bounds below (tests/verifiers/fresh_process.py: this
-    worker's own heap and threads would be counted too)."""
-    proc = FreshProcess()
-    yield proc
-    proc.close()
 
 
 def assert_scores_zero(out, allowed=(Status.INCORRECT,)):

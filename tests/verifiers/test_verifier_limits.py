@@ -17,8 +17,6 @@ import pytest
 from rlvr_core.verifiers import Status, known_verifiers, register_verifier
 from rlvr_core.verifiers.registry import can_hang
 
-from fresh_process import FreshProcess
-
 # Typical (response, gold) pairs per built-in verifier. A new verifier must add its own: the test below
 # fails for a registered name without samples.
 SAMPLES = {
@@ -82,14 +80,6 @@ ADVERSARIAL = [
     "answer: " * 120_000, "-" * 1_000_000 + "5", "#### " * 200_000, "\\boxed{" * 130_000, "a " * 500_000 + "B",
     "1.1.1." * 160_000, "option is " * 100_000,
 ]
-
-
-@pytest.fixture(scope="module")
-def fresh():
-    """A process that only verifies, for the CPU-time bounds (tests/verifiers/fresh_process.py)."""
-    proc = FreshProcess()
-    yield proc
-    proc.close()
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(SAMPLES) if not can_hang(n)])
