@@ -45,8 +45,8 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def one_version(policy, folder: Path, v: int, cuda: bool) -> dict[str, Any]:
-    """Version v through both push paths, timed, and read back."""
+def one_version(policy, folder: Path, v: int, cuda: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Version v through both push paths, timed, and read back: (its record, the host snapshot of the weights)."""
     from safetensors.torch import load_file
 
     from rlvr_core.grpo.vllm_rollout import _gathered, engine_weights
@@ -70,7 +70,7 @@ def one_version(policy, folder: Path, v: int, cuda: bool) -> dict[str, Any]:
         raise RuntimeError(f"version {v}: the file differs from the weights at {bad[:5]} "
                            f"(keys missing: {sorted(set(snap) - set(got))[:5]})")
     return {"version": v, "bytes": nbytes, "sync_s": t1 - t0, "snapshot_s": t2 - t1, "write_s": t3 - t2,
-            "tensors": len(got), "numel": sum(t.numel() for t in got.values()), "snap": snap}
+            "tensors": len(got), "numel": sum(t.numel() for t in got.values())}, snap
 
 
 def _same(a, b) -> bool:
@@ -97,8 +97,7 @@ def run_stage(zero: int, a: argparse.Namespace, tok, rows, device: str, work: Pa
         if v:
             g.train_only_steps(policy, cfg, tok, rows, facts["n_params"], steps=1, T=a.max_new_tokens, rank=0,
                                world=1, peak=None, ckpt=False)
-        rec = one_version(policy, work / f"z{zero}", v, cuda)
-        snap = rec.pop("snap")
+        rec, snap = one_version(policy, work / f"z{zero}", v, cuda)
         if rec["numel"] < facts["n_params"]:  # a ZeRO-3 weight written while partitioned has numel 0
             raise RuntimeError(f"ZeRO-{zero}: version {v} holds {rec['numel']:,} weights of {facts['n_params']:,}")
         if prev is not None:
