@@ -76,6 +76,7 @@ code. A sandbox that cannot start is an `error`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -86,179 +87,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier
+from rlvr_core.verifiers.code_child import BOOT, PASS_LINE, RUNNER
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
-
-# Runs inside the child: builds the audit hook, runs the program, and only when the program's last statement
-# has run without raising, reads the per-run nonce (which the hook lets no other line open) and writes it on
-# the result pipe. Kept as source text because the child must not import anything from the project.
-_BOOT = r'''
-import builtins, os, sys
-
-
-def _make_hook(scratch, protected, private, nonce_path, boot_frame, pass_line):
-    """The audit hook. Everything it calls is bound here, before the program runs: C functions, strings and
-    tuples in closure cells, which no code of the program can reach (the hook is stored nowhere but in the
-    interpreter's hook list) or replace (it can rebind module attributes and builtins, not these)."""
-    lstat, readlink, stat, getframe = os.lstat, os.readlink, os.stat, sys._getframe
-    kind_of, str_, bytes_, int_ = type, str, bytes, int
-    refuse, os_error, len_ = PermissionError, OSError, len
-    own_pid = str(os.getpid())
-    o_write = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    blocked = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.fork", "os.forkpty",
-               "os.kill", "os.killpg", "ctypes.", "pty.", "winreg.", "os.startfile", "sqlite3.connect")
-    # A tracer/profiler can rebind names or skip lines of the tests; gc's walkers reach every object;
-    # chdir and symlinks would let a checked path name another file by the time it is opened; a
-    # sub-interpreter has no audit hook.
-    refused = {"sys.settrace", "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-               "os.chdir", "os.symlink", "cpython.PyInterpreterState_New"}
-    # Modules that start processes or interpreters without an audit event (_posixsubprocess.fork_exec), read
-    # a file by path without one (readline.read_history_file), or reach raw memory.
-    blocked_modules = ("ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels",
-                       "readline", "_testcapi", "_testinternalcapi")
-    write_events = {"os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.link",
-                    "os.truncate", "os.utime", "shutil.rmtree"}
-
-    def inside(path, root):
-        return path == root or path.startswith(root + "/")
-
-    def resolve(path):
-        """The absolute path with every symbolic link followed (os.path.realpath, from captured C calls)."""
-        if path[:1] != "/":
-            path = scratch + "/" + path  # the cwd: chdir is refused
-        todo, out, links = path.split("/")[::-1], "", 0
-        while todo:
-            name = todo.pop()
-            if name == "" or name == ".":
-                continue
-            if name == "..":
-                out = out[:out.rfind("/")]
-                continue
-            candidate = out + "/" + name
-            try:
-                mode = lstat(candidate).st_mode
-            except os_error:
-                mode = 0
-            if mode & 0o170000 != 0o120000:
-                out = candidate
-                continue
-            links += 1
-            if links > 40:
-                raise refuse("sandbox: too many levels of symbolic links")
-            target = readlink(candidate)
-            if target[:1] == "/":
-                out = ""
-            todo.extend(target.split("/")[::-1])
-        return out or "/"
-
-    def real(path):
-        """The resolved path of a path argument. Only str and bytes (what CPython passes after converting an
-        os.PathLike): an object converted again here could name one file to the check and another to the open."""
-        kind = kind_of(path)
-        if kind is bytes_:
-            path = path.decode("utf-8", "surrogateescape")
-        elif kind is not str_:
-            raise refuse("sandbox: a file path must be str or bytes here")
-        if path[:1] != "/" and ".." in path.split("/"):  # relative to a dir_fd the check cannot see
-            raise refuse("sandbox: relative paths with '..' are not allowed: " + path)
-        return resolve(path)
-
-    def check_open(path, writing):
-        if inside(path, scratch):
-            return
-        if writing:
-            raise refuse("sandbox: writing outside the scratch dir: " + path)
-        if inside(path, private):
-            raise refuse("sandbox: reading the harness's private files: " + path)
-        parts = path.split("/")
-        if len_(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != own_pid:
-            raise refuse("sandbox: reading another process's /proc entries: " + path)
-        for root in protected:
-            if inside(path, root):
-                raise refuse("sandbox: reading a protected path: " + path)
-        try:
-            is_dir = stat(path).st_mode & 0o170000 == 0o040000
-        except os_error:
-            is_dir = False
-        if is_dir:  # a directory fd outside scratch would let relative paths escape every check here
-            raise refuse("sandbox: opening a directory outside the scratch dir: " + path)
-
-    def hook(event, args):
-        if event.startswith(blocked) or event in refused:
-            raise refuse("sandbox: " + event + " is not allowed")
-        if event == "import":
-            if args[0] in blocked_modules:
-                raise refuse("sandbox: importing " + args[0] + " is not allowed")
-        elif event == "open":
-            path, mode, flags = args
-            if kind_of(path) is int_:
-                return  # a file descriptor: opened under this hook (or inherited)
-            resolved = real(path)
-            caller = getframe(1)
-            if resolved == nonce_path and caller is boot_frame and caller.f_lineno == pass_line:
-                # The boot's pass line, reached only after the program returned (see _boot). The line matters
-                # as much as the frame: a finalizer or signal handler that is a C callable (a partial of
-                # os.open) has no frame of its own and runs on whatever frame is current, the boot's included
-                # while an exception unwinds through it.
-                return
-            writing = (kind_of(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
-                kind_of(flags) is int_ and flags & o_write != 0)
-            check_open(resolved, writing)
-        elif event in write_events:
-            for arg in args[:2] if event in ("os.rename", "os.link") else args[:1]:
-                if kind_of(arg) is int_ and event == "os.truncate":
-                    continue  # ftruncate: the fd was opened for writing under this hook
-                resolved = real(arg)
-                if not inside(resolved, scratch):
-                    raise refuse("sandbox: " + event + " outside the scratch dir: " + resolved)
-
-    return hook
-
-
-def _boot():
-    scratch = os.path.realpath(sys.argv[1])
-    protected = tuple(os.path.realpath(p) for p in sys.argv[2].split(os.pathsep) if p)
-    nonce_path = os.path.realpath(sys.argv[3])
-    result_fd, pass_line = int(sys.argv[4]), int(sys.argv[5])
-    program = os.path.join(scratch, "program.py")
-    with open(program) as f:
-        code = compile(f.read(), "program.py", "exec")
-    os.remove(program)  # the tests are not left on disk for the program to read
-    # What runs after the program is bound now: the program can rebind os.*, builtins, sys.modules.
-    open_, read, write, exit_, rdonly = os.open, os.read, os.write, os._exit, os.O_RDONLY
-    listed, same_len, pairs = list, len, zip
-    builtin_names = builtins.__dict__
-    before = list(builtin_names.items())
-    me = sys._getframe()
-    sys.addaudithook(_make_hook(scratch, protected, os.path.dirname(nonce_path), nonce_path, me, pass_line))
-    exec(code, {"__name__": "__main__", "__builtins__": builtins})
-    # Reached only when every statement of the program (solution, then tests) ran without raising: an exit,
-    # an exception or a signal ends the process before this line.
-    after = listed(builtin_names.items())
-    intact = same_len(after) == same_len(before)
-    for (name, value), (name_after, value_after) in pairs(before, after):  # identity only: runs no program code
-        intact = intact and name is name_after and value is value_after
-    if not intact:
-        write(2, b"sandbox: the program replaced or added builtins, which the tests share\n")
-        exit_(1)
-    fd = open_(nonce_path, rdonly)  # the pass line: the hook lets only this line of this frame open it
-    write(result_fd, read(fd, 64))
-    exit_(0)  # at once: no atexit handler or finalizer of the program runs after the pass signal
-
-
-_boot()
-'''
-
-# The line of _BOOT that opens the nonce (line numbers of `python -c` code count from _BOOT's first line).
-_PASS_LINE = next(n for n, line in enumerate(_BOOT.splitlines(), 1) if line.strip().startswith("fd = open_(nonce_path"))
-
 
 @lru_cache(maxsize=1)
 def _unshare_prefix() -> tuple[str, ...]:
@@ -299,24 +138,25 @@ def _humaneval_completion(response: str, entry_point: str) -> str:
     return response
 
 
-def tests_source(tests: Any) -> str:
-    """MBPP: a list of assert lines (or one string); HumanEval: {"test": src, "entry_point": name}."""
+def test_spec(tests: Any) -> dict[str, str | None]:
+    """What the tests' process runs. MBPP: a list of assert lines (or one string), run with every function of
+    the solution they name bound to a stand-in; HumanEval: {"test": src, "entry_point": name} (plus "prompt" with
+    `prepend_prompt`), whose `check(candidate)` gets the entry point's stand-in."""
     if isinstance(tests, str):
-        return tests
+        return {"test": tests, "entry_point": None, "prompt": None}
     if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
-        return "\n".join(tests)
-    if isinstance(tests, dict) and "test" in tests:
-        src = tests["test"]
-        if "entry_point" in tests:
-            src += f"\n\ncheck({tests['entry_point']})\n"
-        return src
+        return {"test": "\n".join(tests), "entry_point": None, "prompt": None}
+    if isinstance(tests, dict) and isinstance(tests.get("test"), str):
+        return {"test": tests["test"], "entry_point": tests.get("entry_point"), "prompt": tests.get("prompt")}
     raise TypeError(f"code tests must be a string, a list of strings or a HumanEval dict, got {type(tests).__name__}")
 
 
 @register_verifier("code")
 class CodeVerifier:
     name = "code"
-    version = "2"  # 2: the pass signal (a nonce) besides exit status 0
+    # 2: the pass signal (a nonce) besides exit status 0. 3: the tests run in a process of their own against
+    # stand-ins of the solution's functions; only plain data crosses (module docstring).
+    version = "3"
     # The program runs in a child with its own limits, but the verifier waits for it (and for the
     # sandbox's set-up): it runs in pool workers like the others.
     can_hang = True
@@ -332,7 +172,7 @@ class CodeVerifier:
         network_namespace: bool = True,
         prepend_prompt: bool = False,
     ) -> None:
-        self.prepend_prompt = prepend_prompt  # HumanEval: program = prompt + completion + tests (see above)
+        self.prepend_prompt = prepend_prompt  # HumanEval: solution = prompt + completion (see above)
         self.time_limit_s = time_limit_s
         self.memory_limit_mb = memory_limit_mb
         self.protected_roots = [_PROJECT_ROOT] if protected_roots is None else list(protected_roots)
@@ -355,30 +195,41 @@ class CodeVerifier:
                 raise TypeError("prepend_prompt needs a HumanEval gold: a dict with prompt, test and entry_point")
             if not response.strip():
                 return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, "empty completion")
-            completion = _humaneval_completion(response, gold["entry_point"])
-            code = gold["prompt"] + completion  # the solution as run (reported as `extracted`)
-            program = humaneval_program(gold["prompt"], completion, gold["test"], gold["entry_point"])
+            code = gold["prompt"] + _humaneval_completion(response, gold["entry_point"])  # the solution as run
+            spec = test_spec(gold)
         else:
-            tests = tests_source(gold)
+            spec = test_spec({k: v for k, v in gold.items() if k != "prompt"} if isinstance(gold, dict) else gold)
             code = extract_code(response)
             if code is None:
                 return Outcome(Status.NO_ANSWER, 0.0, None, self.name, self.version, "no code in response")
-            program = code + "\n\n" + tests
-        return self._outcome(self.run(program), code)
+        return self._outcome(self.run_tests(code, spec), code)
 
     def run(self, program: str) -> ProgramRun:
-        """Run `program` in the sandbox (see the module docstring); the pass signal is checked here."""
+        """Run a whole `program` in the sandbox, the tests (if any) inside it (see the module docstring); passed
+        when its last statement ran (the pass signal) and it exited 0. `verify` uses `run_tests` instead."""
+        with self._private() as private:
+            return self._run_whole(private, program)
+
+    def run_tests(self, solution: str, spec: dict[str, str | None]) -> ProgramRun:
+        """Run `solution` in the sandbox and the tests of `spec` (`test_spec`) in a trusted process of their own
+        that calls it; passed when the solution loaded (the pass signal) and every test passed."""
+        with self._private() as private:
+            return self._run_split(private, solution, spec)
+
+    @contextmanager
+    def _private(self):
         if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
             # The kernel would reap the program at once and subprocess would read exit status 0: every
             # program would "pass". Refuse (an `error` outcome) rather than score that.
             raise RuntimeError("SIGCHLD is ignored in this process: the program's exit status cannot be read")
         private = tempfile.mkdtemp(prefix="rlvr-code-")  # the harness's files; the program's scratch inside
         try:
-            return self._run_in(private, program)
+            yield private
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
-    def _run_in(self, private: str, program: str) -> ProgramRun:
+    def _start_solution(self, private: str, program: str, serve_fds: tuple[int, ...]) -> _Started:
+        """The sandboxed child: `program` in scratch, its nonce, the pipe for the pass signal; started."""
         scratch = os.path.join(private, "run")
         os.mkdir(scratch)
         Path(scratch, "program.py").write_text(program + "\n")
@@ -388,63 +239,175 @@ class CodeVerifier:
         prefix = _unshare_prefix() if self.network_namespace else ()
         env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8"}
         read_end, write_end = os.pipe()
+        cmd = [*prefix, sys.executable, "-I", "-S", "-c", BOOT, scratch, os.pathsep.join(self.protected_roots),
+               nonce_path, str(write_end), str(PASS_LINE), *map(str, serve_fds)]
+        # stdout is not kept (nothing reads it; a program printing gigabytes costs nothing); stderr goes to
+        # a file under RLIMIT_FSIZE, of which only the tail is read.
+        err_file = open(os.path.join(private, "stderr"), "w+b")
         try:
-            cmd = [*prefix, sys.executable, "-I", "-S", "-c", _BOOT, scratch, os.pathsep.join(self.protected_roots),
-                   nonce_path, str(write_end), str(_PASS_LINE)]
-            # stdout is not kept (nothing reads it; a program printing gigabytes costs nothing); stderr goes to
-            # a file under RLIMIT_FSIZE, of which only the tail is read.
-            with open(os.path.join(private, "stderr"), "w+b") as err_file:
-                proc = subprocess.Popen(cmd, cwd=scratch, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=err_file, pass_fds=(write_end,),
-                                        preexec_fn=self._limits)
-                os.close(write_end)
-                write_end = -1
-                if not _wait(proc, self.time_limit_s):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    return ProgramRun(None, False, "")
-                err = _tail(err_file)
-            os.set_blocking(read_end, False)
-            try:
-                signalled = os.read(read_end, len(nonce) + 1)
-            except BlockingIOError:
-                signalled = b""
-            return ProgramRun(proc.returncode, signalled == nonce, err)
-        finally:
+            proc = subprocess.Popen(cmd, cwd=scratch, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=err_file, pass_fds=(write_end, *serve_fds), preexec_fn=self._limits)
+        except BaseException:
+            err_file.close()
             os.close(read_end)
-            if write_end >= 0:
-                os.close(write_end)
+            raise
+        finally:
+            os.close(write_end)
+        return _Started(proc, err_file, read_end, nonce)
+
+    def _run_whole(self, private: str, program: str) -> ProgramRun:
+        child = self._start_solution(private, program, ())
+        with child:
+            if not _wait(child.proc, self.time_limit_s):
+                child.kill()
+                return ProgramRun(None, False, "", timed_out=True)
+            return ProgramRun(child.proc.returncode, child.signalled(), _tail(child.err_file))
+
+    def _run_split(self, private: str, solution: str, spec: dict[str, str | None]) -> ProgramRun:
+        spec_path = os.path.join(private, "tests.json")  # in the private folder: the solution cannot read it
+        Path(spec_path).write_text(json.dumps(spec))
+        calls_r, calls_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        verdict_r, verdict_w = os.pipe()
+        try:
+            child = self._start_solution(private, solution, (calls_r, answers_w))
+        finally:
+            os.close(calls_r)
+            os.close(answers_w)
+        with child:
+            try:
+                tests = self._start_tests(private, spec_path, (calls_w, answers_r, verdict_w))
+            finally:
+                for fd in (calls_w, answers_r, verdict_w):
+                    os.close(fd)
+            try:
+                if not _wait(tests, self.time_limit_s):
+                    os.killpg(tests.pid, signal.SIGKILL)
+                    tests.wait()
+                    child.kill()
+                    return ProgramRun(None, False, "", timed_out=True)
+                verdict = _verdict(_read_all(verdict_r), tests.returncode)
+                if not verdict["passed"]:  # the child may be ending by itself (a crash, the CPU limit): its status
+                    try:
+                        child.proc.wait(timeout=0.5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                own_exit = child.proc.poll()  # None: still serving the tests, as it should
+                child.kill()
+            finally:
+                os.close(verdict_r)
+            return ProgramRun(own_exit, child.signalled(), _tail(child.err_file), tests=verdict)
+
+    def _start_tests(self, private: str, spec_path: str, fds: tuple[int, int, int]) -> subprocess.Popen:
+        """The trusted tests' process: no sandbox (it runs only the benchmark's own test code), the same limits."""
+        with open(os.path.join(private, "tests_stderr"), "wb") as err:
+            return subprocess.Popen([sys.executable, "-I", "-S", "-c", RUNNER, spec_path, *map(str, fds)],
+                                    cwd=private, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, pass_fds=fds,
+                                    preexec_fn=self._limits)
 
     def _outcome(self, run: ProgramRun, code: str) -> Outcome:
-        if run.returncode is None:
+        if run.timed_out:
             return Outcome(Status.TIMEOUT, 0.0, code, self.name, self.version, f"killed after {self.time_limit_s:g} s")
-        if run.passed:
-            return Outcome(Status.CORRECT, 1.0, code, self.name, self.version, "all tests passed")
         extra = {"returncode": run.returncode, "pass_signal": run.pass_signal}
+        if run.tests is not None:
+            extra.update({k: run.tests[k] for k in ("calls", "arguments_written_back", "arguments_returned")
+                          if k in run.tests})
+        if run.passed:
+            return Outcome(Status.CORRECT, 1.0, code, self.name, self.version, "all tests passed", extra)
         if run.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and "Error" not in run.stderr_tail:
             return Outcome(Status.TIMEOUT, 0.0, code, self.name, self.version, "CPU time limit", extra)
-        if run.returncode == 0:
-            detail = "exited with status 0 before its last statement ran (no pass signal from the harness)"
-        elif run.returncode == -signal.SIGXFSZ:
-            detail = "file size limit (64 MiB) exceeded"
-        else:
-            detail = (run.stderr_tail.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
-        return Outcome(Status.INCORRECT, 0.0, code, self.name, self.version, detail[:500], extra)
+        return Outcome(Status.INCORRECT, 0.0, code, self.name, self.version, _failure(run)[:500], extra)
+
+
+def _failure(run: ProgramRun) -> str:
+    """Why a run did not pass, in one line."""
+    if run.tests is not None and run.pass_signal:  # the solution loaded: the tests say what failed
+        return str(run.tests.get("detail") or "the tests did not pass")
+    if run.returncode == 0:
+        return "exited with status 0 before its last statement ran (no pass signal from the harness)"
+    if run.returncode == -signal.SIGXFSZ:
+        return "file size limit (64 MiB) exceeded"
+    if run.returncode is None and run.tests is not None:  # still serving, yet no pass signal: cannot happen
+        return str(run.tests.get("detail") or "no pass signal from the harness")
+    return (run.stderr_tail.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
+
+
+@dataclass
+class _Started:
+    """The sandboxed child while it runs: its process, stderr file and the read end of the pass-signal pipe."""
+
+    proc: subprocess.Popen
+    err_file: Any
+    signal_fd: int
+    nonce: bytes
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+
+    def signalled(self) -> bool:
+        """The pipe holds exactly this run's nonce."""
+        os.set_blocking(self.signal_fd, False)
+        try:
+            return os.read(self.signal_fd, len(self.nonce) + 1) == self.nonce
+        except BlockingIOError:
+            return False
+
+    def __enter__(self) -> _Started:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+        self.err_file.close()
+        os.close(self.signal_fd)
 
 
 @dataclass(frozen=True)
 class ProgramRun:
-    """One sandboxed run: the exit status (None when killed at the time limit), whether the harness's pass
-    signal (the run's nonce) arrived, and the end of stderr."""
+    """One sandboxed run: the solution's exit status (None when it was killed at the time limit or, with tests of
+    their own, still serving them at the end), whether the harness's pass signal (the run's nonce) arrived, the end
+    of its stderr, and with tests of their own their verdict (passed, detail, counts of calls)."""
 
     returncode: int | None
     pass_signal: bool
     stderr_tail: str
+    tests: dict[str, Any] | None = None
+    timed_out: bool = False
 
     @property
     def passed(self) -> bool:
-        """The verdict: the program's last statement ran (the nonce arrived) and the process exited 0."""
+        """The verdict: the solution's last statement ran (the nonce arrived) and, for a whole program, the process
+        exited 0; with tests of their own, they all passed."""
+        if self.tests is not None:
+            return self.pass_signal and self.tests.get("passed") is True
         return self.returncode == 0 and self.pass_signal
+
+
+def _verdict(raw: bytes, returncode: int | None) -> dict[str, Any]:
+    """The tests' process's verdict; a process that died without one (its limits) did not pass."""
+    try:
+        verdict = json.loads(raw)
+    except ValueError:
+        verdict = None
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("passed"), bool):
+        return {"passed": False, "detail": f"the tests' process ended without a verdict (exit status {returncode})"}
+    return verdict
+
+
+def _read_all(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    return b"".join(chunks)
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> bool:
