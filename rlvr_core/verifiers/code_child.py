@@ -17,48 +17,92 @@ rlvr_core/verifiers/code_exec.py starts them and reads their verdicts; its docst
 
 from __future__ import annotations
 
-# Plain data as JSON: str, float, bool and None as themselves; int (any size: hex has no digit limit), bytes and
-# the containers as [tag, body]. `encode` refuses every other type, subclasses included (exact type checks).
+# Plain data as JSON: str, float, bool and None as themselves; int (any size: hex has no digit limit), bytes,
+# complex, builtin types (`int` as an argument) and the containers as [tag, body], among them the standard library's
+# Counter, OrderedDict, defaultdict and deque, which are rebuilt on the receiving side from plain parts (their
+# comparisons then run that side's own, unpatched code). Every other value is passed to `other`: the tests' side
+# refuses it, the solution's side sends a handle (an object that stays in its process). Exact type checks
+# throughout: a subclass is not plain data.
 CODEC = r'''
+import builtins as _builtins
+import collections as _collections
+
+
 class NotPlain(Exception):
     """A value that is not plain data; its message names the type."""
 
 
-_TAGS = {list: "l", tuple: "t", set: "s", frozenset: "f"}
-_BUILD = {"l": list, "t": tuple, "s": set, "f": frozenset}
+_SEQUENCES = {list: "l", tuple: "t", set: "s", frozenset: "f", _collections.deque: "q"}
+_BUILD_SEQUENCE = {"l": list, "t": tuple, "s": set, "f": frozenset, "q": _collections.deque}
+_MAPPINGS = {dict: "d", _collections.Counter: "C", _collections.OrderedDict: "O"}
+_BUILD_MAPPING = {"d": dict, "C": _collections.Counter, "O": _collections.OrderedDict}
 
 
-def encode(value):
+def type_name(kind):
+    module = getattr(kind, "__module__", "?")
+    name = getattr(kind, "__qualname__", "?")
+    return name if module == "builtins" else str(module) + "." + str(name)
+
+
+def _builtin_type_name(value):
+    name = getattr(value, "__name__", None)
+    return name if type(name) is str and getattr(_builtins, name, None) is value else None
+
+
+def encode(value, other):
     kind = type(value)
     if value is None or kind is bool or kind is str or kind is float:
         return value
     if kind is int:
         return ["i", format(value, "x")]
-    if kind in _TAGS:
-        return [_TAGS[kind], [encode(item) for item in value]]
-    if kind is dict:
-        return ["d", [[encode(key), encode(item)] for key, item in value.items()]]
+    if kind in _SEQUENCES:
+        return [_SEQUENCES[kind], [encode(item, other) for item in value]]
+    if kind in _MAPPINGS:
+        return [_MAPPINGS[kind], [[encode(key, other), encode(item, other)] for key, item in value.items()]]
+    if kind is _collections.defaultdict:
+        factory = value.default_factory
+        name = _builtin_type_name(factory) if type(factory) is type else None
+        return ["D", [name, [[encode(key, other), encode(item, other)] for key, item in value.items()]]]
     if kind is bytes:
         return ["b", value.decode("latin-1")]
-    module = getattr(kind, "__module__", "?")
-    raise NotPlain(kind.__qualname__ if module == "builtins" else str(module) + "." + kind.__qualname__)
+    if kind is complex:
+        return ["c", [value.real, value.imag]]
+    if kind is type and _builtin_type_name(value) is not None:
+        return ["B", value.__name__]
+    return other(value)
 
 
-def decode(data):
-    """The value `encode` gave `data` for; ValueError on anything `encode` cannot have written."""
+def _pairs(body, handle):
+    if any(type(pair) is not list or len(pair) != 2 for pair in body):
+        raise ValueError("not an encoded mapping")
+    return [(decode(key, handle), decode(item, handle)) for key, item in body]
+
+
+def decode(data, handle):
+    """The value `encode` gave `data` for (a handle through `handle`); ValueError on anything else."""
     kind = type(data)
     if data is None or kind is bool or kind is str or kind is float or kind is int:
         return data
-    if kind is list and len(data) == 2 and type(data[0]) is str:
-        tag, body = data
-        if tag == "i" and type(body) is str:
-            return int(body, 16)
-        if tag == "b" and type(body) is str:
-            return body.encode("latin-1")
-        if type(body) is list and tag in _BUILD:
-            return _BUILD[tag](decode(item) for item in body)
-        if type(body) is list and tag == "d":
-            return {decode(pair[0]): decode(pair[1]) for pair in body if type(pair) is list and len(pair) == 2}
+    if kind is not list or len(data) != 2 or type(data[0]) is not str:
+        raise ValueError("not an encoded value")
+    tag, body = data
+    if tag == "i" and type(body) is str:
+        return int(body, 16)
+    if tag == "b" and type(body) is str:
+        return body.encode("latin-1")
+    if tag == "c" and type(body) is list and len(body) == 2 and all(type(x) in (int, float) for x in body):
+        return complex(body[0], body[1])
+    if tag == "B" and type(body) is str and type(getattr(_builtins, body, None)) is type:
+        return getattr(_builtins, body)
+    if tag == "h":
+        return handle(body)
+    if type(body) is list and tag in _BUILD_SEQUENCE:
+        return _BUILD_SEQUENCE[tag](decode(item, handle) for item in body)
+    if type(body) is list and tag in _BUILD_MAPPING:
+        return _BUILD_MAPPING[tag](dict(_pairs(body, handle)))  # Counter(pairs) would count the pairs
+    if tag == "D" and type(body) is list and len(body) == 2 and type(body[1]) is list:
+        factory = getattr(_builtins, body[0], None) if type(body[0]) is str else None
+        return _collections.defaultdict(factory if type(factory) is type else None, _pairs(body[1], handle))
     raise ValueError("not an encoded value")
 '''
 
@@ -188,20 +232,38 @@ def _make_hook(scratch, protected, private, nonce_path, boot_frame, pass_line):
 
 
 def _make_server(request_fd, reply_fd):
-    """The solution's side of the calls from the tests' process, one JSON line each way. A request names a
-    function of the program's globals and carries its arguments as plain data; the answer is the result as plain
-    data, the arguments the call changed (list, dict and set arguments, written back there), whether the result
-    *is* one of the arguments, or the exception it raised. What the program does to this code (rebinding it,
-    writing on the pipes itself) can only spoil its own answers: the tests' side decodes plain data, nothing else."""
+    """The solution's side of the requests from the tests' process, one JSON line each way. A request calls a
+    function of the program's globals or an object the tests hold a handle to, or gets or sets an attribute of
+    one; arguments and results go as plain data, any other result as a handle (the object stays here). The answer
+    also carries the arguments the call changed (list, dict and set arguments, written back there) and whether the
+    result *is* one of the arguments. What the program does to this code (rebinding it, writing on the pipes
+    itself) can only spoil its own answers: the tests' side decodes plain data and handles, nothing else."""
     import json
 
-    loads, dumps, exit_ = json.loads, json.dumps, os._exit
+    loads, dumps, exit_, module_type = json.loads, json.dumps, os._exit, type(os)
     requests, replies = os.fdopen(request_fd, "rb"), os.fdopen(reply_fd, "wb")
     mutable = (list, dict, set)
+    objects, numbers = [], {}  # the objects the tests hold handles to, kept alive so their ids stay theirs
+    program = []  # the program's globals, once it has run
 
     def send(message):
         replies.write(dumps(message).encode() + b"\n")
         replies.flush()
+
+    def register(value):
+        number = numbers.get(id(value))
+        if number is None:
+            number = numbers[id(value)] = len(objects)
+            objects.append(value)
+        return ["h", [["o", number], type_name(type(value))]]
+
+    def resolve(target):
+        kind, key = target
+        if kind == "g":
+            if key not in program[0]:
+                raise NameError("name %r is not defined" % key)
+            return program[0][key]
+        return objects[key]
 
     def exception_name(exc):
         kind = type(exc)
@@ -211,42 +273,49 @@ def _make_server(request_fd, reply_fd):
         written = {}
         for i, arg in enumerate(args):
             if type(arg) in mutable:
-                state = encode(arg)
+                state = encode(arg, register)
                 if state != sent[i]:
                     written[str(i)] = state
         for i, arg in enumerate(args):
             if result is arg and type(arg) in mutable:
                 return {"arg": i, "w": written}
-        return {"r": encode(result), "w": written}
+        return {"r": encode(result, register), "w": written}
 
-    def call(namespace, request):
-        name = request["f"]
-        if name not in namespace:
-            return {"x": ["NameError", "name %r is not defined" % name]}
-        args = [decode(a) for a in request["a"]]
-        kwargs = {key: decode(v) for key, v in request["k"]}
+    def perform(request):
+        target = resolve(request["t"])
+        if request["op"] == "get":
+            return {"r": encode(getattr(target, request["n"]), register), "w": {}}
+        if request["op"] == "set":
+            setattr(target, request["n"], decode(request["v"], resolve))
+            return {"r": None, "w": {}}
+        args = [decode(a, resolve) for a in request["a"]]
+        kwargs = {key: decode(v, resolve) for key, v in request["k"]}
+        return answer(target(*args, **kwargs), args, request["a"])
+
+    def handle(request):
         try:
-            result = namespace[name](*args, **kwargs)
+            return perform(request)
+        except RecursionError:
+            return {"n": "structure nested too deep (or containing itself)"}
         except Exception as exc:  # the tests see it, as they would in one process
             try:
                 message = str(exc)[:1000]
             except Exception:
                 message = ""
             return {"x": [exception_name(exc), message]}
-        try:
-            return answer(result, args, request["a"])
-        except NotPlain as exc:
-            return {"n": str(exc)}
-        except RecursionError:
-            return {"n": "structure nested too deep (or containing itself)"}
 
-    def serve(namespace):
-        send({"ready": [name for name, value in list(namespace.items()) if type(name) is str and callable(value)]})
+    def serve(program_globals):
+        program.append(program_globals)
+        items = list(program_globals.items())
+        modules = {name: value.__name__ for name, value in items
+                   if type(value) is module_type and type(name) is str and type(value.__name__) is str}
+        send({"ready": [name for name, value in items if type(name) is str and callable(value)],
+              "modules": modules})
         while True:
             line = requests.readline()
             if not line:  # the tests' process is done
                 exit_(0)
-            send(call(namespace, loads(line)))
+            send(handle(loads(line)))
 
     return serve
 
@@ -296,22 +365,26 @@ _boot()
 PASS_LINE = next(n for n, line in enumerate(BOOT.splitlines(), 1) if line.strip().startswith("fd = open_(nonce_path"))
 
 # The trusted side: runs the tests against stand-ins of the solution's functions (see the module docstring).
-# argv: the tests' spec (a JSON file in the harness's private folder), the call pipe, the answer pipe, the verdict
-# pipe. The verdict is one JSON object: passed, a one-line detail when not, and counts of the calls.
+# argv: the tests' spec (a JSON file in the harness's private folder), the request pipe, the answer pipe, the
+# verdict pipe. The verdict is one JSON object: passed, a one-line detail when not, and counts of the requests.
 RUNNER = CODEC + r"""
 import builtins, json, os, sys
 
 MAX_ANSWER = 64 * 1024 * 1024
+PLAIN = "int, float, complex, bool, str, bytes, None, list, tuple, dict, set, frozenset (and Counter, OrderedDict, defaultdict, deque)"
 WRITE_BACK = {  # an argument the solution changed gets its new content in place, as one process would see it
     list: lambda old, new: old.__setitem__(slice(None), new),
     dict: lambda old, new: (old.clear(), old.update(new)),
     set: lambda old, new: (old.clear(), old.update(new)),
 }
+# Standard modules a solution's import may lend the tests (MBPP's tests sometimes use the solution's `import sys`);
+# the tests' process imports its own copy. Not these: they open windows or browsers, or print on import.
+NO_MODULES = {"antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "webbrowser"}
 
 
 class SolutionFailed(BaseException):
-    # A failure no test may catch (not an Exception): the solution's process ended, sent something that is not an
-    # answer, or returned a value that is not plain data.
+    # A failure no test may catch (not an Exception): the solution's process ended or sent something that is not
+    # an answer, the tests used an object of the solution's as a value, or passed it what cannot cross.
     pass
 
 
@@ -331,10 +404,46 @@ def _exception(name, message):
     return SolutionError(str(name)[:100] + ": " + text)
 
 
+class Remote:
+    # Stands for an object that stays in the solution's process (one of its functions, or what one returned that
+    # is not plain data): it can be called, its attributes read and set, and it can be passed back to the
+    # solution. Any other use, comparing it or taking its truth value first, fails the tests: the comparison would
+    # run the solution's code.
+    __slots__ = ("_Remote__link", "_Remote__target", "_Remote__what")
+
+    def __init__(self, link, target, what):
+        object.__setattr__(self, "_Remote__link", link)
+        object.__setattr__(self, "_Remote__target", target)
+        object.__setattr__(self, "_Remote__what", what)
+
+    def __call__(self, *args, **kwargs):
+        return self.__link.request(self.__target, self.__what, "call", args=args, kwargs=kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self.__link.request(self.__target, self.__what, "get", name=name)
+
+    def __setattr__(self, name, value):
+        self.__link.request(self.__target, self.__what, "set", name=name, value=value)
+
+    def __repr__(self):
+        return "<" + self.__what + ">"
+
+    def _refuse(self, *args, **kwargs):
+        raise SolutionFailed("the tests used " + self.__what + " as a value: only " + PLAIN + " go back to the tests")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __hash__ = __len__ = __iter__ = _refuse
+    __contains__ = __getitem__ = __index__ = __int__ = __float__ = __complex__ = __str__ = __format__ = _refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = __abs__ = _refuse
+    __neg__ = __round__ = __mod__ = __floordiv__ = __pow__ = __and__ = __or__ = __xor__ = _refuse
+
+
 class Link:
     def __init__(self, request_fd, answer_fd):
         self.requests, self.answers = os.fdopen(request_fd, "wb"), os.fdopen(answer_fd, "rb")
         self.counts = {"calls": 0, "arguments_written_back": 0, "arguments_returned": 0}
+        self.remotes = {}
 
     def receive(self, what):
         line = self.answers.readline(MAX_ANSWER + 1)
@@ -351,38 +460,54 @@ class Link:
         return message
 
     def ready(self):
-        names = self.receive("finished loading").get("ready")
-        if type(names) is not list or not all(type(n) is str for n in names):
+        message = self.receive("finished loading")
+        names, modules = message.get("ready"), message.get("modules")
+        if type(names) is not list or not all(type(n) is str for n in names) or type(modules) is not dict:
             raise SolutionFailed("the solution's process sent something that is not an answer")
-        return set(names)
+        return set(names), {k: v for k, v in modules.items() if type(v) is str}
 
-    def call(self, name, args, kwargs):
+    def remote(self, body):
+        # A handle from the solution: [target, type name]; one Remote per object, so `is` works on them.
+        target, kind = body
+        key = (target[0], target[1])
+        if key not in self.remotes:
+            self.remotes[key] = Remote(self, [target[0], target[1]], "a " + str(kind)[:200] + " of the solution's")
+        return self.remotes[key]
+
+    def encode(self, value):
+        def other(v):
+            if type(v) is Remote and v._Remote__link is self:
+                return ["h", v._Remote__target]
+            raise NotPlain(type_name(type(v)))
+        return encode(value, other)
+
+    def request(self, target, what, op, args=(), kwargs=None, name=None, value=None):
         try:
-            request = {"f": name, "a": [encode(a) for a in args], "k": [[k, encode(v)] for k, v in kwargs.items()]}
+            message = {"t": target, "op": op, "a": [self.encode(a) for a in args], "n": name,
+                       "k": [[k, self.encode(v)] for k, v in (kwargs or {}).items()], "v": self.encode(value)}
         except NotPlain as exc:
-            raise SolutionFailed("the tests pass a " + str(exc) + " to " + name + "(), which only plain data can reach")
+            raise SolutionFailed("the tests pass a " + str(exc) + " to " + what + ", which only plain data can reach")
         try:
-            self.requests.write(json.dumps(request).encode() + b"\n")
+            self.requests.write(json.dumps(message).encode() + b"\n")
             self.requests.flush()
         except OSError:
-            raise SolutionFailed("the solution's process ended before " + name + "() was called") from None
-        answer = self.receive("answered a call of " + name + "()")
+            raise SolutionFailed("the solution's process ended before the tests used " + what) from None
+        answer = self.receive("answered a request for " + what)
         self.counts["calls"] += 1
         if "x" in answer:  # the solution raised: the tests see the exception (a builtin type as itself)
             raised = answer["x"]
             raise _exception(*raised) if type(raised) is list and len(raised) == 2 else _exception(None, "")
         try:
-            return self.result(name, args, answer)
+            return self.result(what, args, answer)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
             raise SolutionFailed("the solution's process sent something that is not an answer") from None
 
-    def result(self, name, args, answer):
+    def result(self, what, args, answer):
         if "n" in answer:
-            raise SolutionFailed(name + "() returned a " + str(answer["n"])[:200] + ": only int, float, bool, str, bytes,"
-                                 " None, list, tuple, dict, set and frozenset go back to the tests")
+            raise SolutionFailed(what + " gave a " + str(answer["n"])[:200])
         for i, state in answer["w"].items():
             arg = args[int(i)]
-            WRITE_BACK[type(arg)](arg, decode(state))
+            WRITE_BACK[type(arg)](arg, decode(state, self.remote))
             self.counts["arguments_written_back"] += 1
         if "arg" in answer:
             arg = args[answer["arg"]]
@@ -390,20 +515,7 @@ class Link:
                 raise ValueError("not an argument that can be returned")
             self.counts["arguments_returned"] += 1
             return arg
-        return decode(answer["r"])
-
-
-class Candidate:
-    # Stands for one function of the solution: a call sends its arguments to the solution's process and returns
-    # the answer, rebuilt from plain data.
-    def __init__(self, link, name):
-        self._link, self.__name__ = link, name
-
-    def __call__(self, *args, **kwargs):
-        return self._link.call(self.__name__, args, kwargs)
-
-    def __repr__(self):
-        return "<the solution's " + self.__name__ + ">"
+        return decode(answer["r"], self.remote)
 
 
 def _names(code):
@@ -414,20 +526,35 @@ def _names(code):
     return names
 
 
+def _lend_modules(namespace, wanted, modules):
+    for name, module in modules.items():
+        top = module.split(".")[0]
+        if name in wanted and name not in namespace and top in sys.stdlib_module_names and top not in NO_MODULES:
+            try:
+                __import__(module)
+                namespace[name] = sys.modules[module]
+            except Exception:
+                pass
+
+
 def run_tests(spec, link):
     namespace = {"__name__": "__main__"}
     entry = spec.get("entry_point")
     if spec.get("prompt"):  # HumanEval: the prompt's helpers (e.g. poly, encode_cyclic) are the tests' too
         exec(compile(spec["prompt"], "<prompt>", "exec"), namespace)
     tests = compile(spec["test"], "<tests>", "exec")
-    names = link.ready()
+    names, modules = link.ready()
     if entry:
         if entry not in names:
             raise SolutionFailed("the solution defines no function " + entry + "()")
-        namespace[entry] = Candidate(link, entry)
-    else:  # MBPP: every function of the solution the tests name, builtins aside (a solution's `abs` is not theirs)
-        for name in (_names(tests) & names) - set(dir(builtins)):
-            namespace[name] = Candidate(link, name)
+        namespace[entry] = Remote(link, ["g", entry], entry + "()")
+    else:  # MBPP: the solution's functions the tests name; one named like a builtin only when it is the only one
+        wanted = _names(tests)
+        own = wanted & names
+        builtin_names = set(dir(builtins))
+        for name in own - builtin_names if own - builtin_names else own:
+            namespace[name] = Remote(link, ["g", name], name + "()")
+        _lend_modules(namespace, wanted, modules)
     exec(tests, namespace)
     if entry:
         namespace["check"](namespace[entry])
@@ -438,7 +565,7 @@ def describe(exc, test_source):
     if not isinstance(exc, SolutionFailed):
         try:
             message = str(exc)
-        except Exception:
+        except BaseException:
             message = ""
         text += ": " + message if message else ""
     tb, line = exc.__traceback__, None

@@ -170,7 +170,7 @@ def test_semantic_hack_scores_zero_and_fools_an_in_process_harness(hack):
 
 def test_subclass_results_are_named_in_the_detail():
     out = MBPP.verify(f"```python\n{mbpp_solution(HACKS[1])}```", MBPP_PROBLEMS["gcd"])
-    assert "returned a __main__._Rigged" in out.detail and "go back to the tests" in out.detail
+    assert "a __main__._Rigged of the solution's as a value" in out.detail and "go back to the tests" in out.detail
 
 
 RIGHT = {
