@@ -68,7 +68,7 @@ def _tests_code():
 def {fn}(*args):
     code = _tests_code()
     ins = list(dis.get_instructions(code))
-    calls = [k for k, i in enumerate(ins) if i.opname in ("CALL", "PRECALL") and i.opname == "CALL"]
+    calls = [k for k, i in enumerate(ins) if i.opname == "CALL"]
     consts = []
     for k in calls:
         nxt = next((i for i in ins[k + 1:] if i.opname in ("LOAD_CONST", "RETURN_CONST")), None)
@@ -208,3 +208,27 @@ def test_mutation_identity_and_exceptions_cross_as_in_one_process():
     out = MBPP.verify(f"```python\n{solution}```", tests)
     assert out.status is Status.CORRECT, out.detail
     assert out.extra["arguments_written_back"] == 2 and out.extra["arguments_returned"] == 1
+
+
+def test_objects_of_the_solution_can_be_used_but_not_compared():
+    """MBPP's tree and pair problems build objects of the solution's classes in the tests and pass them back: they
+    stay in the solution's process behind handles (call, attributes, passing back). A builtin type crosses as
+    itself, a solution's `import sys` is lent to the tests (their own copy), and a function named like a builtin
+    is the tests' when it is the only one they call (MBPP 126's `sum`)."""
+    solution = ("import sys\nclass Node:\n    def __init__(self, v):\n        self.v, self.left = v, None\n"
+                "    def depth(self):\n        return 1 + (self.left.depth() if self.left else 0)\n"
+                "def depth(node):\n    return node.depth()\n"
+                "def pick(xs, kind):\n    return [x for x in xs if type(x) is kind]\n")
+    tests = ["root = Node(1)", "root.left = Node(2)", "assert root.left.v == 2 and depth(root) == 2",
+             "assert root.depth() == 2", "assert pick([1, 'a', 2.0], int) == [1]",
+             "assert sys.getsizeof(()) > 0"]
+    out = MBPP.verify(f"```python\n{solution}```", tests)
+    assert out.status is Status.CORRECT, out.detail
+    compared = MBPP.verify(f"```python\n{solution}```", ["assert Node(1) == Node(1)"])
+    assert compared.status is Status.INCORRECT and "a __main__.Node of the solution's as a value" in compared.detail
+    as_builtin = "def sum(a, b):\n    return a * b\n"
+    assert MBPP.verify(f"```python\n{as_builtin}```", ["assert sum(3, 4) == 12"]).status is Status.CORRECT
+    # ... but not when the tests call another function of the solution's: then `sum` is the builtin.
+    both = as_builtin + "def total(xs):\n    return 99\n"
+    out = MBPP.verify(f"```python\n{both}```", ["assert total([1, 2]) == sum([1, 2])"])
+    assert out.status is Status.INCORRECT and "AssertionError" in out.detail
