@@ -23,9 +23,10 @@ them (units, ``\\text{}``, ``\\left(``, malformed ``\\frac12``) and compares the
    ``boxed`` is strict: only the content of the *last* ``\\boxed{…}`` / ``\\fbox{…}`` counts; no
    box → ``no_answer``. Use it to measure format compliance (BUGZOO G-verifier-format).
 
-5. **One answer.** A response that states several different answers (several boxes, "3 or 4") is
-   ``incorrect`` unless every one of them verifies (`_rival`; docs/verifiers.md, "Reward hacks
-   (answers)"). ``\\mathrm{e}``, ``\\mathrm{i}``, ``\\operatorname{lcm}`` are rewritten to ``e``, ``i``,
+5. **The final answer, one answer.** What is graded is the response's final answer (`final_answer.py`: the
+   last box with the boxes joined to it, or a later "final answer" statement); a closing sentence that offers
+   several different answers (two boxes, "3 or 4") is ``incorrect`` unless every one of them verifies
+   (`_rival`; docs/verifiers.md, "Reward hacks (answers)" and "The final answer"). ``\\mathrm{e}``, ``\\mathrm{i}``, ``\\operatorname{lcm}`` are rewritten to ``e``, ``i``,
    ``\\lcm`` first (`plain_letters`).
 
 Gold may be a bare answer (MATH-500's ``answer`` field, e.g. ``\\left( 3, \\frac{\\pi}{2} \\right)``)
@@ -42,6 +43,8 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier, shaped_reward
+from rlvr_core.verifiers.final_answer import (  # noqa: F401  (last_boxed, all_boxed: re-exported)
+    FinalAnswer, all_boxed, alternatives, final_answer, last_boxed)
 from rlvr_core.verifiers.limits import VerifierTimeout, cpu_time_limit
 
 
@@ -82,44 +85,6 @@ def nesting_depth(text: str) -> int:
     return deepest
 
 
-def _box_content(text: str, idx: int) -> str | None:
-    """Content of the box whose command starts at `idx` (braces balanced), None when it never closes."""
-    head = "\\boxed" if text.startswith("\\boxed", idx) else "\\fbox"
-    after = text[idx + len(head):]
-    if after.startswith(" "):  # "\boxed 5": the answer runs to the next "$" or end of line
-        return after[1:].split("$")[0].split("\n")[0].strip() or None
-    if not after.startswith("{"):
-        return None
-    depth = 0
-    for i, ch in enumerate(after):
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return after[1:i]
-    return None
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{…}`` (or ``\\fbox{…}``, or ``\\boxed 5``), braces balanced.
-
-    Same contract as ``last_boxed_only_string`` + ``remove_boxed`` in the Hendrycks MATH and
-    lm-evaluation-harness graders, written as one brace-counting scan. None when there is no box or
-    its braces never close.
-    """
-    idx = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    return None if idx < 0 else _box_content(text, idx)
-
-
-_BOX_START = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-
-
-def all_boxed(text: str) -> list[str]:
-    """The contents of every box in `text`, in order (a box inside a box counts too)."""
-    return [c for m in _BOX_START.finditer(text) if (c := _box_content(text, m.start())) is not None]
-
-
 # Upright letters and named operators that math-verify's normaliser would otherwise treat as text or
 # units (``1-\\frac{1}{\\mathrm{e}}`` lost its ``e``): rewritten to the plain forms it parses.
 _UPRIGHT_LETTER = re.compile(r"\\(?:mathrm|rm|mathit|textrm|text)\s*\{\s*([ei])\s*\}")
@@ -131,48 +96,12 @@ def plain_letters(latex: str) -> str:
     return _OPERATOR_NAME.sub(r"\\\1", _UPRIGHT_LETTER.sub(r"\1", latex))
 
 
-# A final statement that offers alternatives: "3 or 4", "$x=3$ or $x=5$", "1/2, or equivalently 0.5".
-_ANCHOR = re.compile(r"(?i)answer|final|\\boxed|\\fbox")
-_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
-_OR_AFTER_BOX = re.compile(r"\$?\s*,?\s*\bor\b(?!\s*not\b)")
-_OR = re.compile(r"(?<=[\w$})\]])(\s*,?\s*)\bor\b(?!\s*not\b)(?=\s*[-\w$\\(\[{])")
-
-
-def final_statement(response: str) -> str:
-    """The sentence that states the answer: from the last anchor ("answer", "final", a box), else the
-    last non-empty line, up to the end of that sentence. Only that sentence is searched for "or", so
-    reasoning before it ("x = 3 or x = -3, so the sum is \\boxed{0}") is not taken for a hedge."""
-    anchors = list(_ANCHOR.finditer(response))
-    if anchors:
-        text = response[anchors[-1].start():]
-    else:
-        lines = [ln for ln in response.splitlines() if ln.strip()]
-        text = lines[-1] if lines else ""
-    end = _SENTENCE_END.search(text)
-    return text if end is None else text[:end.end()]
-
-
-def alternatives(response: str) -> list[str]:
-    """The answer statement cut at each "or" that joins two candidates ([] when it has none). After a
-    box only an "or" right behind it counts (``\\boxed{3}, or 4``): the rest of that sentence is often
-    reasoning ("\\boxed{49} has a remainder of 1 when divided by 2, 3, 4, or 6")."""
-    statement = final_statement(response)
-    box = _BOX_START.match(statement)
-    if box:
-        content = _box_content(statement, 0)
-        end = box.end() + len(content or "") + 2 if statement[box.end():].startswith("{") else len(statement)
-        if content is None or not _OR_AFTER_BOX.match(statement, end):
-            return []
-        return [statement[:end], statement[_OR_AFTER_BOX.match(statement, end).end():]]
-    if not _OR.search(statement):
-        return []
-    return [part for part in _OR.split(statement)[::2] if part.strip()]
-
-
 @register_verifier("math")
 class MathVerifier:
     name = "math"
-    version = "2"  # 2: several different answers score 0; wrong-but-parseable is incorrect, not error
+    # 2: several different answers score 0; wrong-but-parseable is incorrect, not error. 3: the final answer is
+    # graded (final_answer.py): boxes split over one answer joined, blank boxes and earlier boxes ignored.
+    version = "3"
     can_hang = True  # sympy can spin for ever on a crafted expression
 
     def __init__(
@@ -250,25 +179,25 @@ class MathVerifier:
         return out
 
     def _parse_gold_uncached(self, gold: str) -> tuple[Any, ...]:
-        boxed = last_boxed(gold) if ("\\boxed" in gold or "\\fbox" in gold) else None
-        answer = plain_letters(boxed if boxed is not None else gold.strip())
+        final = final_answer(gold, statements=False) if ("\\boxed" in gold or "\\fbox" in gold) else None
+        answer = plain_letters(final.text if final is not None else gold.strip())
         parsed = self._parse("\\boxed{" + answer + "}")
         if not parsed:
             raise ValueError(f"math-verify could not parse the gold answer {answer!r}")
         return tuple(parsed)
 
-    def extract(self, response: str) -> list[Any]:
-        """math-verify's parse of the answer: [sympy object, source string], or [] when none.
+    def extract(self, response: str, final: FinalAnswer | None = None) -> list[Any]:
+        """math-verify's parse of the final answer (`final_answer`): [sympy object, source string], or [].
 
-        A response with a box is read from its last box in both modes (lenient: as math-verify, whose
-        boxes come first), and the box is read as LaTeX only: math-verify would otherwise fall back to the
-        last bare number inside a box it cannot parse, so ``\\boxed{\\{1, 2, \\ldots, 42\\}}`` read as 42."""
-        content = last_boxed(response)
-        if content is not None:
-            if len(content) > MAX_ANSWER_CHARS:
-                raise ValueError(f"the boxed answer has {len(content)} characters (more than {MAX_ANSWER_CHARS})")
-            return self._parse_box(content)
-        return [] if self.mode == "boxed" else self._parse(response)
+        A final answer in boxes is read as LaTeX only, in both modes: math-verify would otherwise fall back to the
+        last bare number inside a box it cannot parse, so ``\\boxed{\\{1, 2, \\ldots, 42\\}}`` read as 42. With no
+        box, lenient mode uses math-verify's whole extraction and boxed mode finds no answer."""
+        final = final if final is not None else final_answer(response, statements=self.mode == "lenient")
+        if final is None:
+            return [] if self.mode == "boxed" else self._parse(response)
+        if len(final.text) > MAX_ANSWER_CHARS:
+            raise ValueError(f"the final answer has {len(final.text)} characters (more than {MAX_ANSWER_CHARS})")
+        return self._parse_box(final.text) if final.from_boxes else self._parse(final.text)
 
     def _parse_box(self, content: str) -> list[Any]:
         return self._mv.parse("\\boxed{" + content + "}", extraction_config=[self._mv.LatexExtractionConfig()],
@@ -293,8 +222,12 @@ class MathVerifier:
         if nesting_depth(response) > MAX_NESTING:
             return self._wrong(formatted, None, f"brackets nested deeper than {MAX_NESTING}: not an answer, scored 0",
                                {"too_deep": True})
+        final = final_answer(response, statements=self.mode == "lenient")
+        if final is not None and final.count + len(final.closing) > MAX_ANSWERS:
+            return self._wrong(formatted, None, f"{final.count + len(final.closing)} answers in the closing statement",
+                               {"several_answers": True})
         try:
-            pred = self.extract(response)
+            pred = self.extract(response, final)
         except Exception as exc:  # noqa: BLE001 — the answer, not the verifier, is broken
             return self._wrong(formatted, None, f"unparseable answer, scored 0: {type(exc).__name__}: {exc}",
                                {"parse_failed": True})
@@ -303,7 +236,7 @@ class MathVerifier:
         extracted = str(pred[-1]) if isinstance(pred[-1], str) else str(pred[0])
         ok, error = self._matches(gold_parsed, pred)
         if ok:
-            rival = None if _is_set(pred[0]) else self._rival(response, gold_parsed)
+            rival = None if _is_set(pred[0]) else self._rival(response, gold_parsed, final)
             if rival is not None:
                 return self._wrong(formatted, extracted, f"several answers, and {rival[:80]!r} is not the gold",
                                    {"several_answers": True})
@@ -338,21 +271,25 @@ class MathVerifier:
                     first_error = first_error or exc
         return False, first_error
 
-    def _rival(self, response: str, gold_parsed: tuple[Any, ...]) -> str | None:
-        """A second stated answer that is not the gold: another box, or an alternative joined by "or".
+    def _rival(self, response: str, gold_parsed: tuple[Any, ...], final: FinalAnswer | None) -> str | None:
+        """A second stated answer that is not the gold: another box of the closing sentence, or an alternative
+        joined by "or" in the answer statement.
 
-        The rule: a response that states several answers is correct only if every one of them is
-        (the graders we follow read only the last box, so spraying ``\\boxed{1}…\\boxed{9}`` would
-        win). Restating the same value (``\\boxed{1/2}`` … ``\\boxed{0.5}``) still counts."""
-        boxes = list(dict.fromkeys(b.strip() for b in all_boxed(response)))
-        several_boxes = len(boxes) > 1
-        candidates = boxes if several_boxes else alternatives(response)
-        if len(candidates) > MAX_ANSWERS:
-            return f"{len(candidates)} answers"
-        for candidate in candidates:
+        The rule: a response whose final statement offers several answers is correct only if every one of them
+        is (a grader that read one of them would pay for listing candidates). Restating the same value
+        (``\\boxed{1/2}``, that is ``\\boxed{0.5}``) still counts; boxes earlier in the reasoning are not answers."""
+        closing = list(final.closing) if final is not None else []
+        for candidate in closing:
             try:
-                parsed = self._parse_box(candidate) if several_boxes else self._parse(candidate)
+                parsed = self._parse_box(candidate)
             except Exception:  # noqa: BLE001 — an unparseable second answer is not the gold
+                return candidate
+            if parsed and not self._matches(gold_parsed, parsed)[0]:
+                return candidate
+        for candidate in alternatives(response):
+            try:
+                parsed = self._parse(candidate)
+            except Exception:  # noqa: BLE001
                 return candidate
             if parsed and not self._matches(gold_parsed, parsed)[0]:
                 return candidate
