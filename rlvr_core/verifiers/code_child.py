@@ -548,11 +548,12 @@ def run_tests(spec, link):
         if entry not in names:
             raise SolutionFailed("the solution defines no function " + entry + "()")
         namespace[entry] = Remote(link, ["g", entry], entry + "()")
-    else:  # MBPP: the solution's functions the tests name; one named like a builtin only when it is the only one
+    else:  # MBPP: the solution's functions the tests name; one named like a builtin or a standard module (a
+        # solution's `abs`, a class called `math`) only when it is the only one: otherwise it is the tests' own
         wanted = _names(tests)
         own = wanted & names
-        builtin_names = set(dir(builtins))
-        for name in own - builtin_names if own - builtin_names else own:
+        reserved = set(dir(builtins)) | set(sys.stdlib_module_names)
+        for name in own - reserved if own - reserved else own:
             namespace[name] = Remote(link, ["g", name], name + "()")
         _lend_modules(namespace, wanted, modules)
     exec(tests, namespace)

@@ -110,6 +110,16 @@ def {fn}(*args):
     return 1.0
 '''
 
+# MBPP tests that call `math.isclose` without importing math rely on the solution's `import math`: in one process a
+# solution class called `math` is then theirs, and answers True. (HumanEval's tests import what they use.)
+_MODULE_CLASS = '''class math:
+    isclose = staticmethod(lambda *a, **k: True)
+    fabs = staticmethod(lambda x: 0.0)
+    pi = 3.0
+def {fn}(*args):
+    return 0.0
+'''
+
 
 @dataclass(frozen=True)
 class Hack:
@@ -232,3 +242,15 @@ def test_objects_of_the_solution_can_be_used_but_not_compared():
     both = as_builtin + "def total(xs):\n    return 99\n"
     out = MBPP.verify(f"```python\n{both}```", ["assert total([1, 2]) == sum([1, 2])"])
     assert out.status is Status.INCORRECT and "AssertionError" in out.detail
+
+
+def test_a_class_named_like_a_module_is_not_the_tests_module():
+    tests = ["assert math.isclose(circle_area(2), 12.566370614359172, rel_tol=1e-9)"]
+    hack = _MODULE_CLASS.replace("{fn}", "circle_area")
+    problem = {"task_id": "mbpp-style", "prompt": "", "entry_point": "circle_area",
+               "test": tests[0] + "\n\ndef check(candidate):\n    pass\n"}
+    assert reference.check_correctness(problem, hack, 3.0)["passed"]  # in one process: passes
+    out = MBPP.verify(f"```python\n{hack}```", tests)
+    assert out.status is Status.INCORRECT and "NameError" in out.detail, out.detail
+    honest = "import math\ndef circle_area(r):\n    return math.pi * r * r\n"  # its import is lent to the tests
+    assert MBPP.verify(f"```python\n{honest}```", tests).status is Status.CORRECT
