@@ -371,7 +371,8 @@ RUNNER = CODEC + r"""
 import builtins, json, os, sys
 
 MAX_ANSWER = 64 * 1024 * 1024
-PLAIN = "int, float, complex, bool, str, bytes, None, list, tuple, dict, set, frozenset (and Counter, OrderedDict, defaultdict, deque)"
+PLAIN = ("int, float, complex, bool, str, bytes, None, list, tuple, dict, set, frozenset (and Counter, OrderedDict, "
+         "defaultdict, deque)")
 WRITE_BACK = {  # an argument the solution changed gets its new content in place, as one process would see it
     list: lambda old, new: old.__setitem__(slice(None), new),
     dict: lambda old, new: (old.clear(), old.update(new)),

@@ -72,9 +72,10 @@ limits) runs the tests against stand-ins of the solution's functions:
   returned argument is the tests' own object (`is` holds), and a builtin exception the solution raises is raised
   as that type in the tests (`except ValueError` works);
 - MBPP: every function of the solution that the tests name is bound, names of builtins and standard modules only
-  when no other function of the solution is (MBPP 126 asks for `sum`; otherwise the tests' `abs` is the builtin), and a standard module the
-  solution imported is imported again for the tests when they use its name (MBPP 596 uses the solution's `sys`);
-  HumanEval: the prompt (the tests' helpers, e.g. `poly`) and the tests run in the tests' process, and
+  when no other function of the solution is (MBPP 126 asks for `sum`; otherwise the tests' `abs` is the builtin),
+  and a standard module the solution imported is imported again for the tests when they use its name (MBPP 596
+  uses the solution's `sys`);
+- HumanEval: the prompt (the tests' helpers, e.g. `poly`) and the tests run in the tests' process, and
   `check(candidate)` gets the entry point's stand-in.
 `correct` needs the pass signal (the solution loaded) and every test passing. docs/verifiers.md, "Reward hacks
 (code)", lists each hack with our verdict and an in-process harness's.

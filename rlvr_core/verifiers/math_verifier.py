@@ -26,8 +26,8 @@ them (units, ``\\text{}``, ``\\left(``, malformed ``\\frac12``) and compares the
 5. **The final answer, one answer.** What is graded is the response's final answer (`final_answer.py`: the
    last box with the boxes joined to it, or a later "final answer" statement); a closing sentence that offers
    several different answers (two boxes, "3 or 4") is ``incorrect`` unless every one of them verifies
-   (`_rival`; docs/verifiers.md, "Reward hacks (answers)" and "The final answer"). ``\\mathrm{e}``, ``\\mathrm{i}``, ``\\operatorname{lcm}`` are rewritten to ``e``, ``i``,
-   ``\\lcm`` first (`plain_letters`).
+   (`_rival`; docs/verifiers.md, "Reward hacks (answers)" and "The final answer"). ``\\mathrm{e}``,
+   ``\\mathrm{i}``, ``\\operatorname{lcm}`` are rewritten to ``e``, ``i``, ``\\lcm`` first (`plain_letters`).
 
 Gold may be a bare answer (MATH-500's ``answer`` field, e.g. ``\\left( 3, \\frac{\\pi}{2} \\right)``)
 or a full solution containing ``\\boxed{…}``; for the latter we take the last box, as the MATH

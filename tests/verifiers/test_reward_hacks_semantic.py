@@ -55,8 +55,9 @@ _HOW = {
     "gc (the frame among the objects)": ("    me = sys._getframe(1).f_code\n"
                                          "    frames = [o for o in gc.get_objects() if type(o).__name__ == 'frame']\n"
                                          "    frames += [f for f in [sys._getframe(2)] if f not in frames]\n"
-                                         "    return next(f for f in frames if f.f_back is not None and f.f_code is not me"
-                                         " and f.f_code.co_name != '_frame' and f.f_lasti >= 0)"),
+                                         "    return next(f for f in frames if f.f_back is not None"
+                                         " and f.f_code is not me and f.f_code.co_name != '_frame'"
+                                         " and f.f_lasti >= 0)"),
 }
 # The k-th call answers the k-th compared constant of the tests' code object, found without a frame: HumanEval's
 # `check` by name in the module, MBPP's module code through the first caller.
