@@ -36,9 +36,13 @@ from __future__ import annotations
 
 import collections
 import functools
+import importlib
+import importlib.util
 import json
 import re
+import sys
 import threading
+import types
 from typing import Any, Callable
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier
@@ -88,11 +92,6 @@ def _nltk_names(module: str, *names: str) -> tuple[Any, ...]:
     CPU for two tokenizers). While the submodule loads, bare package modules stand for those two packages; they
     are removed after, so a later `import nltk` (lm-eval's) builds the whole package as usual, reusing the
     submodules loaded here, which are NLTK's own files."""
-    import importlib
-    import importlib.util
-    import sys
-    import types
-
     with _NLTK_IMPORT:
         if module not in sys.modules and "nltk" not in sys.modules:
             spec = importlib.util.find_spec("nltk")
