@@ -34,10 +34,12 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from rlvr_core.core.seeding import request_seed
 from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids, find_stop
+from rlvr_core.sampling.stops import StopAutomaton, token_bytes
 
 __all__ = ["HFEngine", "process_logits"]
 
@@ -48,7 +50,7 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
     temperature > 0 divides; top_k > 0 keeps the k largest; top_p < 1 keeps the smallest set of most
     likely tokens whose probability mass reaches top_p (always at least one token).
     """
-    x = logits / temperature
+    x = logits / temperature if temperature != 1.0 else logits   # dividing by 1 is exact: skip the copy
     if top_k > 0 and top_k < x.shape[-1]:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -71,10 +73,26 @@ class _Row:
     sample_index: int
     seed: int
     prompt_tokens: list[int]
-    generator: torch.Generator | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+
+
+class _Buffers:
+    """One decode batch's results on the device, indexed by batch row: tokens (B, T), raw log-probs (B, T),
+    and on the host each row's length (set when it finishes)."""
+
+    def __init__(self, B: int, T: int, device):
+        self.tokens = torch.empty((B, T), dtype=torch.long, device=device)
+        self.logprobs = torch.empty((B, T), dtype=torch.float32, device=device)
+        self.lengths = np.zeros(B, dtype=np.int64)
+
+    def to_rows(self, rows: list["_Row"]) -> None:
+        """Copy to the host once and hand each row its tokens and log-probs (Python ints and floats)."""
+        tokens, logprobs = self.tokens.cpu().numpy(), self.logprobs.cpu().numpy()
+        for b, r in enumerate(rows):
+            n = int(self.lengths[b])
+            r.tokens, r.logprobs = tokens[b, :n].tolist(), logprobs[b, :n].tolist()
 
 
 def left_padded(rows: list["_Row"], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -139,6 +157,8 @@ class HFEngine:
         self._prefill_kwargs = {}
         if "logits_to_keep" in inspect.signature(model.forward).parameters:
             self._prefill_kwargs["logits_to_keep"] = 1  # only the last position's logits are needed
+        self._automata: dict[tuple, StopAutomaton] = {}           # per (stop strings, vocab size)
+        self._token_bytes: dict[int, list[bytes] | None] = {}     # per vocab size
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: str | torch.dtype = "auto", **kwargs) -> "HFEngine":
@@ -186,49 +206,53 @@ class HFEngine:
     def _decode_batch(self, rows: list[_Row], params: SamplingParams) -> None:
         """Decode `rows` to the end (see the module docstring), gradients off (the caller's). Under lockstep
         `rows` may be empty (a dummy batch) and the loop runs until no row on any rank is active."""
-        dev = self.device
-        if not params.greedy:
-            for r in rows:
-                r.generator = torch.Generator(device=dev)
-                r.generator.manual_seed(r.seed)
-        if rows:
-            input_ids, attention_mask, position_ids = left_padded(rows, self.pad_token_id, dev)
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=True, **self._prefill_kwargs)
-            past = out.past_key_values
-            logits = out.logits[:, -1, :].float()                   # (B, V)
-            next_pos = position_ids[:, -1:] + 1                     # (B, 1)
-        else:
+        if not rows:
             self._dummy_forward()
-        active = list(rows)                                         # rows still decoding, batch order
-        stop_window = self._stop_window(params.stop)
+            return self._dummy_steps(0, params.max_new_tokens)
+        dev, B, T = self.device, len(rows), params.max_new_tokens
+        input_ids, attention_mask, position_ids = left_padded(rows, self.pad_token_id, dev)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, **self._prefill_kwargs)
+        past, logits = out.past_key_values, out.logits[:, -1, :].float()   # logits (B, V)
+        stops = self._automaton(params.stop, logits.shape[-1])
+        L = input_ids.shape[1]
+        mask = attention_mask.new_ones((B, L + T))                  # prompt mask, then a column per token
+        mask[:, :L] = attention_mask
+        next_pos = position_ids[:, -1:] + 1                         # (B, 1)
+        uniforms = None if params.greedy else self._uniforms(rows, T).to(dev)   # (B, T) float64
+        buf = _Buffers(B, T, dev)
+        state = torch.zeros(B, dtype=torch.long, device=dev)        # stop automaton state per row
+        active = np.arange(B)                                       # host: batch index of each active row
+        active_idx = torch.arange(B, device=dev)                    # the same, on the device
 
-        for t in range(params.max_new_tokens):
-            keep: list[int] = []
-            if active:
-                raw_logprobs = torch.log_softmax(logits, dim=-1)    # (B', V), temperature 1
-                tokens = self._choose(logits, params, active)       # (B',)
-                token_lp = raw_logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
-                for b, (r, tok, lp) in enumerate(zip(active, tokens.tolist(), token_lp)):
-                    if not self._append(r, tok, lp, params, stop_window):
-                        keep.append(b)
+        for t in range(T):
+            tokens, token_lp = self._pick(logits, params, uniforms, t)   # (B',) each
+            buf.tokens[:, t].index_copy_(0, active_idx, tokens)
+            buf.logprobs[:, t].index_copy_(0, active_idx, token_lp)
+            code = stops.code[state, tokens]                        # 4 * next state + 2 * stop? + eos?
+            if stops.n_states > 1:
+                state = code >> 2
+            flags = (code & 3).cpu().numpy()                        # the step's one device->host copy
+            done = self._finish(rows, active, flags, buf, t, params, stops)
+            keep = np.flatnonzero(~done)
             if (len(keep) if self.lockstep is None else self.lockstep(len(keep))) == 0:
-                return                                              # no row active here (lockstep: anywhere)
-            if not keep:                                            # lockstep: done here, not elsewhere
-                active = []
+                break                                               # no row active here (lockstep: anywhere)
+            if len(keep) == 0:                                      # lockstep: done here, not elsewhere
                 self._dummy_forward()
-                continue
+                self._dummy_steps(t + 1, T)
+                break
             if len(keep) < len(active):                             # drop finished rows everywhere
-                idx = torch.tensor(keep, device=dev)
+                idx = torch.from_numpy(keep).to(dev)
                 past.batch_select_indices(idx)
-                attention_mask, next_pos, tokens = attention_mask[idx], next_pos[idx], tokens[idx]
-                active = [active[b] for b in keep]
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
-            out = self.model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=next_pos,
+                mask, next_pos, tokens, state, active_idx = (x[idx] for x in (mask, next_pos, tokens, state,
+                                                                            active_idx))
+                uniforms = None if uniforms is None else uniforms[idx]
+                active = active[keep]
+            out = self.model(input_ids=tokens[:, None], attention_mask=mask[:, :L + t + 1], position_ids=next_pos,
                              past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            logits = out.logits[:, -1, :].float()
+            past, logits = out.past_key_values, out.logits[:, -1, :].float()
             next_pos = next_pos + 1
+        buf.to_rows(rows)
 
     def _dummy_forward(self) -> None:
         """One forward call on a one-token input, output unused: under lockstep it joins the collectives of
@@ -237,19 +261,80 @@ class HFEngine:
         self.model(input_ids=one, attention_mask=torch.ones_like(one), position_ids=torch.zeros_like(one),
                    use_cache=False)
 
-    def _choose(self, logits: torch.Tensor, params: SamplingParams, active: list[_Row]) -> torch.Tensor:
-        """Token per row, (B', V) -> (B',): argmax when greedy, else inverse CDF with the row's generator."""
+    def _dummy_steps(self, t0: int, T: int) -> None:
+        """Lockstep, no row active here: a dummy forward per token step until no rank has an active row."""
+        for _ in range(t0, T):
+            if self.lockstep(0) == 0:
+                return
+            self._dummy_forward()
+
+    @staticmethod
+    def _uniforms(rows: list[_Row], T: int) -> torch.Tensor:
+        """(B, T) float64: the T uniforms each row may need, drawn at once from a CPU generator seeded with
+        the row's seed. One call of n draws gives the same numbers as n calls of one (CPU generators draw
+        serially), so a row's t-th token uses exactly the uniform it used when drawn one per step."""
+        out = torch.empty((len(rows), T), dtype=torch.float64)
+        for b, r in enumerate(rows):
+            g = torch.Generator()
+            g.manual_seed(r.seed)
+            out[b] = torch.rand(T, generator=g, dtype=torch.float64)
+        return out
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None,
+              t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token (B',), its raw temperature-1 log-prob (B',)) per row: argmax when greedy, else inverse CDF
+        of the processed distribution at the row's t-th uniform."""
+        raw_logprobs = torch.log_softmax(logits, dim=-1)            # (B', V), temperature 1
         if params.greedy:
-            return logits.argmax(dim=-1)
-        probs = torch.softmax(process_logits(logits, params.temperature, params.top_k, params.top_p), dim=-1)
-        cdf = probs.double().cumsum(dim=-1)                         # (B', V), float64
-        u = torch.stack([torch.rand((), generator=r.generator, device=logits.device, dtype=torch.float64)
-                         for r in active])                          # (B',) one uniform per row
-        # first index whose cdf exceeds u * total: never a zero-probability token
-        idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-        return idx.clamp(max=logits.shape[-1] - 1)
+            tokens = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(process_logits(logits, params.temperature, params.top_k, params.top_p), dim=-1)
+            cdf = probs.double().cumsum(dim=-1)                     # (B', V), float64
+            # first index whose cdf exceeds u * total: never a zero-probability token
+            idx = torch.searchsorted(cdf, (uniforms[:, t] * cdf[:, -1])[:, None], right=True)[:, 0]
+            tokens = idx.clamp(max=logits.shape[-1] - 1)
+        return tokens, raw_logprobs.gather(-1, tokens[:, None])[:, 0]
 
     # ---- stop strings -------------------------------------------------------------------------------
+
+    def _finish(self, rows: list[_Row], active: np.ndarray, flags: np.ndarray, buf: "_Buffers", t: int,
+                params: SamplingParams, stops: StopAutomaton) -> np.ndarray:
+        """Which active rows end with token t (bool per active row); sets their finish reason and length.
+        Host work only for flagged rows (eos, or a stop string the automaton saw end in this token), each
+        flagged stop confirmed by the exact decode-based check of the old loop."""
+        done = np.zeros(len(active), dtype=bool)
+        flagged = np.flatnonzero(flags)
+        candidates = flagged[(flags[flagged] & 1) == 0]             # stop string, not eos
+        window = self._stop_window(params.stop)
+        tails = buf.tokens[torch.from_numpy(active[candidates]).to(buf.tokens.device),
+                           max(0, t + 1 - window):t + 1].tolist() if len(candidates) else []
+        confirmed = {int(b) for b, tail in zip(candidates, tails) if self._tail_has_stop(tail, params.stop, window)}
+        for b in flagged:
+            if flags[b] & 1 or int(b) in confirmed:
+                rows[active[b]].finish_reason = "stop"
+                done[b] = True
+        if t + 1 == params.max_new_tokens:
+            for b in np.flatnonzero(~done):
+                rows[active[b]].finish_reason = "length"
+            done[:] = True
+        buf.lengths[active[done]] = t + 1
+        return done
+
+    def _automaton(self, stop: tuple[str, ...], vocab_size: int) -> StopAutomaton:
+        """The stop/eos automaton of these stop strings (cached per engine). Where the byte table does not
+        apply (not a byte-level tokenizer, or a stop string holding U+FFFD, which invalid bytes also decode
+        to), every token of every row is a candidate: the old per-row check, every step."""
+        key = (stop, vocab_size)
+        if key not in self._automata:
+            if vocab_size not in self._token_bytes:
+                self._token_bytes[vocab_size] = token_bytes(self.tokenizer, vocab_size) if stop else None
+            table = self._token_bytes[vocab_size]
+            exact = not stop or (table is not None and not any("\ufffd" in s for s in stop))
+            self._automata[key] = (StopAutomaton(table if stop else [b""] * vocab_size, stop,
+                                                 self.eos_token_ids, self.device) if exact else
+                                   StopAutomaton.always(vocab_size, self.eos_token_ids, self.device))
+        return self._automata[key]
 
     @staticmethod
     def _stop_window(stop: tuple[str, ...]) -> int:
@@ -259,16 +344,6 @@ class HFEngine:
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-    def _append(self, r: _Row, tok: int, logprob: float, params: SamplingParams, stop_window: int) -> bool:
-        """Add a drawn token to row `r`; True (with its finish reason set) when the row is done."""
-        r.tokens.append(tok)
-        r.logprobs.append(logprob)
-        if tok in self.eos_token_ids or (params.stop and self._tail_has_stop(r.tokens, params.stop, stop_window)):
-            r.finish_reason = "stop"
-        elif len(r.tokens) >= params.max_new_tokens:
-            r.finish_reason = "length"
-        return r.finish_reason is not None
 
     def _tail_has_stop(self, tokens: list[int], stop: tuple[str, ...], window: int) -> bool:
         # Stop strings completed earlier were caught at an earlier step, so only the tail can hold a new one.
