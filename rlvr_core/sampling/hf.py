@@ -2,22 +2,31 @@
 
 Why a loop of our own instead of `model.generate`: two things the project depends on are awkward to get
 exactly from `generate`:
-  * seeds per request (G-fixed-seed). Each row of a batch draws its random numbers from its own
+  * seeds per request (G-fixed-seed). Each row of a batch draws its random numbers from its own CPU
     `torch.Generator` seeded with `request_seed(run_seed, prompt_id, step, sample_index)`, so a sample
     depends only on its own seed, never on which other requests shared its batch or on batch_size.
   * raw log-probs (G-logprob-temp). We keep log_softmax(logits) at temperature 1 for the sampled token,
     next to the processed distribution (temperature, top-k, top-p) that the token was drawn from.
 
-The loop, for one batch of B requests:
+The loop, for one batch of B requests, with no per-row work on the host (issue 41):
   1. prefill: prompts left-padded to length L; attention_mask (B, L) is built from the prompt lengths,
      never from token values (G-pad-mask: a prompt may contain the pad id), and position_ids
      (B, L) = cumsum(mask) - 1, so a padded row sees exactly the positions it would see alone.
+     Each row's max_new_tokens uniforms are drawn now, one generator call per row, and copied to the
+     device once: a CPU generator draws serially, so the row's t-th uniform is the one it drew when it drew
+     one per token (CPU samples are bit-identical to the loop before issue 41; on CUDA the draws used to
+     come from CUDA generators, so CUDA samples changed once, docs/engines.md).
   2. each step: logits (B, V) of the last position -> raw log-probs (B, V); choose a token per row
-     (argmax when temperature == 0, else inverse-CDF sampling with one uniform from the row's generator
-     on the processed distribution); append token and its raw log-prob.
-  3. a row finishes on an eos id, on a stop string in its decoded text (checked on a tail window of
-     tokens each step), or at max_new_tokens. Finished rows are dropped from the batch and its KV cache.
-  4. feed the chosen tokens (B', 1) with the cache; mask grows by one column of ones.
+     (argmax when temperature == 0, else inverse-CDF sampling at the row's uniform for this step on the
+     processed distribution); token and raw log-prob go into preallocated (B, max_new_tokens) device buffers.
+  3. a row finishes on an eos id, on a stop string, or at max_new_tokens. Eos and stop strings are one
+     table lookup per row on the device (`rlvr_core.sampling.stops`: an automaton over the stop strings'
+     bytes, advanced by whole tokens); the step's flags come to the host in its one device->host copy, and
+     only a flagged row gets host work: a flagged stop string is confirmed by decoding the row's tail, the
+     old check, so cut points and finish reasons are the old ones. Finished rows leave the batch and its KV
+     cache at the same steps as before (same shapes, so the same logits bit for bit on CPU).
+  4. feed the chosen tokens (B', 1) with the cache; the mask is a growing view of a preallocated one.
+  The buffers come to the host once per batch.
 
 Lockstep (`lockstep=`, for a model whose forward is a collective, e.g. a ZeRO-3 partitioned policy whose
 hooks all-gather each layer's weights): every rank must run the same number of forward calls, in the same
@@ -73,6 +82,7 @@ class _Row:
     sample_index: int
     seed: int
     prompt_tokens: list[int]
+    generator: torch.Generator | None = None   # the row-by-row loops of subclasses (rlvr_core.probe.decoding)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
@@ -344,6 +354,17 @@ class HFEngine:
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _append(self, r: _Row, tok: int, logprob: float, params: SamplingParams, stop_window: int) -> bool:
+        """Row-by-row bookkeeping for subclasses that decode a row at a time on the host (the probe's guided
+        engine): add a drawn token to row `r`; True (with its finish reason set) when the row is done."""
+        r.tokens.append(tok)
+        r.logprobs.append(logprob)
+        if tok in self.eos_token_ids or (params.stop and self._tail_has_stop(r.tokens, params.stop, stop_window)):
+            r.finish_reason = "stop"
+        elif len(r.tokens) >= params.max_new_tokens:
+            r.finish_reason = "length"
+        return r.finish_reason is not None
 
     def _tail_has_stop(self, tokens: list[int], stop: tuple[str, ...], window: int) -> bool:
         # Stop strings completed earlier were caught at an earlier step, so only the tail can hold a new one.
