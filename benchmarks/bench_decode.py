@@ -13,11 +13,11 @@ Measured per arm:
   ms_per_step           (wall time of the decode loop - set-up before the prefill - the prefill forward) / T,
                         from a plain run (no counting)
   ops_per_step          aten ops that launch kernels (not views, allocations or detach), counted by a
-                        TorchDispatchMode over the same call, minus the prefill forward's, / T
-  host_us_per_row_step  ours only: time in the decode loop outside the model's forward calls and outside
-                        every aten op (Python bookkeeping, tokenizer calls, numpy), / row-steps (sum over
-                        steps of the rows decoded), from the counting run; the mode's own per-op cost lands
-                        here too, so this is an upper bound
+                        TorchDispatchMode in a second run, after the prefill, / T
+  host_us_per_row_step  ours only, a third run under torch.profiler: time of the decode phase outside the
+                        model's forward calls and outside every aten op (Python bookkeeping, tokenizer calls,
+                        numpy), / row-steps (the rows decoded, summed over steps); the profiler's own cost
+                        per op (~1 µs) lands here too, so it is an upper bound
 `--impl reference` runs the loop as it was before issue 41 (tests/sampling/hf_reference.py) as our arm:
 the "before" numbers. Run (CPU, 1 thread):
 
@@ -53,55 +53,49 @@ NOT_KERNELS = {"empty", "empty_strided", "detach", "alias", "lift_fresh", "set_"
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts kernel-launching aten ops, and the time inside ops that run outside forward calls once
-    decoding has started (after the prefill)."""
+    """Counts kernel-launching aten ops, in all and (by name) outside forward calls once decoding started.
+    Its Python per op (~60 µs here) slows the run: it only counts; time comes from the other runs."""
 
     def __init__(self):
         super().__init__()
         self.ops = 0
-        self.names: collections.Counter = collections.Counter()     # ops outside forward calls, by name
-        self.op_s_outside = 0.0
+        self.names: collections.Counter = collections.Counter()
         self.in_forward = self.decoding = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        t0 = time.perf_counter()
-        out = func(*args, **(kwargs or {}))
-        dt = time.perf_counter() - t0
         name = func.overloadpacket.__name__
         if not func.is_view and name not in NOT_KERNELS:
             self.ops += 1
             if self.decoding and not self.in_forward:
                 self.names[name] += 1
-        if self.decoding and not self.in_forward:
-            self.op_s_outside += dt
-        return out
+        return func(*args, **(kwargs or {}))
 
 
-class ForwardClock:
-    """Forward hooks on the model: when the prefill (first call) ended, ops counted by then, time in the
-    later forward calls, and row-steps (the rows of every forward after the prefill, plus the first step's)."""
+class ForwardHooks:
+    """Forward hooks on the model: forward calls (the first is the prefill), row-steps (the rows of every
+    forward: the prefill's are the first step's), when the prefill ended, the ops counted by then; with
+    `profiled`, each forward inside a profiler range named rlvr.forward."""
 
-    def __init__(self, model, counter: OpCounter | None = None):
-        self.counter, self.calls, self.decode_forward_s, self.prefill_ops = counter, 0, 0.0, 0
-        self.rows = 0
+    def __init__(self, model, counter: OpCounter | None = None, profiled: bool = False):
+        self.counter, self.profiled, self.calls, self.rows, self.prefill_ops = counter, profiled, 0, 0, 0
+        self._ranges: list = []
         self._hooks = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
                        model.register_forward_hook(self._post)]
 
     def _pre(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.rows += ids.shape[0]
         if self.counter:
             self.counter.in_forward = True
-            self._ops0 = self.counter.ops
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        self.rows += ids.shape[0]                              # the prefill's: the first step's rows
-        self._t0 = time.perf_counter()
+        if self.profiled:
+            self._ranges.append(torch.profiler.record_function("rlvr.forward").__enter__())
 
     def _post(self, module, args, out):
-        now = time.perf_counter()
+        if self.profiled:
+            self._ranges.pop().__exit__(None, None, None)
         if self.calls == 0:
-            self.prefill_end = now
+            self.prefill_end = time.perf_counter()
             self.prefill_ops = self.counter.ops if self.counter else 0
-        else:
-            self.decode_forward_s += now - self._t0
         self.calls += 1
         if self.counter:
             self.counter.in_forward = False
@@ -143,6 +137,7 @@ def engine_class(impl: str):
         return HFEngine
     spec = importlib.util.spec_from_file_location("hf_reference", ROOT / "tests" / "sampling" / "hf_reference.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["hf_reference"] = mod                          # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod.HFEngine
 
@@ -152,31 +147,55 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(run, model, device: str, steps: int, counted: bool) -> dict:
-    """Run `run()` once under the forward clock (and the op counter when `counted`)."""
-    counter = OpCounter() if counted else None
-    clock = ForwardClock(model, counter)
+def timed(run, model, device: str, steps: int) -> dict:
+    """Plain run: ms per decode step (after the prefill), forward calls, set-up + prefill time."""
+    hooks = ForwardHooks(model)
     try:
         sync(device)
         t0 = time.perf_counter()
-        if counter:
-            with counter:
-                run()
-        else:
-            run()
+        run()
         sync(device)
-        wall = time.perf_counter() - t0
+        t1 = time.perf_counter()
     finally:
-        clock.remove()
-    decode_s = t0 + wall - clock.prefill_end                   # after the prefill: the T steps
-    out = {"ms_per_step": 1e3 * decode_s / steps, "forwards": clock.calls,
-           "setup_and_prefill_ms": 1e3 * (clock.prefill_end - t0)}
-    if counter:
-        out["ops_per_step"] = (counter.ops - clock.prefill_ops) / steps
-        host_s = decode_s - clock.decode_forward_s - counter.op_s_outside
-        out["host_us_per_row_step"] = 1e6 * host_s / max(clock.rows, 1)
-        out["ops_outside_forward"] = {k: round(v / steps, 2) for k, v in counter.names.most_common()}
-    return out
+        hooks.remove()
+    return {"ms_per_step": 1e3 * (t1 - hooks.prefill_end) / steps, "forwards": hooks.calls,
+            "setup_and_prefill_ms": 1e3 * (hooks.prefill_end - t0)}
+
+
+def counted(run, model, steps: int) -> dict:
+    """Run under the op counter: kernel-launching ops per decode step, and those outside the forward by name."""
+    counter = OpCounter()
+    hooks = ForwardHooks(model, counter)
+    try:
+        with counter:
+            run()
+    finally:
+        hooks.remove()
+    return {"ops_per_step": (counter.ops - hooks.prefill_ops) / steps,
+            "ops_outside_forward": {k: round(v / steps, 2) for k, v in counter.names.most_common()}}
+
+
+def host_time(run, model) -> dict:
+    """Run under torch.profiler (CPU): host µs per row-step = (decode phase - its forward calls - the aten ops
+    run outside them) / row-steps, all from the profiler's clock; its own cost per op (~1 µs) counts as host."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    hooks = ForwardHooks(model, profiled=True)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with record_function("rlvr.run"):
+                run()
+    finally:
+        hooks.remove()
+    events = prof.events()
+    (whole,) = [e for e in events if e.name == "rlvr.run"]
+    forwards = sorted((e for e in events if e.name == "rlvr.forward"), key=lambda e: e.time_range.start)
+    start, end = forwards[0].time_range.end, whole.time_range.end          # after the prefill
+    in_forwards = sum(e.time_range.elapsed_us() for e in forwards[1:])
+    in_ops = sum(e.time_range.elapsed_us() for e in events
+                 if e.name.startswith("aten::") and e.cpu_parent is not None and e.cpu_parent.name == "rlvr.run"
+                 and e.time_range.start >= start)
+    return {"host_us_per_row_step": (end - start - in_forwards - in_ops) / max(hooks.rows, 1)}
 
 
 def ours(a, model, tok, prompts, ids, params) -> dict:
@@ -184,11 +203,12 @@ def ours(a, model, tok, prompts, ids, params) -> dict:
     engine.generate(prompts[:1], ids[:1], params)                # warm-up: builds the stop tables, caches
     engine_decode = engine._decode_batch                        # the decode loop alone, not tokenizing/decoding
     res = {}
-    for counted in (False, True):                               # one batch: B = batch_size
-        def timed(rows, p, counted=counted):
-            got = measure(lambda: engine_decode(rows, p), model, a.device, p.max_new_tokens, counted)
-            res.update(got if counted else {"ms_per_step": got["ms_per_step"]})
-        engine._decode_batch = timed
+    T = params.max_new_tokens
+    for how in (lambda run: timed(run, model, a.device, T), lambda run: counted(run, model, T),
+                lambda run: host_time(run, model)):
+        def measured(rows, p, how=how):                         # one batch: B = batch_size
+            res.update(how(lambda: engine_decode(rows, p)))
+        engine._decode_batch = measured
         engine.generate(prompts, ids, params)
     return res
 
@@ -201,10 +221,8 @@ def generate_arm(a, model, tok, prompts, params) -> dict:
               eos_token_id=None)
     with torch.inference_mode():
         model.generate(**{k: v[:1] for k, v in enc.items()}, **kw)   # warm-up: stop-string tables
-        res = {"ms_per_step": measure(lambda: model.generate(**enc, **kw), model, a.device,
-                                      params.max_new_tokens, False)["ms_per_step"]}
-        counted = measure(lambda: model.generate(**enc, **kw), model, a.device, params.max_new_tokens, True)
-    res["ops_per_step"], res["ops_outside_forward"] = counted["ops_per_step"], counted["ops_outside_forward"]
+        res = timed(lambda: model.generate(**enc, **kw), model, a.device, params.max_new_tokens)
+        res.update(counted(lambda: model.generate(**enc, **kw), model, params.max_new_tokens))
     return res
 
 

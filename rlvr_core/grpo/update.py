@@ -122,6 +122,10 @@ def ds_config(cfg: GRPOConfig, batch_size: int, world_size: int = 1) -> dict[str
         "zero_optimization": {"stage": cfg.zero_stage},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer starts in a forward pre-hook on the module and, from the third optimizer
+        # step on, synchronises the device there: in every forward of the hf engine's decode loop, which samples
+        # this module (issue 41). We time steps ourselves; the timer is off.
+        "timers": {"throughput": {"enabled": False}},
     }
     if cfg.precision == "bf16":
         conf["bf16"] = {"enabled": True}

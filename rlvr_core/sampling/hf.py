@@ -117,12 +117,13 @@ class _Scratch:
         self.cdf = None if greedy else torch.empty((B, V), dtype=torch.float64, device=device)
 
 
-def left_padded(rows: list["_Row"], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, position_ids) of the rows' prompts, left-padded to the longest one, on
-    `device`. The mask comes from the prompt lengths, never from token values (G-pad-mask: a pad id may
-    also be a real token)."""
+def left_padded(rows: list["_Row"], pad_token_id: int, device,
+                length: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids) of the rows' prompts, left-padded to the longest one (or to
+    `length`), on `device`. The mask comes from the prompt lengths, never from token values (G-pad-mask: a pad
+    id may also be a real token)."""
     lengths = [len(r.prompt_tokens) for r in rows]
-    B, L = len(rows), max(lengths)
+    B, L = len(rows), max(max(lengths), length or 0)
     input_ids = torch.full((B, L), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((B, L), dtype=torch.long)
     for b, r in enumerate(rows):
@@ -146,17 +147,30 @@ class HFEngine:
         pad id, else its eos id, else 0. Its value never affects results.
     lockstep: for a model whose forward is a collective (see the module docstring): n -> max of n over
         ranks. None (default): no collectives. The model is then left where it is (not moved).
+    compile: the graphed decode step (`rlvr_core.sampling.hf_graphed`: static KV cache, finished rows kept,
+        `torch.compile(mode="reduce-overhead")`, i.e. CUDA graphs). None (default): on for CUDA without
+        lockstep, off elsewhere (on a CPU the eager loop, which drops finished rows, is faster).
+    compile_backend: torch.compile backend for it ("inductor"; "eager" traces without generating kernels: tests).
     """
 
     name = "hf"
 
     def __init__(self, model, tokenizer, *, batch_size: int = 64, device: str = "cpu",
                  add_special_tokens: bool = True, eos_token_ids: list[int] | None = None,
-                 pad_token_id: int | None = None, lockstep: Callable[[int], int] | None = None):
+                 pad_token_id: int | None = None, lockstep: Callable[[int], int] | None = None,
+                 compile: bool | None = None, compile_backend: str = "inductor"):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.device = torch.device(device)
         self.lockstep = lockstep
+        # The graphed step (rlvr_core.sampling.hf_graphed) pays where kernel launches dominate a step: CUDA.
+        # Under lockstep the ranks' forwards are collectives of a partitioned module: never compiled.
+        self.compile = (self.device.type == "cuda" and lockstep is None) if compile is None else bool(compile)
+        if self.compile and lockstep is not None:
+            raise ValueError("compile=True cannot be combined with lockstep (a partitioned, collective forward)")
+        self.compile_backend = compile_backend
+        self._compiled_step = None
+        self._static_caches: dict = {}
         # A partitioned (ZeRO-3) module already lives on its device; .to() would touch its empty partitions.
         self.model = (model if lockstep is not None else model.to(self.device)).eval()
         self.tokenizer = tokenizer
@@ -231,6 +245,9 @@ class HFEngine:
         if not rows:
             self._dummy_forward()
             return self._dummy_steps(0, params.max_new_tokens)
+        if self.compile:
+            from rlvr_core.sampling.hf_graphed import decode_batch_static
+            return decode_batch_static(self, rows, params)
         dev, B, T = self.device, len(rows), params.max_new_tokens
         uniforms = None if params.greedy else self._uniforms(rows, T).to(dev)   # (B, T) float64
         input_ids, attention_mask, position_ids = left_padded(rows, self.pad_token_id, dev)

@@ -226,6 +226,18 @@ def test_an_empty_micro_batch_gives_zero_loss_and_zero_gradient(model_dir):
     assert all(torch.equal(got["weights"][n], before[n]) for n in before)
 
 
+def test_deepspeed_throughput_timer_is_off_for_the_sampled_module(model_dir):
+    """The hf engine samples `policy.module`; DeepSpeed's throughput timer starts in that module's forward
+    pre-hook and, past its start step, synchronises the device in every decode step (issue 41). It is off:
+    a forward past the start step leaves it unstarted (it would be started with DeepSpeed's default)."""
+    pol = _policy(model_dir, _cfg(zero_stage=0))
+    timer = pol.engine.tput_timer
+    timer.global_step_count = timer.start_step + 1
+    with torch.no_grad():
+        pol.module(input_ids=torch.tensor([[1, 2, 3]]))
+    assert timer.config.enabled is False and not getattr(timer, "started", False)
+
+
 # --------------------------------------------------------------------------------- chunked log-probs
 def _logprob_grads(model, batch, chunk: int, temperature: float = 1.0):
     logp, ent = sequence_logprobs(model, batch, temperature=temperature, with_entropy=True, chunk_size=chunk)

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+import torch._dynamo.utils
 from hf_reference import HFEngine as ReferenceEngine
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -121,3 +122,27 @@ def test_non_byte_level_tokenizer_falls_back_and_matches_the_old_loop():
     new, old = both(model, tok, params, batch_size=4)
     assert new == old
     assert any(s.finish_reason == "stop" and len(s.token_ids) < 20 for g in new for s in g)
+
+
+def test_graphed_step_equals_the_eager_loop(model, tokenizer):
+    """compile=True (static cache, finished rows kept, one compiled forward per token), traced on CPU by
+    torch.compile's eager backend with fullgraph=True (so the step is one graph, as CUDA graphs need), against
+    the eager loop: same tokens, texts and finish reasons (stops, eos and the length cap all occur), log-probs
+    within 1e-5; 5 prompts x 2 at batch_size 4, so the last batch is filled with dummy rows."""
+    eager = HFEngine(model, tokenizer, batch_size=4)
+    graphed = HFEngine(model, tokenizer, batch_size=4, compile=True, compile_backend="eager")
+    assert eager.compile is False  # the default on a CPU
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(n=2, temperature=temperature, max_new_tokens=20, seed=3)
+        stops = tuple(t[6:8] for t in free_texts(model, tokenizer, params)[::4] if t[6:8])
+        params = SamplingParams(**{**params.__dict__, "stop": stops})
+        a = eager.generate(PROMPTS, IDS, params, step=1)
+        b = graphed.generate(PROMPTS, IDS, params, step=1)
+        for x, y in zip([s for g in a for s in g], [s for g in b for s in g]):
+            assert (x.text, x.token_ids, x.finish_reason, x.seed) == (y.text, y.token_ids, y.finish_reason, y.seed)
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+        assert {s.finish_reason for g in a for s in g} == {"stop", "length"}
+    assert list(graphed._static_caches) == [(4, 64 + 20)]  # 4 rows, the prompt bucket + 20 new tokens
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # traced as one graph (fullgraph=True)
+    with pytest.raises(ValueError, match="lockstep"):
+        HFEngine(model, tokenizer, compile=True, lockstep=lambda n: n)
