@@ -198,6 +198,11 @@ class SamplingConfig(_Strict):
                          "(1 = off); below 1 pass@k no longer estimates the model's own distribution")
     max_new_tokens: int = Field(48, ge=1, description="completion length cap (truncations are counted, G-truncation)")
     batch_size: int = Field(64, ge=1, description="sequences per generation batch")
+    hf_compile: bool | None = Field(None, description="hf engine: the graphed decode step (static KV cache, "
+                                    "torch.compile reduce-overhead, i.e. CUDA graphs); null = on for CUDA where the "
+                                    "sampled model is a plain module (pass rates, evaluation, a GRPO rollout copy or "
+                                    "ZeRO-3 replica), off on a CPU and for the DeepSpeed-hooked policy itself "
+                                    "(docs/engines.md)")
     seed: int = Field(0, description="run seed; each request's seed is derived from it (G-fixed-seed)")
 
     @field_validator("server_push_backend", mode="before")
