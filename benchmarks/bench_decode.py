@@ -22,7 +22,8 @@ Measured per arm:
 the "before" numbers. Run (CPU, 1 thread):
 
     python benchmarks/bench_decode.py --json                    # B = 512 (64 prompts x 8), T = 16
-    python benchmarks/bench_decode.py --impl reference --json   # the loop before issue 41
+    python benchmarks/bench_decode.py --impl reference --json   # the loop before issue 41 as our arm
+    python benchmarks/bench_decode.py --with-reference --repeats 3 --json   # before and after, one run
     python benchmarks/bench_decode.py --device cuda --hidden 896 --layers 24 --heads 14 --kv-heads 2 \\
         --intermediate 4864 --new-tokens 128 --json            # GPU: the 0.5B shape
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -198,16 +200,24 @@ def host_time(run, model) -> dict:
     return {"host_us_per_row_step": (end - start - in_forwards - in_ops) / max(hooks.rows, 1)}
 
 
-def ours(a, model, tok, prompts, ids, params) -> dict:
-    engine = engine_class(a.impl)(model, tok, batch_size=a.prompts * a.n, device=a.device, eos_token_ids=[])
+def median_timed(run, model, device: str, steps: int, repeats: int) -> dict:
+    """`timed` `repeats` times; the run with the median ms per step."""
+    runs = sorted((timed(run, model, device, steps) for _ in range(repeats)), key=lambda r: r["ms_per_step"])
+    return runs[len(runs) // 2]
+
+
+def ours(a, impl: str, model, tok, prompts, ids, params) -> dict:
+    engine = engine_class(impl)(model, tok, batch_size=a.prompts * a.n, device=a.device, eos_token_ids=[])
     engine.generate(prompts[:1], ids[:1], params)                # warm-up: builds the stop tables, caches
     engine_decode = engine._decode_batch                        # the decode loop alone, not tokenizing/decoding
     res = {}
     T = params.max_new_tokens
-    for how in (lambda run: timed(run, model, a.device, T), lambda run: counted(run, model, T),
+    for how in (lambda run: median_timed(run, model, a.device, T, a.repeats), lambda run: counted(run, model, T),
                 lambda run: host_time(run, model)):
         def measured(rows, p, how=how):                         # one batch: B = batch_size
-            res.update(how(lambda: engine_decode(rows, p)))
+            def run():                                          # fresh rows each run (the loop fills them)
+                engine_decode([dataclasses.replace(r, tokens=[], logprobs=[], finish_reason=None) for r in rows], p)
+            res.update(how(run))
         engine._decode_batch = measured
         engine.generate(prompts, ids, params)
     return res
@@ -221,7 +231,7 @@ def generate_arm(a, model, tok, prompts, params) -> dict:
               eos_token_id=None)
     with torch.inference_mode():
         model.generate(**{k: v[:1] for k, v in enc.items()}, **kw)   # warm-up: stop-string tables
-        res = timed(lambda: model.generate(**enc, **kw), model, a.device, params.max_new_tokens)
+        res = median_timed(lambda: model.generate(**enc, **kw), model, a.device, params.max_new_tokens, a.repeats)
         res.update(counted(lambda: model.generate(**enc, **kw), model, params.max_new_tokens))
     return res
 
@@ -251,6 +261,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--impl", default="engine", choices=["engine", "reference"],
                     help="our arm: the engine, or the loop before issue 41 (tests/sampling/hf_reference.py)")
+    ap.add_argument("--with-reference", action="store_true",
+                    help="also run the loop before issue 41 as an arm of the same run (before vs after)")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per arm; the median is reported")
     ap.add_argument("--json", action="store_true", help="last stdout line: the results as JSON")
     ap.add_argument("--return-freed-memory", action="store_true",
                     help="CPU: leave glibc's default (freed large blocks go back to the OS; see keep_freed_memory)")
@@ -260,14 +273,17 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     model, tok, prompts, ids, params = build(a)
     B = a.prompts * a.n
-    mine = ours(a, model, tok, prompts, ids, params)
+    mine = ours(a, a.impl, model, tok, prompts, ids, params)
+    before = ours(a, "reference", model, tok, prompts, ids, params) if a.with_reference else None
     gen = generate_arm(a, model, tok, prompts, params)
     print(f"B = {B} rows ({a.prompts} prompts x {a.n}), T = {a.new_tokens} new tokens, vocab {a.vocab}, "
-          f"Qwen2 h{a.hidden} x {a.layers} layers, {a.device}, {a.threads} thread(s), stops {list(params.stop)}")
-    print("| arm | ms / step | ops / step | host µs / row-step |\n|---|---|---|---|")
-    print(f"| hf engine ({a.impl}) | {mine['ms_per_step']:.1f} | {mine['ops_per_step']:.1f} | "
-          f"{mine['host_us_per_row_step']:.2f} |")
-    print(f"| model.generate | {gen['ms_per_step']:.1f} | {gen['ops_per_step']:.1f} | |")
+          f"Qwen2 h{a.hidden} x {a.layers} layers, {a.device}, {a.threads} thread(s), stops {list(params.stop)}, "
+          f"median of {a.repeats} timed runs per arm")
+    print("| arm | ms / step | ÷ generate | ops / step | host µs / row-step |\n|---|---|---|---|---|")
+    for name, r in [(f"hf engine ({a.impl})", mine)] + ([("hf engine (reference)", before)] if before else []):
+        print(f"| {name} | {r['ms_per_step']:.1f} | {r['ms_per_step'] / gen['ms_per_step']:.2f} | "
+              f"{r['ops_per_step']:.1f} | {r['host_us_per_row_step']:.2f} |")
+    print(f"| model.generate | {gen['ms_per_step']:.1f} | 1.00 | {gen['ops_per_step']:.1f} | |")
     print("ops per step outside the model's forward: ours", mine["ops_outside_forward"])
     print("                                     generate", gen["ops_outside_forward"])
     print(f"engine / generate: time per step {mine['ms_per_step'] / gen['ms_per_step']:.2f}x, "
@@ -277,7 +293,9 @@ def main() -> None:
                           "host_us_per_row_step": mine["host_us_per_row_step"], "ops_per_step": mine["ops_per_step"],
                           "generate_ops_per_step": gen["ops_per_step"], "batch": B, "new_tokens": a.new_tokens,
                           "vocab": a.vocab, "impl": a.impl, "device": a.device, "threads": a.threads,
-                          "forwards": mine["forwards"], "stops": list(params.stop)}))
+                          "forwards": mine["forwards"], "stops": list(params.stop), "repeats": a.repeats,
+                          **({"reference": {k: before[k] for k in ("ms_per_step", "ops_per_step",
+                                                                    "host_us_per_row_step")}} if before else {})}))
 
 
 if __name__ == "__main__":

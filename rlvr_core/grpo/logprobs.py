@@ -12,7 +12,8 @@ Two paths, the same numbers (tests/grpo/test_micro_batches.py: float32 within 1e
     chunks of `chunk_size` rows: logits = head(h_chunk).float(), log_softmax, the target's log-prob and
     (detached) the entropy. Each chunk runs under `torch.utils.checkpoint` (non-reentrant), so its
     (chunk, V) logits are freed after the forward and recomputed, one chunk at a time, in the backward:
-    the extra memory is O(chunk x V) whatever the batch. The result is the head's output, so a DeepSpeed
+    the extra memory is O(chunk x V) whatever the batch. The entropy is taken in the forward only, never in
+    the recomputation. The result is the head's output, so a DeepSpeed
     engine's forward wraps it as it wraps logits (its backward hooks fire before any gradient, as before).
 
 The swap is of the head module's `forward` (an instance attribute, removed afterwards): the module itself
@@ -106,20 +107,27 @@ def output_head(model) -> torch.nn.Module:
     return head
 
 
+def _entropy(logp_all: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row of (n, V) log-probs, (n,), no gradient (a metric)."""
+    with torch.no_grad():
+        return -(logp_all.exp() * logp_all).sum(-1)
+
+
 def _chunk_logprobs(project: Callable, h: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    entropy_due: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk: (n, H) hidden states -> the targets' log-probs (n,) and the entropies (n,), float32.
-    The same operations as the full path, on n rows."""
+    The same operations as the full path, on n rows. The entropy is computed while `entropy_due[0]`, which
+    the first call clears: the backward's recomputation of the chunk (checkpoint) skips it, as it has no
+    gradient and was already taken (issue 41: it cost a vocabulary-wide exp, product and sum per chunk)."""
     logits = project(h).float()
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets[:, None])[:, 0]
-    if not with_entropy:
+    if not entropy_due[0]:
         return logp, logp.new_zeros(())
-    with torch.no_grad():
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, ent
+    entropy_due[0] = False
+    return logp, _entropy(logp_all)
 
 
 @contextlib.contextmanager
@@ -136,7 +144,7 @@ def _response_head(head: torch.nn.Module, positions: torch.Tensor, targets: torc
         recompute = torch.is_grad_enabled() and h.requires_grad
         parts = []
         for s in range(0, h.shape[0], chunk_size):
-            args = (project, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, with_entropy)
+            args = (project, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, [with_entropy])
             parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute
                          else _chunk_logprobs(*args))
         if with_entropy:

@@ -517,7 +517,7 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
     sampled: list[torch.Tensor] = []  # the first epoch's log-probs: the weights that sampled (on-policy)
     with _checkpointing_active(policy.module, cfg.gradient_checkpointing):
         for ep in range(cfg.epochs_per_step):
-            loss_sum, seen = torch.zeros(()), []
+            loss_sum, seen = None, []  # on the device: one device->host copy per update, not per micro-batch
             for i, part in enumerate(parts):
                 if len(parts) > 1:  # gradients accumulate until the last micro-batch (module docstring)
                     engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
@@ -530,7 +530,8 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
                     extras[i] = {"is_weights": truncated_is_weights(olds[i], part.rollout_logp, part.mask,
                                                                     cfg.tis_cap)[0]}
                 loss, m = loss_fn(logp, olds[i], part.adv, part.mask, ref_logp=refs[i], **kw, **extras[i])
-                loss_sum = loss_sum + m["loss"].cpu()
+                part_loss = m["loss"].detach().float()
+                loss_sum = part_loss if loss_sum is None else loss_sum + part_loss
                 if ep == 0:
                     seen.append((logp.detach(), ent, m))
                     sampled.append(logp.detach())

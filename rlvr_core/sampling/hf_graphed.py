@@ -5,7 +5,7 @@ Why: at B = 512 a decode step of a 0.5B model launches a few hundred small kerne
 not the arithmetic, sets the step time. A CUDA graph replays the whole forward as one launch, but needs every
 shape and address fixed, so this path differs from the eager loop (`HFEngine._decode_batch`) in three ways:
   * the KV cache is a transformers `StaticCache` of length Lb + T (Lb: the batch's longest prompt rounded up
-    to a multiple of PROMPT_BUCKET, so a few lengths cover every batch), kept per (rows, length) and reset;
+    to a multiple of PROMPT_BUCKET, so a few lengths cover every batch), kept for the newest shape and reset;
   * finished rows stay in the batch (their tokens are computed and ignored) instead of leaving it, and a short
     last batch is filled with dummy rows to `batch_size`, so the step always has the same shape;
   * the attention mask covers the whole cache from the start (the prompt's padding 0, everything after 1; the
@@ -34,7 +34,8 @@ def _cache(engine, B: int, length: int):
 
     key = (B, length)
     cache = engine._static_caches.get(key)
-    if cache is None:
+    if cache is None:  # only the newest shape is kept: at B = 512 a 0.5B model's cache is several GB
+        engine._static_caches.clear()
         cache = engine._static_caches[key] = StaticCache(config=engine.model.config, max_cache_len=length)
     else:
         cache.reset()

@@ -272,6 +272,21 @@ def test_chunked_logprobs_and_entropy_equal_the_full_log_softmax(model_dir, tmp_
                 assert float((a - b).norm() / b.norm().clamp(min=1e-12)) <= 1e-5
 
 
+def test_chunked_entropy_is_not_recomputed_in_the_backward(model_dir, monkeypatch):
+    """The entropy of a chunk is a metric (no gradient): taken once in the forward, not again when the
+    backward recomputes the checkpointed chunk (issue 41), while the log-probs' gradient still flows."""
+    from rlvr_core.grpo import logprobs as L
+
+    calls = []
+    real = L._entropy
+    monkeypatch.setattr(L, "_entropy", lambda x: calls.append(x.shape[0]) or real(x))
+    model, batch = _load(model_dir), _inputs(model_dir).batch
+    n_tokens = int(mask_from_lengths(batch["lengths"], batch["targets"].shape[1]).sum())
+    lp, ent, mask, grads = _logprob_grads(model, batch, 3)
+    assert len(calls) == -(-n_tokens // 3) and sum(calls) == n_tokens  # one call per chunk: forward only
+    assert all(float(g.abs().max()) > 0 for g in grads[-1:]) and bool((ent[mask] > 0).all())
+
+
 def test_chunked_logprobs_in_bf16_stay_within_the_measured_bound(model_dir):
     """bf16 weights: both paths form bf16 logits and log_softmax them in float32; only the matmul's
     blocking differs (chunk rows vs all positions). Measured on this model: max |diff| 0 (CPU); the bound
