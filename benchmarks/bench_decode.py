@@ -25,7 +25,7 @@ the "before" numbers. Run (CPU, 1 thread):
     python benchmarks/bench_decode.py --impl reference --json   # the loop before issue 41 as our arm
     python benchmarks/bench_decode.py --with-reference --repeats 3 --json   # before and after, one run
     python benchmarks/bench_decode.py --device cuda --hidden 896 --layers 24 --heads 14 --kv-heads 2 \\
-        --intermediate 4864 --new-tokens 128 --json            # GPU: the 0.5B shape
+        --intermediate 4864 --new-tokens 64 --compile --json   # GPU: the 0.5B shape, + the graphed step
 
 With --json the last stdout line is a JSON object with ms_per_step, generate_ms_per_step,
 host_us_per_row_step, ops_per_step, generate_ops_per_step (and the settings).
@@ -80,6 +80,7 @@ class ForwardHooks:
 
     def __init__(self, model, counter: OpCounter | None = None, profiled: bool = False):
         self.counter, self.profiled, self.calls, self.rows, self.prefill_ops = counter, profiled, 0, 0, 0
+        self.rows_per_call: list[int] = []
         self._ranges: list = []
         self._hooks = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
                        model.register_forward_hook(self._post)]
@@ -87,6 +88,7 @@ class ForwardHooks:
     def _pre(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         self.rows += ids.shape[0]
+        self.rows_per_call.append(ids.shape[0])
         if self.counter:
             self.counter.in_forward = True
         if self.profiled:
@@ -178,8 +180,10 @@ def counted(run, model, steps: int) -> dict:
 
 
 def host_time(run, model) -> dict:
-    """Run under torch.profiler (CPU): host µs per row-step = (decode phase - its forward calls - the aten ops
-    run outside them) / row-steps, all from the profiler's clock; its own cost per op (~1 µs) counts as host."""
+    """Run under torch.profiler (CPU): per decode step, (its time - its forward call - the aten ops run
+    outside the forward) / its rows, all from the profiler's clock; reported: the median over the steps (a
+    step during which another process took the core would otherwise count that time as ours) and the mean.
+    The profiler's own cost per op (~1 µs) counts as host: an upper bound."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     hooks = ForwardHooks(model, profiled=True)
@@ -192,12 +196,18 @@ def host_time(run, model) -> dict:
     events = prof.events()
     (whole,) = [e for e in events if e.name == "rlvr.run"]
     forwards = sorted((e for e in events if e.name == "rlvr.forward"), key=lambda e: e.time_range.start)
-    start, end = forwards[0].time_range.end, whole.time_range.end          # after the prefill
-    in_forwards = sum(e.time_range.elapsed_us() for e in forwards[1:])
-    in_ops = sum(e.time_range.elapsed_us() for e in events
-                 if e.name.startswith("aten::") and e.cpu_parent is not None and e.cpu_parent.name == "rlvr.run"
-                 and e.time_range.start >= start)
-    return {"host_us_per_row_step": (end - start - in_forwards - in_ops) / max(hooks.rows, 1)}
+    ops = [e for e in events
+           if e.name.startswith("aten::") and e.cpu_parent is not None and e.cpu_parent.name == "rlvr.run"]
+    per_step, total = [], 0.0
+    for k, fw in enumerate(forwards):            # step k: from the end of forward k to the end of forward k + 1
+        start = fw.time_range.end
+        end = forwards[k + 1].time_range.end if k + 1 < len(forwards) else whole.time_range.end
+        busy = forwards[k + 1].time_range.elapsed_us() if k + 1 < len(forwards) else 0.0
+        busy += sum(e.time_range.elapsed_us() for e in ops if start <= e.time_range.start < end)
+        total += end - start - busy
+        per_step.append((end - start - busy) / hooks.rows_per_call[k])
+    return {"host_us_per_row_step": sorted(per_step)[len(per_step) // 2],
+            "host_us_per_row_step_mean": total / max(hooks.rows, 1)}
 
 
 def median_timed(run, model, device: str, steps: int, repeats: int) -> dict:
@@ -207,7 +217,8 @@ def median_timed(run, model, device: str, steps: int, repeats: int) -> dict:
 
 
 def ours(a, impl: str, model, tok, prompts, ids, params) -> dict:
-    engine = engine_class(impl)(model, tok, batch_size=a.prompts * a.n, device=a.device, eos_token_ids=[])
+    kw = {"compile": False} if impl == "engine" else {}        # the eager loop; the graphed one: graphed()
+    engine = engine_class(impl)(model, tok, batch_size=a.prompts * a.n, device=a.device, eos_token_ids=[], **kw)
     engine.generate(prompts[:1], ids[:1], params)                # warm-up: builds the stop tables, caches
     engine_decode = engine._decode_batch                        # the decode loop alone, not tokenizing/decoding
     res = {}
@@ -221,6 +232,26 @@ def ours(a, impl: str, model, tok, prompts, ids, params) -> dict:
         engine._decode_batch = measured
         engine.generate(prompts, ids, params)
     return res
+
+
+def graphed(a, model, tok, prompts, ids, params) -> dict:
+    """The graphed decode step (`HFEngine(compile=True)`): wall time of the whole decode / T, prefill included
+    (hooks on the model would be traced into the compiled graph, so none are set); two warm-up calls compile
+    and record the graph."""
+    from rlvr_core.sampling.hf import HFEngine
+
+    engine = HFEngine(model, tok, batch_size=a.prompts * a.n, device=a.device, eos_token_ids=[], compile=True,
+                      compile_backend=a.compile_backend)
+    for _ in range(2):
+        engine.generate(prompts, ids, params)
+    times = []
+    for _ in range(a.repeats):
+        sync(a.device)
+        t0 = time.perf_counter()
+        engine.generate(prompts, ids, params)
+        sync(a.device)
+        times.append(time.perf_counter() - t0)
+    return {"ms_per_step": 1e3 * sorted(times)[len(times) // 2] / params.max_new_tokens}
 
 
 def generate_arm(a, model, tok, prompts, params) -> dict:
@@ -264,6 +295,8 @@ def main() -> None:
     ap.add_argument("--with-reference", action="store_true",
                     help="also run the loop before issue 41 as an arm of the same run (before vs after)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per arm; the median is reported")
+    ap.add_argument("--compile", action="store_true", help="also the graphed decode step (sampling.hf_compile)")
+    ap.add_argument("--compile-backend", default="inductor", help="its torch.compile backend")
     ap.add_argument("--json", action="store_true", help="last stdout line: the results as JSON")
     ap.add_argument("--return-freed-memory", action="store_true",
                     help="CPU: leave glibc's default (freed large blocks go back to the OS; see keep_freed_memory)")
@@ -275,14 +308,18 @@ def main() -> None:
     B = a.prompts * a.n
     mine = ours(a, a.impl, model, tok, prompts, ids, params)
     before = ours(a, "reference", model, tok, prompts, ids, params) if a.with_reference else None
+    graph = graphed(a, model, tok, prompts, ids, params) if a.compile else None
     gen = generate_arm(a, model, tok, prompts, params)
     print(f"B = {B} rows ({a.prompts} prompts x {a.n}), T = {a.new_tokens} new tokens, vocab {a.vocab}, "
           f"Qwen2 h{a.hidden} x {a.layers} layers, {a.device}, {a.threads} thread(s), stops {list(params.stop)}, "
-          f"median of {a.repeats} timed runs per arm")
+          f"median of {a.repeats} timed runs per arm; host: median over steps (mean in the JSON)")
     print("| arm | ms / step | ÷ generate | ops / step | host µs / row-step |\n|---|---|---|---|---|")
     for name, r in [(f"hf engine ({a.impl})", mine)] + ([("hf engine (reference)", before)] if before else []):
         print(f"| {name} | {r['ms_per_step']:.1f} | {r['ms_per_step'] / gen['ms_per_step']:.2f} | "
               f"{r['ops_per_step']:.1f} | {r['host_us_per_row_step']:.2f} |")
+    if graph:
+        print(f"| hf engine (graphed, whole call / T) | {graph['ms_per_step']:.1f} | "
+              f"{graph['ms_per_step'] / gen['ms_per_step']:.2f} | | |")
     print(f"| model.generate | {gen['ms_per_step']:.1f} | 1.00 | {gen['ops_per_step']:.1f} | |")
     print("ops per step outside the model's forward: ours", mine["ops_outside_forward"])
     print("                                     generate", gen["ops_outside_forward"])
@@ -294,8 +331,10 @@ def main() -> None:
                           "generate_ops_per_step": gen["ops_per_step"], "batch": B, "new_tokens": a.new_tokens,
                           "vocab": a.vocab, "impl": a.impl, "device": a.device, "threads": a.threads,
                           "forwards": mine["forwards"], "stops": list(params.stop), "repeats": a.repeats,
-                          **({"reference": {k: before[k] for k in ("ms_per_step", "ops_per_step",
-                                                                    "host_us_per_row_step")}} if before else {})}))
+                          "host_us_per_row_step_mean": mine["host_us_per_row_step_mean"],
+                          **({"reference": {k: before[k] for k in ("ms_per_step", "ops_per_step", "host_us_per_row_step",
+                                                                    "host_us_per_row_step_mean")}} if before else {}),
+                          **({"graphed_ms_per_step": graph["ms_per_step"]} if graph else {})}))
 
 
 if __name__ == "__main__":

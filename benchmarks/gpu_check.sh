@@ -19,7 +19,8 @@ mkdir -p "$out"
   "$PY" -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)'
   "$PY" benchmarks/gpu_check.py --out "$out" "$@"; } 2>&1 | tee "$out/gpu_check.log"
 rc=${PIPESTATUS[0]}
-decode=(--device cuda --hidden 896 --intermediate 4864 --layers 24 --heads 14 --kv-heads 2 --new-tokens 64 --json)
+decode=(--device cuda --hidden 896 --intermediate 4864 --layers 24 --heads 14 --kv-heads 2 --new-tokens 64 --compile
+        --json)
 [[ " $* " == *" --tiny "* ]] && decode=(--prompts 4 --n 2 --new-tokens 4 --vocab 2048 --hidden 32 --json)
 timeout 120 "$PY" benchmarks/bench_decode.py "${decode[@]}" 2>&1 | tee "$out/bench_decode.log"
 tail -n 1 "$out/bench_decode.log" > "$out/bench_decode.json"
