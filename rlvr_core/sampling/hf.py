@@ -105,6 +105,27 @@ class _Buffers:
             r.tokens, r.logprobs = tokens[b, :n].tolist(), logprobs[b, :n].tolist()
 
 
+@dataclass
+class _Active:
+    """The rows still decoding, in batch order, and their per-row device state (dropped together)."""
+
+    index: np.ndarray                # host: batch index of each active row
+    index_dev: torch.Tensor          # the same, on the device
+    mask: torch.Tensor               # (B', L + T) attention mask: the prompt's, then ones; L + t + 1 used at step t
+    next_pos: torch.Tensor           # (B', 1) position of the next token
+    state: torch.Tensor              # (B',) stop automaton state
+    uniforms: torch.Tensor | None    # (B', T) float64, None when greedy
+
+    def keep(self, keep: np.ndarray) -> torch.Tensor:
+        """Keep the rows at positions `keep` (of the active ones); returns them as a device index."""
+        idx = torch.from_numpy(keep).to(self.mask.device)
+        self.index = self.index[keep]
+        self.index_dev, self.mask, self.next_pos, self.state = (
+            x[idx] for x in (self.index_dev, self.mask, self.next_pos, self.state))
+        self.uniforms = None if self.uniforms is None else self.uniforms[idx]
+        return idx
+
+
 class _Scratch:
     """Work space of the vocabulary-wide math of one decode batch, (B, V) each, used as [:B'] views (rows
     leave the batch): raw log-probs (float32) and, when sampling, probabilities (float32) and their cumulative
@@ -256,43 +277,35 @@ class HFEngine:
         past, logits = out.past_key_values, out.logits[:, -1, :].float()   # logits (B, V)
         stops = self._automaton(params.stop, logits.shape[-1])
         L = input_ids.shape[1]
-        mask = attention_mask.new_ones((B, L + T))                  # prompt mask, then a column per token
+        mask = attention_mask.new_ones((B, L + T))
         mask[:, :L] = attention_mask
-        next_pos = position_ids[:, -1:] + 1                         # (B, 1)
-        buf = _Buffers(B, T, dev)
-        scratch = _Scratch(B, logits.shape[-1], params.greedy, dev)
-        state = torch.zeros(B, dtype=torch.long, device=dev)        # stop automaton state per row
-        active = np.arange(B)                                       # host: batch index of each active row
-        active_idx = torch.arange(B, device=dev)                    # the same, on the device
-
+        act = _Active(np.arange(B), torch.arange(B, device=dev), mask, position_ids[:, -1:] + 1,
+                      torch.zeros(B, dtype=torch.long, device=dev), uniforms)
+        buf, scratch = _Buffers(B, T, dev), _Scratch(B, logits.shape[-1], params.greedy, dev)
         for t in range(T):
-            tokens, token_lp = self._pick(logits, params, uniforms, t, scratch)   # (B',) each
+            tokens, token_lp = self._pick(logits, params, act.uniforms, t, scratch)   # (B',) each
             out = logits = None     # release the step's logits before the next forward allocates its own
-            buf.tokens[:, t].index_copy_(0, active_idx, tokens)
-            buf.logprobs[:, t].index_copy_(0, active_idx, token_lp)
-            code = stops.code[state, tokens]                        # 4 * next state + 2 * stop? + eos?
+            buf.tokens[:, t].index_copy_(0, act.index_dev, tokens)
+            buf.logprobs[:, t].index_copy_(0, act.index_dev, token_lp)
+            code = stops.code[act.state, tokens]                    # 4 * next state + 2 * stop? + eos?
             if stops.n_states > 1:
-                state = code >> 2
+                act.state = code >> 2
             flags = (code & 3).cpu().numpy()                        # the step's one device->host copy
-            done = self._finish(rows, active, flags, buf, t, params, stops)
-            keep = np.flatnonzero(~done)
+            keep = np.flatnonzero(~self._finish(rows, act.index, flags, buf, t, params, stops))
             if (len(keep) if self.lockstep is None else self.lockstep(len(keep))) == 0:
                 break                                               # no row active here (lockstep: anywhere)
             if len(keep) == 0:                                      # lockstep: done here, not elsewhere
                 self._dummy_forward()
                 self._dummy_steps(t + 1, T)
                 break
-            if len(keep) < len(active):                             # drop finished rows everywhere
-                idx = torch.from_numpy(keep).to(dev)
+            if len(keep) < len(act.index):                          # drop finished rows everywhere
+                idx = act.keep(keep)
                 past.batch_select_indices(idx)
-                mask, next_pos, tokens, state, active_idx = (x[idx] for x in (mask, next_pos, tokens, state,
-                                                                            active_idx))
-                uniforms = None if uniforms is None else uniforms[idx]
-                active = active[keep]
-            out = self.model(input_ids=tokens[:, None], attention_mask=mask[:, :L + t + 1], position_ids=next_pos,
-                             past_key_values=past, use_cache=True)
+                tokens = tokens[idx]
+            out = self.model(input_ids=tokens[:, None], attention_mask=act.mask[:, :L + t + 1],
+                             position_ids=act.next_pos, past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1, :].float()
-            next_pos = next_pos + 1
+            act.next_pos = act.next_pos + 1
         buf.to_rows(rows)
 
     def _dummy_forward(self) -> None:
