@@ -4,7 +4,7 @@
 # which runs bench_gpu_grpo.py four times under one time budget and writes gpu_check.{json,md,log} into
 # $OUT (or --out DIR). Arguments go to gpu_check.py: --tiny (CPU dry run), --budget S, --only NAME....
 # Then the decode benchmark (issue 41: benchmarks/bench_decode.py, our hf loop vs model.generate on one batch of
-# 512 rows, the 0.5B shape, 64 new tokens; at most 120 s) into $out/bench_decode.{log,json}.
+# 512 rows, the 0.5B shape, 64 new tokens, eager and graphed; at most 180 s) into $out/bench_decode.{log,json}.
 #
 #   bash benchmarks/gpu_check.sh                 # on the lent machine, repository root, .whl/ carried
 #   bash benchmarks/gpu_check.sh --tiny --out /tmp/gpu_check_dry   # anywhere, CPU, ~2 minutes
@@ -22,6 +22,6 @@ rc=${PIPESTATUS[0]}
 decode=(--device cuda --hidden 896 --intermediate 4864 --layers 24 --heads 14 --kv-heads 2 --new-tokens 64 --compile
         --json)
 [[ " $* " == *" --tiny "* ]] && decode=(--prompts 4 --n 2 --new-tokens 4 --vocab 2048 --hidden 32 --json)
-timeout 120 "$PY" benchmarks/bench_decode.py "${decode[@]}" 2>&1 | tee "$out/bench_decode.log"
+timeout 180 "$PY" benchmarks/bench_decode.py "${decode[@]}" 2>&1 | tee "$out/bench_decode.log"
 tail -n 1 "$out/bench_decode.log" > "$out/bench_decode.json"
 exit "$rc"
