@@ -39,35 +39,55 @@ __all__ = ["sequence_logprobs", "output_head"]
 
 
 def sequence_logprobs(model, batch: dict, *, temperature: float = 1.0, with_entropy: bool = False,
-                      chunk_size: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      chunk_size: int = 0, pack: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(completion token t | prefix) for every (b, t), (B, T) float32, padding holds garbage.
 
     `model`: a Hugging Face causal LM, a peft PeftModel or a DeepSpeed engine around either. `batch`:
     `update.build_batch`'s tensors. `temperature` must be 1 for on-policy RL with an engine that returns
     raw log-probs; it is a parameter only so tests can plant the G-logprob-temp bug. Entropy (B, T) of the
     full next-token distribution is returned when asked (detached, it is a metric). `chunk_size`: 0 = the
-    full-vocabulary path, else response positions per chunk of the chunked path (module docstring).
+    full-vocabulary path, else response positions per chunk of the chunked path (module docstring). `pack`
+    (chunked path only): the sequences run as one row without padding (`_packed`).
     """
     if not chunk_size:
         return _full_vocab_logprobs(model, batch, temperature, with_entropy)
     B, T = batch["targets"].shape
     S = batch["input_ids"].shape[1]
     rows, cols = mask_from_lengths(batch["lengths"], T).nonzero(as_tuple=True)
-    if rows.numel() == 0:
+    empty = rows.numel() == 0
+    if empty:
         # No response token (an empty micro-batch): project one padding slot anyway, so the head and every
         # weight stay in the graph and receive a (zero) gradient, as on the ranks that have tokens.
         rows = cols = torch.zeros(1, dtype=torch.long, device=batch["targets"].device)
-    positions = rows * S + batch["gather"][rows, cols]           # rows of the flattened (B*S, H) hidden states
     targets = batch["targets"][rows, cols]
+    if pack and not empty:
+        inputs, offsets = _packed(batch)
+        positions = offsets[rows] + batch["gather"][rows, cols]  # rows of the packed (N, H) hidden states
+    else:
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        positions = rows * S + batch["gather"][rows, cols]       # rows of the flattened (B*S, H) hidden states
     with _response_head(output_head(model), positions, targets, chunk_size, temperature, with_entropy) as side:
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"], use_cache=False)
+        out = model(**inputs, use_cache=False)
     flat = out.logits                                             # (N,): what the swapped head returned
     logp = torch.zeros((B, T), dtype=flat.dtype, device=flat.device).index_put((rows, cols), flat)
     ent = None
     if with_entropy:
         ent = torch.zeros((B, T), dtype=flat.dtype, device=flat.device).index_put((rows, cols), side["entropy"])
     return logp, ent
+
+
+def _packed(batch: dict) -> tuple[dict, torch.Tensor]:
+    """The batch's sequences (right-padded rows) as one row of their real tokens, and where each starts in it.
+
+    input_ids (1, N), position_ids (1, N) restarting at 0 per sequence, no attention mask: transformers then
+    finds the sequences from the position ids and masks each off from the others (masking_utils,
+    find_packed_sequence_indices), so a token sees exactly what it sees in its padded row; the padded
+    positions are not computed at all. Also returns offsets (B,): the packed index of each row's first token."""
+    real = batch["attention_mask"].bool()
+    seq_len = real.sum(1)
+    offsets = torch.cumsum(seq_len, 0) - seq_len
+    ids = batch["input_ids"][real][None, :]
+    return {"input_ids": ids, "position_ids": batch["position_ids"][real][None, :], "attention_mask": None}, offsets
 
 
 def _full_vocab_logprobs(model, batch: dict, temperature: float,

@@ -409,10 +409,10 @@ def reference_logprobs(policy: Policy, cfg: GRPOConfig, batch: dict) -> torch.Te
     chunk = cfg.logprob_chunk_size
     if policy.ref_model is not None:
         with torch.no_grad():
-            return sequence_logprobs(policy.ref_model, batch, chunk_size=chunk)[0]
+            return sequence_logprobs(policy.ref_model, batch, chunk_size=chunk, pack=cfg.pack_sequences)[0]
     if cfg.lora_rank and cfg.beta > 0:
         with torch.no_grad(), policy.module.disable_adapter():  # the base model, exactly
-            return sequence_logprobs(policy.module, batch, chunk_size=chunk)[0]
+            return sequence_logprobs(policy.module, batch, chunk_size=chunk, pack=cfg.pack_sequences)[0]
     return None
 
 
@@ -522,7 +522,8 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
                 if len(parts) > 1:  # gradients accumulate until the last micro-batch (module docstring)
                     engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
                 logp, ent = sequence_logprobs(engine, part.batch, temperature=cfg.logprob_temperature,
-                                              with_entropy=(ep == 0), chunk_size=cfg.logprob_chunk_size)
+                                              with_entropy=(ep == 0), chunk_size=cfg.logprob_chunk_size,
+                                              pack=cfg.pack_sequences)
                 if ep == 0 and cfg.tis_cap is not None:
                     # TIS: the ratio's old log-probs are the trainer's own (the weights that sampled, before any
                     # update of this step); the engine-vs-trainer gap goes into capped per-token weights instead.
@@ -566,7 +567,7 @@ def drift_kl(policy: Policy, cfg: GRPOConfig, parts: list[TrainInputs], sampled:
     with torch.no_grad():
         for part, before in zip(parts, sampled):
             after = sequence_logprobs(policy.engine, part.batch, temperature=cfg.logprob_temperature,
-                                      chunk_size=cfg.logprob_chunk_size)[0]
+                                      chunk_size=cfg.logprob_chunk_size, pack=cfg.pack_sequences)[0]
             kl = token_kl(before, after, "k3")
             m = part.mask
             total += float(torch.where(m, kl, torch.zeros_like(kl)).sum())

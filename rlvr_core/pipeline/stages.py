@@ -60,7 +60,7 @@ SYNTHETIC_BENCHMARK_VERSION = "2"  # 2: 32 samples per problem (pass@k to 32); 1
 # update"): like the thread count they only reorder sums, so they stay out of the training folder's key and a run
 # that ran out of memory resumes from its checkpoint once they are lowered (the G-oom line, tasks/retry.py).
 GRPO_MEMORY_FIELDS = frozenset({"micro_batch_size", "max_tokens_per_micro_batch", "logprob_chunk_size",
-                                "gradient_checkpointing"})
+                                "gradient_checkpointing", "pack_sequences"})
 # How the stage starts its ranks (docs/gpu.md, "Multi-node"): N ranks train like one process, so these stay out of
 # the key too, and a run started on one node resumes on two (the change is recorded like the thread count).
 GRPO_LAUNCH_FIELDS = frozenset({"launch", "nnodes", "nproc_per_node", "rdzv_endpoint", "node_command", "hosts",

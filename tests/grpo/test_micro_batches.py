@@ -174,7 +174,8 @@ def test_config_rejects_bad_values_naming_the_field():
 
 # ------------------------------------------------------------------------ split update == unsplit update
 # Every loss aggregation x beta 0 / > 0 x full fine-tuning / LoRA; the ZeRO stage and the options rotate
-# over the cases (TIS and the Δlog p reweighting, two epochs: the second epoch's ratios are not 1).
+# over the cases (TIS and the Δlog p reweighting, two epochs: the second epoch's ratios are not 1). Packed
+# sequences (pack_sequences) in the token-budget split of the full fine-tuning cases.
 CASES = [(agg, beta, lora) for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
          for beta in (0.0, 0.1) for lora in (False, True)]
 EXTRAS = [{}, {"tis_cap": 1.5, "dlogp_reweight_c": 0.5}, {"epochs_per_step": 2}]
@@ -187,7 +188,9 @@ def test_micro_batches_give_the_unsplit_loss_gradient_and_weights(model_dir, i):
     base = dict(loss_agg=agg, beta=beta, lora_rank=4 if lora else 0, zero_stage=zero, **EXTRAS[i % 3])
     inputs = _inputs(model_dir, seed=i)
     want = run_update(model_dir, _cfg(**base, logprob_chunk_size=0), inputs)  # one pass, full vocabulary
-    for split in (dict(micro_batch_size=3), dict(max_tokens_per_micro_batch=40, logprob_chunk_size=7)):
+    # the token-budget split also packs its sequences (no padding) in every loss x beta case of full fine-tuning
+    for split in (dict(micro_batch_size=3),
+                  dict(max_tokens_per_micro_batch=40, logprob_chunk_size=7, pack_sequences=not lora)):
         cfg = _cfg(**base, **split)
         plan, _ = U.micro_batches(cfg, DataParallel.current(), inputs)
         assert len(plan) >= 3, plan
@@ -239,8 +242,9 @@ def test_deepspeed_throughput_timer_is_off_for_the_sampled_module(model_dir):
 
 
 # --------------------------------------------------------------------------------- chunked log-probs
-def _logprob_grads(model, batch, chunk: int, temperature: float = 1.0):
-    logp, ent = sequence_logprobs(model, batch, temperature=temperature, with_entropy=True, chunk_size=chunk)
+def _logprob_grads(model, batch, chunk: int, temperature: float = 1.0, pack: bool = False):
+    logp, ent = sequence_logprobs(model, batch, temperature=temperature, with_entropy=True, chunk_size=chunk,
+                                  pack=pack)
     mask = mask_from_lengths(batch["lengths"], logp.shape[1])
     w = torch.linspace(-1, 1, logp.numel()).reshape(logp.shape)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -264,8 +268,9 @@ def test_chunked_logprobs_and_entropy_equal_the_full_log_softmax(model_dir, tmp_
         # so logits can differ in the last bit from those of all positions at once: measured up to 4.8e-7 on
         # log-probs and 2.4e-6 on entropies. An entropy is a sum over the vocabulary (~5.7 here), so it is held
         # to 1e-6 relative to its size (~8 float32 ulps), the log-probs to 1e-6 absolute.
-        for chunk in (1, 3, 7, 4096):
-            lp, ent, _, g = _logprob_grads(model, batch, chunk, temperature)
+        # pack: the sequences as one row without padding, each attending only to itself
+        for chunk, pack in ((1, False), (3, False), (7, False), (4096, False), (3, True), (4096, True)):
+            lp, ent, _, g = _logprob_grads(model, batch, chunk, temperature, pack)
             assert float((lp - lp0).detach()[mask].abs().max()) <= 1e-6
             assert float(((ent - ent0) / ent0.abs().clamp(min=1.0))[mask].abs().max()) <= 1e-6
             for a, b in zip(g, g0):
