@@ -327,9 +327,10 @@ class GRPOConfig(_Strict):
                                     "only response positions are projected. 0 = the full log_softmax over every "
                                     "position (the reference path, memory O(batch x length x vocab))")
     pack_sequences: bool = Field(False, description="with logprob_chunk_size > 0: a micro-batch's sequences are "
-                                 "concatenated into one row without padding (position ids restart per sequence, "
-                                 "so the attention keeps each to itself), so no padded position is computed; the "
-                                 "same log-probs and gradients within float rounding (docs/grpo_training.md)")
+                                 "packed first-fit into as few rows of the longest one's width as hold them "
+                                 "(position ids restart per sequence, so the attention keeps each to itself), so "
+                                 "fewer padded positions are computed; the same log-probs and gradients within "
+                                 "float rounding (docs/grpo_training.md)")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in the "
                                          "backward (Hugging Face gradient checkpointing, non-reentrant) instead "
                                          "of storing them: ~1/3 more compute for activation memory of one layer; "

@@ -47,7 +47,7 @@ def sequence_logprobs(model, batch: dict, *, temperature: float = 1.0, with_entr
     raw log-probs; it is a parameter only so tests can plant the G-logprob-temp bug. Entropy (B, T) of the
     full next-token distribution is returned when asked (detached, it is a metric). `chunk_size`: 0 = the
     full-vocabulary path, else response positions per chunk of the chunked path (module docstring). `pack`
-    (chunked path only): the sequences run as one row without padding (`_packed`).
+    (chunked path only): the sequences packed into fewer rows, several per row (`_packed`).
     """
     if not chunk_size:
         return _full_vocab_logprobs(model, batch, temperature, with_entropy)
@@ -77,17 +77,36 @@ def sequence_logprobs(model, batch: dict, *, temperature: float = 1.0, with_entr
 
 
 def _packed(batch: dict) -> tuple[dict, torch.Tensor]:
-    """The batch's sequences (right-padded rows) as one row of their real tokens, and where each starts in it.
+    """The batch's sequences (right-padded rows) packed into as few rows of the same width as fit them, and
+    where each starts in the flattened packed rows.
 
-    input_ids (1, N), position_ids (1, N) restarting at 0 per sequence, no attention mask: transformers then
-    finds the sequences from the position ids and masks each off from the others (masking_utils,
-    find_packed_sequence_indices), so a token sees exactly what it sees in its padded row; the padded
-    positions are not computed at all. Also returns offsets (B,): the packed index of each row's first token."""
+    Rows of width W = the longest sequence, filled first-fit, longest first; position ids restart at 0 at every
+    sequence (and at a row's leftover tail, which becomes a sequence of its own), no attention mask:
+    transformers then finds the sequences from the position ids and masks each off from the others
+    (masking_utils.find_packed_sequence_indices), so a token sees exactly what it sees in its padded row. With
+    R <= B rows of the same width, the tokens computed (R x W) and a dense attention's cost (R x W^2) never
+    exceed the padded batch's (B x W, B x W^2). Returns the inputs and offsets (B,): each sequence's first token
+    in the flattened (R x W) rows."""
     real = batch["attention_mask"].bool()
-    seq_len = real.sum(1)
-    offsets = torch.cumsum(seq_len, 0) - seq_len
-    ids = batch["input_ids"][real][None, :]
-    return {"input_ids": ids, "position_ids": batch["position_ids"][real][None, :], "attention_mask": None}, offsets
+    lens = real.sum(1).tolist()
+    W = max(lens)
+    used: list[int] = []                                   # tokens placed in each packed row
+    start = [0] * len(lens)
+    for b in sorted(range(len(lens)), key=lambda i: -lens[i]):
+        r = next((r for r, u in enumerate(used) if u + lens[b] <= W), None)
+        if r is None:
+            r = len(used)
+            used.append(0)
+        start[b], used[r] = r * W + used[r], used[r] + lens[b]
+    ids = torch.zeros(len(used) * W, dtype=batch["input_ids"].dtype, device=real.device)
+    pos = torch.zeros(len(used) * W, dtype=torch.long, device=real.device)
+    for b, n in enumerate(lens):
+        ids[start[b]:start[b] + n] = batch["input_ids"][b, :n]
+        pos[start[b]:start[b] + n] = torch.arange(n, device=real.device)
+    for r, u in enumerate(used):                           # a row's tail: a padding "sequence" of its own
+        pos[r * W + u:(r + 1) * W] = torch.arange(W - u, device=real.device)
+    offsets = torch.tensor(start, dtype=torch.long, device=real.device)
+    return {"input_ids": ids.view(-1, W), "position_ids": pos.view(-1, W), "attention_mask": None}, offsets
 
 
 def _full_vocab_logprobs(model, batch: dict, temperature: float,

@@ -268,13 +268,28 @@ def test_chunked_logprobs_and_entropy_equal_the_full_log_softmax(model_dir, tmp_
         # so logits can differ in the last bit from those of all positions at once: measured up to 4.8e-7 on
         # log-probs and 2.4e-6 on entropies. An entropy is a sum over the vocabulary (~5.7 here), so it is held
         # to 1e-6 relative to its size (~8 float32 ulps), the log-probs to 1e-6 absolute.
-        # pack: the sequences as one row without padding, each attending only to itself
+        # pack: several sequences per row, each attending only to itself
         for chunk, pack in ((1, False), (3, False), (7, False), (4096, False), (3, True), (4096, True)):
             lp, ent, _, g = _logprob_grads(model, batch, chunk, temperature, pack)
             assert float((lp - lp0).detach()[mask].abs().max()) <= 1e-6
             assert float(((ent - ent0) / ent0.abs().clamp(min=1.0))[mask].abs().max()) <= 1e-6
             for a, b in zip(g, g0):
                 assert float((a - b).norm() / b.norm().clamp(min=1e-12)) <= 1e-5
+
+
+def test_packing_puts_several_sequences_per_row_and_never_widens(model_dir):
+    """pack_sequences' layout: fewer rows of the padded width; each sequence's tokens at its offset with
+    position ids 0, 1, ...; the packed tokens never more than the padded batch's."""
+    from rlvr_core.grpo.logprobs import _packed
+
+    batch = _inputs(model_dir).batch
+    inputs, offsets = _packed(batch)
+    ids, pos = inputs["input_ids"].reshape(-1), inputs["position_ids"].reshape(-1)
+    assert inputs["attention_mask"] is None and inputs["input_ids"].shape[1] == batch["input_ids"].shape[1]
+    assert inputs["input_ids"].shape[0] < batch["input_ids"].shape[0]
+    for b, n in enumerate(batch["attention_mask"].sum(1).tolist()):
+        o = int(offsets[b])
+        assert torch.equal(ids[o:o + n], batch["input_ids"][b, :n]) and pos[o:o + n].tolist() == list(range(n))
 
 
 def test_chunked_entropy_is_not_recomputed_in_the_backward(model_dir, monkeypatch):
