@@ -99,7 +99,8 @@ class RunSettings:
     """How the completions are produced, beyond the benchmark file: engine, precision, parallelism.
 
     engine: "hf" (transformers, our decode loop) or "vllm" (an in-process vLLM engine, GPU or its CPU build). dtype: weights dtype. device: torch
-    device for hf. hf_compile: hf's graphed decode step (None: on for CUDA; `HFEngine`). tensor_parallel: vLLM tensor-parallel size (hf is always single-process).
+    device for hf. tensor_parallel: vLLM tensor-parallel size (hf is always single-process).
+    hf_compile: hf's graphed decode step (`HFEngine(compile=)`; None: on for CUDA).
     batch_size: requests decoded together (hf) and problems per engine call = batch_size // n.
     verifier_workers: verifier processes per pool; None = each verifier's default (in-process for verifiers
     that cannot hang, 2 for the others); 0 is refused for a verifier that can hang. verifier_timeout_s: the
