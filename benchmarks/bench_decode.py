@@ -10,16 +10,18 @@ the full vocabulary (benchmarks/bench_gpu_grpo.py `padded_tokenizer`: every id d
 Nothing is downloaded.
 
 Measured per arm:
-  ms_per_step           (wall time of the decode loop - set-up before the prefill - the prefill forward) / T,
-                        from a plain run (no counting)
+  ms_per_step           (wall time of the decode loop after the prefill forward) / T, from plain runs (no
+                        counting; the median of --repeats)
   ops_per_step          aten ops that launch kernels (not views, allocations or detach), counted by a
                         TorchDispatchMode in a second run, after the prefill, / T
-  host_us_per_row_step  ours only, a third run under torch.profiler: time of the decode phase outside the
-                        model's forward calls and outside every aten op (Python bookkeeping, tokenizer calls,
-                        numpy), / row-steps (the rows decoded, summed over steps); the profiler's own cost
-                        per op (~1 µs) lands here too, so it is an upper bound
-`--impl reference` runs the loop as it was before issue 41 (tests/sampling/hf_reference.py) as our arm:
-the "before" numbers. Run (CPU, 1 thread):
+  host_us_per_row_step  ours only, a third run under torch.profiler: per decode step, its time outside the
+                        model's forward call and outside every aten op (Python bookkeeping, tokenizer calls,
+                        numpy) / its rows; the median over steps (host_us_per_row_step_mean: all of it /
+                        all row-steps); the profiler's own cost per op (~1 µs) lands here too: an upper bound
+  graphed_ms_per_step   with --compile: the graphed step (sampling.hf_compile), whole call / T
+`--impl reference` runs the loop as it was before issue 41 (tests/sampling/hf_reference.py) as our arm, and
+`--with-reference` adds it as a further arm of the same run: the "before" numbers. On a CPU, glibc is told to
+keep freed memory (`keep_freed_memory`). Run (CPU, 1 thread):
 
     python benchmarks/bench_decode.py --json                    # B = 512 (64 prompts x 8), T = 16
     python benchmarks/bench_decode.py --impl reference --json   # the loop before issue 41 as our arm
