@@ -9,13 +9,12 @@ import torch
 import torch._dynamo.utils
 from hf_reference import HFEngine as ReferenceEngine
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rlvr_core.sampling import SamplingParams
 from rlvr_core.sampling.base import find_stop
 from rlvr_core.sampling.hf import HFEngine
 from rlvr_core.sampling.stops import StopAutomaton, token_bytes
-from conftest import CORPUS, SPECIALS, build_model
 
 PROMPTS = ["Question: Natalia sold 48 clips in April. How many in May?\nAnswer:", "Problem:\nFind $x$.\n\nSolution:",
            "Hi", "Ünïcödé tëxt — and emoji", "Betty is saving money for a new wallet which costs $100. Answer:"]
@@ -54,7 +53,7 @@ def test_samples_bit_identical_to_the_old_loop(model, tokenizer, case):
     assert case["params"]["temperature"] == 0 or reasons == {"stop", "length"}  # both paths were exercised
 
 
-def test_stop_automaton_flags_the_step_the_decoded_tail_first_holds_a_stop(tokenizer):
+def test_stop_automaton_flags_the_step_the_decoded_tail_first_holds_a_stop(model, tokenizer):
     """The automaton against the old check on random token streams, biased to tokens that split multi-byte
     characters (partial UTF-8) and to multi-token stops, with and without special tokens in between: the
     first step flagged is the first step at which decoding the last window of tokens shows a stop string."""
@@ -62,7 +61,7 @@ def test_stop_automaton_flags_the_step_the_decoded_tail_first_holds_a_stop(token
     assert table is not None and table[tokenizer.eos_token_id] == b"" and table[-1] == b""
     multi = [i for i, b in enumerate(table) if any(x >= 0x80 for x in b)]
     assert any(b and b[0] >= 0x80 and (b[0] & 0xC0) == 0x80 for b in (table[i] for i in multi))  # split chars
-    engine = HFEngine(build_model(tokenizer), tokenizer, eos_token_ids=[])
+    engine = HFEngine(model, tokenizer, eos_token_ids=[])
     rng = random.Random(1)
     fired = multibyte = 0
     for trial in range(150):
@@ -106,16 +105,29 @@ def metaspace_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(CORPUS * 20, trainer=trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
-                                                                    show_progress=False))
+    corpus = PROMPTS + ["Answer: In May she sold 48 / 2 = 24 clips. In total she sold 48 + 24 = 72 clips.",
+                        "The quick brown fox jumps over the lazy dog; numbers 0 1 2 3 4 5 6 7 8 9 10 100."]
+    tok.train_from_iterator(corpus * 20, trainer=trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|pad|>"], show_progress=False))
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>")
+
+
+def tiny_qwen2(tok):
+    torch.manual_seed(1)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, bos_token_id=None, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # sharper than the init's near-uniform logits
+    return model
 
 
 def test_non_byte_level_tokenizer_falls_back_and_matches_the_old_loop():
     torch.set_num_threads(1)
     tok = metaspace_tokenizer()
     assert token_bytes(tok, len(tok)) is None
-    model = build_model(tok, seed=1)
+    model = tiny_qwen2(tok)
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=20, seed=1)
     texts = free_texts(model, tok, params)
     params = SamplingParams(**{**params.__dict__, "stop": tuple(t[8:10] for t in texts[::3] if t[8:10])})
