@@ -275,7 +275,8 @@ def build_model_dir(shape: str, rows: list[dict], out: Path, device: str) -> dic
 # ------------------------------------------------------------------------------- trainer settings passed on
 # GRPOConfig field -> its flag here; a field is set only when its flag is given (else the config's default).
 PASS_THROUGH = {"micro_batch_size": "--micro-batch-size", "max_tokens_per_micro_batch": "--max-tokens-per-micro-batch",
-                "logprob_chunk_size": "--logprob-chunk-size", "gradient_checkpointing": "--gradient-checkpointing"}
+                "logprob_chunk_size": "--logprob-chunk-size", "gradient_checkpointing": "--gradient-checkpointing",
+                "pack_sequences": "--pack-sequences"}
 
 
 def config_extras(a: argparse.Namespace) -> dict[str, Any]:
@@ -602,6 +603,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="GRPOConfig.logprob_chunk_size: rows per chunk of the log-prob computation (0 = full)")
     ap.add_argument("--gradient-checkpointing", dest="gradient_checkpointing", action="store_true",
                     help="GRPOConfig.gradient_checkpointing (the MFU is then also reported counting the recompute)")
+    ap.add_argument("--pack-sequences", dest="pack_sequences", action="store_true",
+                    help="GRPOConfig.pack_sequences: several sequences per row, no padding between them")
     ap.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 dense TFLOP/s (overrides detection)")
     ap.add_argument("--device-check", dest="device_check", action="store_true", default=True,
                     help="(default) refuse the real shapes without CUDA")

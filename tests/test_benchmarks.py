@@ -656,3 +656,24 @@ def test_gpu_check_driver_helpers():
     assert set(bmod.PASS_THROUGH) <= set(GRPOConfig.model_fields)
     assert bmod.config_extras(bmod.parse_args(["--micro-batch-size", "4"])) == {"micro_batch_size": 4}
     assert bmod.config_extras(bmod.parse_args([])) == {}
+
+
+# ------------------------------------------------------------------------------ benchmarks/bench_decode.py
+def test_bench_decode_smoke():
+    """The decode benchmark at small sizes, with the loop before issue 41 and the graphed step (traced by
+    torch.compile's eager backend) as arms of the same run: a table and a JSON last line with the five numbers;
+    one forward per token (prefill + T - 1); ops counted for both eager arms, the old loop's ~B more per step."""
+    import json
+
+    proc = _run_script("bench_decode.py", ["--prompts", "3", "--n", "2", "--new-tokens", "4", "--vocab", "2048",
+                                           "--hidden", "32", "--with-reference", "--compile", "--compile-backend",
+                                           "eager", "--json"], timeout=300)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    for k in ("ms_per_step", "generate_ms_per_step", "host_us_per_row_step", "ops_per_step", "generate_ops_per_step",
+              "graphed_ms_per_step"):
+        assert res[k] > 0, (k, res)
+    assert (res["batch"], res["new_tokens"], res["impl"], res["forwards"]) == (6, 4, "engine", 4)
+    assert res["reference"]["ops_per_step"] > res["ops_per_step"]  # the old loop: a rand per row per step
+    assert res["stops"] == ["\nQuestion:", "\n\n\n"]
+    for row in ("| hf engine (engine) |", "| hf engine (reference) |", "| hf engine (graphed", "| model.generate |"):
+        assert row in proc.stdout

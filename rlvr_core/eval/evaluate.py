@@ -100,6 +100,7 @@ class RunSettings:
 
     engine: "hf" (transformers, our decode loop) or "vllm" (an in-process vLLM engine, GPU or its CPU build). dtype: weights dtype. device: torch
     device for hf. tensor_parallel: vLLM tensor-parallel size (hf is always single-process).
+    hf_compile: hf's graphed decode step (`HFEngine(compile=)`; None: on for CUDA).
     batch_size: requests decoded together (hf) and problems per engine call = batch_size // n.
     verifier_workers: verifier processes per pool; None = each verifier's default (in-process for verifiers
     that cannot hang, 2 for the others); 0 is refused for a verifier that can hang. verifier_timeout_s: the
@@ -113,6 +114,7 @@ class RunSettings:
     batch_size: int = 64
     verifier_workers: int | None = None
     verifier_timeout_s: float = 5.0
+    hf_compile: bool | None = None
 
     def pool_workers(self, verifier: str) -> int:
         return default_workers(verifier) if self.verifier_workers is None else self.verifier_workers
@@ -625,7 +627,8 @@ def build_engine(checkpoint_dir: str | Path, run: RunSettings, *, chat: bool = F
         from rlvr_core.sampling.hf import HFEngine
 
         model, tok = load_model(checkpoint_dir, run.dtype)
-        return HFEngine(model, tok, batch_size=run.batch_size, device=run.device, add_special_tokens=not chat), tok
+        return HFEngine(model, tok, batch_size=run.batch_size, device=run.device, add_special_tokens=not chat,
+                        compile=run.hf_compile), tok
     if run.engine == "vllm":
         tok = AutoTokenizer.from_pretrained(checkpoint_dir, local_files_only=True)
         kw = {**(llm_options or {}), "dtype": run.dtype}

@@ -198,6 +198,11 @@ class SamplingConfig(_Strict):
                          "(1 = off); below 1 pass@k no longer estimates the model's own distribution")
     max_new_tokens: int = Field(48, ge=1, description="completion length cap (truncations are counted, G-truncation)")
     batch_size: int = Field(64, ge=1, description="sequences per generation batch")
+    hf_compile: bool | None = Field(None, description="hf engine: the graphed decode step (static KV cache, "
+                                    "torch.compile reduce-overhead, i.e. CUDA graphs); null = on for CUDA where the "
+                                    "sampled model is a plain module (pass rates, evaluation, a GRPO rollout copy or "
+                                    "ZeRO-3 replica), off on a CPU and for the DeepSpeed-hooked policy itself "
+                                    "(docs/engines.md)")
     seed: int = Field(0, description="run seed; each request's seed is derived from it (G-fixed-seed)")
 
     @field_validator("server_push_backend", mode="before")
@@ -321,6 +326,11 @@ class GRPOConfig(_Strict):
                                     "the backward), so the logits cost chunk x vocab, not batch x length x vocab; "
                                     "only response positions are projected. 0 = the full log_softmax over every "
                                     "position (the reference path, memory O(batch x length x vocab))")
+    pack_sequences: bool = Field(False, description="with logprob_chunk_size > 0: a micro-batch's sequences are "
+                                 "packed first-fit into as few rows of the longest one's width as hold them "
+                                 "(position ids restart per sequence, so the attention keeps each to itself), so "
+                                 "fewer padded positions are computed; the same log-probs and gradients within "
+                                 "float rounding (docs/grpo_training.md)")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in the "
                                          "backward (Hugging Face gradient checkpointing, non-reentrant) instead "
                                          "of storing them: ~1/3 more compute for activation memory of one layer; "

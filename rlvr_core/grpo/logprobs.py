@@ -12,7 +12,8 @@ Two paths, the same numbers (tests/grpo/test_micro_batches.py: float32 within 1e
     chunks of `chunk_size` rows: logits = head(h_chunk).float(), log_softmax, the target's log-prob and
     (detached) the entropy. Each chunk runs under `torch.utils.checkpoint` (non-reentrant), so its
     (chunk, V) logits are freed after the forward and recomputed, one chunk at a time, in the backward:
-    the extra memory is O(chunk x V) whatever the batch. The result is the head's output, so a DeepSpeed
+    the extra memory is O(chunk x V) whatever the batch. The entropy is taken in the forward only, never in
+    the recomputation. The result is the head's output, so a DeepSpeed
     engine's forward wraps it as it wraps logits (its backward hooks fire before any gradient, as before).
 
 The swap is of the head module's `forward` (an instance attribute, removed afterwards): the module itself
@@ -38,35 +39,74 @@ __all__ = ["sequence_logprobs", "output_head"]
 
 
 def sequence_logprobs(model, batch: dict, *, temperature: float = 1.0, with_entropy: bool = False,
-                      chunk_size: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      chunk_size: int = 0, pack: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(completion token t | prefix) for every (b, t), (B, T) float32, padding holds garbage.
 
     `model`: a Hugging Face causal LM, a peft PeftModel or a DeepSpeed engine around either. `batch`:
     `update.build_batch`'s tensors. `temperature` must be 1 for on-policy RL with an engine that returns
     raw log-probs; it is a parameter only so tests can plant the G-logprob-temp bug. Entropy (B, T) of the
     full next-token distribution is returned when asked (detached, it is a metric). `chunk_size`: 0 = the
-    full-vocabulary path, else response positions per chunk of the chunked path (module docstring).
+    full-vocabulary path, else response positions per chunk of the chunked path (module docstring). `pack`
+    (chunked path only): the sequences packed into fewer rows, several per row (`_packed`).
     """
     if not chunk_size:
         return _full_vocab_logprobs(model, batch, temperature, with_entropy)
     B, T = batch["targets"].shape
     S = batch["input_ids"].shape[1]
     rows, cols = mask_from_lengths(batch["lengths"], T).nonzero(as_tuple=True)
-    if rows.numel() == 0:
+    empty = rows.numel() == 0
+    if empty:
         # No response token (an empty micro-batch): project one padding slot anyway, so the head and every
         # weight stay in the graph and receive a (zero) gradient, as on the ranks that have tokens.
         rows = cols = torch.zeros(1, dtype=torch.long, device=batch["targets"].device)
-    positions = rows * S + batch["gather"][rows, cols]           # rows of the flattened (B*S, H) hidden states
     targets = batch["targets"][rows, cols]
+    if pack and not empty:
+        inputs, offsets = _packed(batch)
+        positions = offsets[rows] + batch["gather"][rows, cols]  # rows of the packed (N, H) hidden states
+    else:
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        positions = rows * S + batch["gather"][rows, cols]       # rows of the flattened (B*S, H) hidden states
     with _response_head(output_head(model), positions, targets, chunk_size, temperature, with_entropy) as side:
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"], use_cache=False)
+        out = model(**inputs, use_cache=False)
     flat = out.logits                                             # (N,): what the swapped head returned
     logp = torch.zeros((B, T), dtype=flat.dtype, device=flat.device).index_put((rows, cols), flat)
     ent = None
     if with_entropy:
         ent = torch.zeros((B, T), dtype=flat.dtype, device=flat.device).index_put((rows, cols), side["entropy"])
     return logp, ent
+
+
+def _packed(batch: dict) -> tuple[dict, torch.Tensor]:
+    """The batch's sequences (right-padded rows) packed into as few rows of the same width as fit them, and
+    where each starts in the flattened packed rows.
+
+    Rows of width W = the longest sequence, filled first-fit, longest first; position ids restart at 0 at every
+    sequence (and at a row's leftover tail, which becomes a sequence of its own), no attention mask:
+    transformers then finds the sequences from the position ids and masks each off from the others
+    (masking_utils.find_packed_sequence_indices), so a token sees exactly what it sees in its padded row. With
+    R <= B rows of the same width, the tokens computed (R x W) and a dense attention's cost (R x W^2) never
+    exceed the padded batch's (B x W, B x W^2). Returns the inputs and offsets (B,): each sequence's first token
+    in the flattened (R x W) rows."""
+    real = batch["attention_mask"].bool()
+    lens = real.sum(1).tolist()
+    W = max(lens)
+    used: list[int] = []                                   # tokens placed in each packed row
+    start = [0] * len(lens)
+    for b in sorted(range(len(lens)), key=lambda i: -lens[i]):
+        r = next((r for r, u in enumerate(used) if u + lens[b] <= W), None)
+        if r is None:
+            r = len(used)
+            used.append(0)
+        start[b], used[r] = r * W + used[r], used[r] + lens[b]
+    ids = torch.zeros(len(used) * W, dtype=batch["input_ids"].dtype, device=real.device)
+    pos = torch.zeros(len(used) * W, dtype=torch.long, device=real.device)
+    for b, n in enumerate(lens):
+        ids[start[b]:start[b] + n] = batch["input_ids"][b, :n]
+        pos[start[b]:start[b] + n] = torch.arange(n, device=real.device)
+    for r, u in enumerate(used):                           # a row's tail: a padding "sequence" of its own
+        pos[r * W + u:(r + 1) * W] = torch.arange(W - u, device=real.device)
+    offsets = torch.tensor(start, dtype=torch.long, device=real.device)
+    return {"input_ids": ids.view(-1, W), "position_ids": pos.view(-1, W), "attention_mask": None}, offsets
 
 
 def _full_vocab_logprobs(model, batch: dict, temperature: float,
@@ -106,20 +146,27 @@ def output_head(model) -> torch.nn.Module:
     return head
 
 
+def _entropy(logp_all: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row of (n, V) log-probs, (n,), no gradient (a metric)."""
+    with torch.no_grad():
+        return -(logp_all.exp() * logp_all).sum(-1)
+
+
 def _chunk_logprobs(project: Callable, h: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    entropy_due: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk: (n, H) hidden states -> the targets' log-probs (n,) and the entropies (n,), float32.
-    The same operations as the full path, on n rows."""
+    The same operations as the full path, on n rows. The entropy is computed while `entropy_due[0]`, which
+    the first call clears: the backward's recomputation of the chunk (checkpoint) skips it, as it has no
+    gradient and was already taken (issue 41: it cost a vocabulary-wide exp, product and sum per chunk)."""
     logits = project(h).float()
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets[:, None])[:, 0]
-    if not with_entropy:
+    if not entropy_due[0]:
         return logp, logp.new_zeros(())
-    with torch.no_grad():
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, ent
+    entropy_due[0] = False
+    return logp, _entropy(logp_all)
 
 
 @contextlib.contextmanager
@@ -136,7 +183,7 @@ def _response_head(head: torch.nn.Module, positions: torch.Tensor, targets: torc
         recompute = torch.is_grad_enabled() and h.requires_grad
         parts = []
         for s in range(0, h.shape[0], chunk_size):
-            args = (project, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, with_entropy)
+            args = (project, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, [with_entropy])
             parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute
                          else _chunk_logprobs(*args))
         if with_entropy:

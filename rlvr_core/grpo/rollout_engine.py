@@ -82,15 +82,17 @@ class HFRolloutEngine:
     name = "hf"
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int, device: torch.device | str,
-                 lockstep: Callable[[int], int] | None = None):
+                 lockstep: Callable[[int], int] | None = None, compile: bool | None = False):
         self.model = model
         self.samples_policy = lockstep is not None  # the partitioned policy itself, in lockstep across ranks
-        self.sampler = HFEngine(model, tokenizer, batch_size=batch_size, device=device, lockstep=lockstep)
+        self.sampler = HFEngine(model, tokenizer, batch_size=batch_size, device=device, lockstep=lockstep,
+                                compile=compile)
 
     @classmethod
     def for_trainer(cls, *, policy: torch.nn.Module, replica: torch.nn.Module | None, tokenizer: Any,
                     cfg: GRPOConfig, device: torch.device, own_copy: Callable[[], torch.nn.Module],
-                    lockstep: Callable[[int], int] | None = None, **_: Any) -> "HFRolloutEngine":
+                    lockstep: Callable[[int], int] | None = None, engine_options: dict | None = None,
+                    **_: Any) -> "HFRolloutEngine":
         """lockstep: given when the policy is ZeRO-3 partitioned and there is no replica (n -> max over ranks);
         the engine then samples the partitioned policy with every rank in step (rlvr_core/sampling/hf.py)."""
         if cfg.max_staleness:
@@ -102,7 +104,13 @@ class HFRolloutEngine:
             lockstep = None  # the engine's own plain copy: nothing collective in its forward
         else:
             model = replica if replica is not None else policy
-        return cls(model, tokenizer, batch_size=cfg.rollout_batch_size, device=device, lockstep=lockstep)
+        # The graphed decode step (sampling.hf_compile; None = auto) by default only on a plain module: dynamo
+        # would trace the forward hooks DeepSpeed puts on the policy itself.
+        compile = (engine_options or {}).get("hf_compile")
+        if compile is None:
+            compile = torch.device(device).type == "cuda" and model is not policy and lockstep is None
+        return cls(model, tokenizer, batch_size=cfg.rollout_batch_size, device=device, lockstep=lockstep,
+                   compile=compile)
 
     def sync(self, module: torch.nn.Module) -> None:
         if module is not self.model:  # the trainer's module *is* the sampled one; anything else is a wiring bug

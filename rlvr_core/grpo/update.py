@@ -122,6 +122,10 @@ def ds_config(cfg: GRPOConfig, batch_size: int, world_size: int = 1) -> dict[str
         "zero_optimization": {"stage": cfg.zero_stage},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer starts in a forward pre-hook on the module and, from the third optimizer
+        # step on, synchronises the device there: in every forward of the hf engine's decode loop, which samples
+        # this module (issue 41). We time steps ourselves; the timer is off.
+        "timers": {"throughput": {"enabled": False}},
     }
     if cfg.precision == "bf16":
         conf["bf16"] = {"enabled": True}
@@ -405,10 +409,10 @@ def reference_logprobs(policy: Policy, cfg: GRPOConfig, batch: dict) -> torch.Te
     chunk = cfg.logprob_chunk_size
     if policy.ref_model is not None:
         with torch.no_grad():
-            return sequence_logprobs(policy.ref_model, batch, chunk_size=chunk)[0]
+            return sequence_logprobs(policy.ref_model, batch, chunk_size=chunk, pack=cfg.pack_sequences)[0]
     if cfg.lora_rank and cfg.beta > 0:
         with torch.no_grad(), policy.module.disable_adapter():  # the base model, exactly
-            return sequence_logprobs(policy.module, batch, chunk_size=chunk)[0]
+            return sequence_logprobs(policy.module, batch, chunk_size=chunk, pack=cfg.pack_sequences)[0]
     return None
 
 
@@ -513,12 +517,13 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
     sampled: list[torch.Tensor] = []  # the first epoch's log-probs: the weights that sampled (on-policy)
     with _checkpointing_active(policy.module, cfg.gradient_checkpointing):
         for ep in range(cfg.epochs_per_step):
-            loss_sum, seen = torch.zeros(()), []
+            loss_sum, seen = None, []  # on the device: one device->host copy per update, not per micro-batch
             for i, part in enumerate(parts):
                 if len(parts) > 1:  # gradients accumulate until the last micro-batch (module docstring)
                     engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
                 logp, ent = sequence_logprobs(engine, part.batch, temperature=cfg.logprob_temperature,
-                                              with_entropy=(ep == 0), chunk_size=cfg.logprob_chunk_size)
+                                              with_entropy=(ep == 0), chunk_size=cfg.logprob_chunk_size,
+                                              pack=cfg.pack_sequences)
                 if ep == 0 and cfg.tis_cap is not None:
                     # TIS: the ratio's old log-probs are the trainer's own (the weights that sampled, before any
                     # update of this step); the engine-vs-trainer gap goes into capped per-token weights instead.
@@ -526,7 +531,8 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
                     extras[i] = {"is_weights": truncated_is_weights(olds[i], part.rollout_logp, part.mask,
                                                                     cfg.tis_cap)[0]}
                 loss, m = loss_fn(logp, olds[i], part.adv, part.mask, ref_logp=refs[i], **kw, **extras[i])
-                loss_sum = loss_sum + m["loss"].cpu()
+                part_loss = m["loss"].detach().float()
+                loss_sum = part_loss if loss_sum is None else loss_sum + part_loss
                 if ep == 0:
                     seen.append((logp.detach(), ent, m))
                     sampled.append(logp.detach())
@@ -561,7 +567,7 @@ def drift_kl(policy: Policy, cfg: GRPOConfig, parts: list[TrainInputs], sampled:
     with torch.no_grad():
         for part, before in zip(parts, sampled):
             after = sequence_logprobs(policy.engine, part.batch, temperature=cfg.logprob_temperature,
-                                      chunk_size=cfg.logprob_chunk_size)[0]
+                                      chunk_size=cfg.logprob_chunk_size, pack=cfg.pack_sequences)[0]
             kl = token_kl(before, after, "k3")
             m = part.mask
             total += float(torch.where(m, kl, torch.zeros_like(kl)).sum())

@@ -60,7 +60,7 @@ SYNTHETIC_BENCHMARK_VERSION = "2"  # 2: 32 samples per problem (pass@k to 32); 1
 # update"): like the thread count they only reorder sums, so they stay out of the training folder's key and a run
 # that ran out of memory resumes from its checkpoint once they are lowered (the G-oom line, tasks/retry.py).
 GRPO_MEMORY_FIELDS = frozenset({"micro_batch_size", "max_tokens_per_micro_batch", "logprob_chunk_size",
-                                "gradient_checkpointing"})
+                                "gradient_checkpointing", "pack_sequences"})
 # How the stage starts its ranks (docs/gpu.md, "Multi-node"): N ranks train like one process, so these stay out of
 # the key too, and a run started on one node resumes on two (the change is recorded like the thread count).
 GRPO_LAUNCH_FIELDS = frozenset({"launch", "nnodes", "nproc_per_node", "rdzv_endpoint", "node_command", "hosts",
@@ -372,6 +372,8 @@ def _rollout_options(cfg: ExperimentConfig) -> dict | None:
     """The GRPO rollout engine's settings: the servers and timeouts for vllm-server, else `_vllm_options`."""
     if cfg.sampling.engine == "vllm-server":
         return cfg.sampling.server_options()
+    if cfg.sampling.engine == "hf":
+        return {"hf_compile": cfg.sampling.hf_compile}
     return _vllm_options(cfg)
 
 
@@ -559,7 +561,8 @@ def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, A
     run = _run_settings(cfg, engine="hf")
 
     def evaluate(model: Any, tokenizer: Any) -> dict[str, float]:
-        engine = HFEngine(model, tokenizer, batch_size=cfg.sampling.batch_size)
+        # the trained module itself, DeepSpeed's hooks on it: graphed only when asked for (docs/engines.md)
+        engine = HFEngine(model, tokenizer, batch_size=cfg.sampling.batch_size, compile=bool(cfg.sampling.hf_compile))
         res = evaluate_spec(engine, tokenizer, spec, run=run, problems=problems, eval_id="periodic")
         # `<name>_n` lets the G-reward-hacking guard tell a real drop from binomial noise.
         out = {"greedy_pass_at_1": res.summary["accuracy_greedy"], "greedy_pass_at_1_n": float(len(problems))}
@@ -715,7 +718,8 @@ def _run_settings(cfg: ExperimentConfig, engine: str | None = None):
     engine = "vllm" if engine == "vllm-server" else engine
     tp = cfg.sampling.vllm_tensor_parallel_size if engine == "vllm" else 1
     return RunSettings(engine=engine, dtype=cfg.model.dtype, batch_size=cfg.sampling.batch_size, tensor_parallel=tp,
-                       verifier_workers=cfg.eval.verifier_workers, verifier_timeout_s=cfg.eval.verifier_timeout_s)
+                       verifier_workers=cfg.eval.verifier_workers, verifier_timeout_s=cfg.eval.verifier_timeout_s,
+                       hf_compile=cfg.sampling.hf_compile)
 
 
 def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifact, *, eval_id: str = "base",

@@ -174,7 +174,8 @@ def test_config_rejects_bad_values_naming_the_field():
 
 # ------------------------------------------------------------------------ split update == unsplit update
 # Every loss aggregation x beta 0 / > 0 x full fine-tuning / LoRA; the ZeRO stage and the options rotate
-# over the cases (TIS and the Δlog p reweighting, two epochs: the second epoch's ratios are not 1).
+# over the cases (TIS and the Δlog p reweighting, two epochs: the second epoch's ratios are not 1). Packed
+# sequences (pack_sequences) in the token-budget split of the full fine-tuning cases.
 CASES = [(agg, beta, lora) for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
          for beta in (0.0, 0.1) for lora in (False, True)]
 EXTRAS = [{}, {"tis_cap": 1.5, "dlogp_reweight_c": 0.5}, {"epochs_per_step": 2}]
@@ -187,7 +188,9 @@ def test_micro_batches_give_the_unsplit_loss_gradient_and_weights(model_dir, i):
     base = dict(loss_agg=agg, beta=beta, lora_rank=4 if lora else 0, zero_stage=zero, **EXTRAS[i % 3])
     inputs = _inputs(model_dir, seed=i)
     want = run_update(model_dir, _cfg(**base, logprob_chunk_size=0), inputs)  # one pass, full vocabulary
-    for split in (dict(micro_batch_size=3), dict(max_tokens_per_micro_batch=40, logprob_chunk_size=7)):
+    # the token-budget split also packs its sequences (no padding) in every loss x beta case of full fine-tuning
+    for split in (dict(micro_batch_size=3),
+                  dict(max_tokens_per_micro_batch=40, logprob_chunk_size=7, pack_sequences=not lora)):
         cfg = _cfg(**base, **split)
         plan, _ = U.micro_batches(cfg, DataParallel.current(), inputs)
         assert len(plan) >= 3, plan
@@ -226,9 +229,22 @@ def test_an_empty_micro_batch_gives_zero_loss_and_zero_gradient(model_dir):
     assert all(torch.equal(got["weights"][n], before[n]) for n in before)
 
 
+def test_deepspeed_throughput_timer_is_off_for_the_sampled_module(model_dir):
+    """The hf engine samples `policy.module`; DeepSpeed's throughput timer starts in that module's forward
+    pre-hook and, past its start step, synchronises the device in every decode step (issue 41). It is off:
+    a forward past the start step leaves it unstarted (it would be started with DeepSpeed's default)."""
+    pol = _policy(model_dir, _cfg(zero_stage=0))
+    timer = pol.engine.tput_timer
+    timer.global_step_count = timer.start_step + 1
+    with torch.no_grad():
+        pol.module(input_ids=torch.tensor([[1, 2, 3]]))
+    assert timer.config.enabled is False and not getattr(timer, "started", False)
+
+
 # --------------------------------------------------------------------------------- chunked log-probs
-def _logprob_grads(model, batch, chunk: int, temperature: float = 1.0):
-    logp, ent = sequence_logprobs(model, batch, temperature=temperature, with_entropy=True, chunk_size=chunk)
+def _logprob_grads(model, batch, chunk: int, temperature: float = 1.0, pack: bool = False):
+    logp, ent = sequence_logprobs(model, batch, temperature=temperature, with_entropy=True, chunk_size=chunk,
+                                  pack=pack)
     mask = mask_from_lengths(batch["lengths"], logp.shape[1])
     w = torch.linspace(-1, 1, logp.numel()).reshape(logp.shape)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -252,12 +268,43 @@ def test_chunked_logprobs_and_entropy_equal_the_full_log_softmax(model_dir, tmp_
         # so logits can differ in the last bit from those of all positions at once: measured up to 4.8e-7 on
         # log-probs and 2.4e-6 on entropies. An entropy is a sum over the vocabulary (~5.7 here), so it is held
         # to 1e-6 relative to its size (~8 float32 ulps), the log-probs to 1e-6 absolute.
-        for chunk in (1, 3, 7, 4096):
-            lp, ent, _, g = _logprob_grads(model, batch, chunk, temperature)
+        # pack: several sequences per row, each attending only to itself
+        for chunk, pack in ((1, False), (3, False), (7, False), (4096, False), (3, True), (4096, True)):
+            lp, ent, _, g = _logprob_grads(model, batch, chunk, temperature, pack)
             assert float((lp - lp0).detach()[mask].abs().max()) <= 1e-6
             assert float(((ent - ent0) / ent0.abs().clamp(min=1.0))[mask].abs().max()) <= 1e-6
             for a, b in zip(g, g0):
                 assert float((a - b).norm() / b.norm().clamp(min=1e-12)) <= 1e-5
+
+
+def test_packing_puts_several_sequences_per_row_and_never_widens(model_dir):
+    """pack_sequences' layout: fewer rows of the padded width; each sequence's tokens at its offset with
+    position ids 0, 1, ...; the packed tokens never more than the padded batch's."""
+    from rlvr_core.grpo.logprobs import _packed
+
+    batch = _inputs(model_dir).batch
+    inputs, offsets = _packed(batch)
+    ids, pos = inputs["input_ids"].reshape(-1), inputs["position_ids"].reshape(-1)
+    assert inputs["attention_mask"] is None and inputs["input_ids"].shape[1] == batch["input_ids"].shape[1]
+    assert inputs["input_ids"].shape[0] < batch["input_ids"].shape[0]
+    for b, n in enumerate(batch["attention_mask"].sum(1).tolist()):
+        o = int(offsets[b])
+        assert torch.equal(ids[o:o + n], batch["input_ids"][b, :n]) and pos[o:o + n].tolist() == list(range(n))
+
+
+def test_chunked_entropy_is_not_recomputed_in_the_backward(model_dir, monkeypatch):
+    """The entropy of a chunk is a metric (no gradient): taken once in the forward, not again when the
+    backward recomputes the checkpointed chunk (issue 41), while the log-probs' gradient still flows."""
+    from rlvr_core.grpo import logprobs as L
+
+    calls = []
+    real = L._entropy
+    monkeypatch.setattr(L, "_entropy", lambda x: calls.append(x.shape[0]) or real(x))
+    model, batch = _load(model_dir), _inputs(model_dir).batch
+    n_tokens = int(mask_from_lengths(batch["lengths"], batch["targets"].shape[1]).sum())
+    lp, ent, mask, grads = _logprob_grads(model, batch, 3)
+    assert len(calls) == -(-n_tokens // 3) and sum(calls) == n_tokens  # one call per chunk: forward only
+    assert all(float(g.abs().max()) > 0 for g in grads[-1:]) and bool((ent[mask] > 0).all())
 
 
 def test_chunked_logprobs_in_bf16_stay_within_the_measured_bound(model_dir):
