@@ -37,7 +37,7 @@ MBPP_PROBLEMS = {
 
 # Answers the k-th call with the constant the caller compares against: the first LOAD_CONST after the call in the
 # code object of the frame that called (`_frame()` says how that frame is found).
-_FROM_CALLER = '''import dis, sys, inspect, gc
+_FROM_CALLER = '''import dis, sys, inspect
 def _expected(frame):
     after = [i for i in dis.get_instructions(frame.f_code) if i.offset > frame.f_lasti]
     return next(i.argval for i in after if i.opname in ("LOAD_CONST", "RETURN_CONST"))
@@ -52,12 +52,6 @@ _HOW = {
     "inspect.stack": "    return inspect.stack()[2].frame",
     "a traceback's frames": ("    try:\n        raise ZeroDivisionError\n    except ZeroDivisionError as e:\n"
                              "        return e.__traceback__.tb_frame.f_back.f_back"),
-    "gc (the frame among the objects)": ("    me = sys._getframe(1).f_code\n"
-                                         "    frames = [o for o in gc.get_objects() if type(o).__name__ == 'frame']\n"
-                                         "    frames += [f for f in [sys._getframe(2)] if f not in frames]\n"
-                                         "    return next(f for f in frames if f.f_back is not None"
-                                         " and f.f_code is not me and f.f_code.co_name != '_frame'"
-                                         " and f.f_lasti >= 0)"),
 }
 # The k-th call answers the k-th compared constant of the tests' code object, found without a frame: HumanEval's
 # `check` by name in the module, MBPP's module code through the first caller.
