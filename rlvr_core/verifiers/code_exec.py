@@ -292,12 +292,19 @@ class CodeVerifier:
         verdict_r, verdict_w = os.pipe()
         try:
             child = self._start_solution(private, solution, (calls_r, answers_w))
+        except BaseException:  # a pool worker lives long: no descriptor may leak on an `error` outcome
+            for fd in (calls_w, answers_r, verdict_r, verdict_w):
+                os.close(fd)
+            raise
         finally:
             os.close(calls_r)
             os.close(answers_w)
         with child:
             try:
                 tests = self._start_tests(private, spec_path, (calls_w, answers_r, verdict_w))
+            except BaseException:
+                os.close(verdict_r)
+                raise
             finally:
                 for fd in (calls_w, answers_r, verdict_w):
                     os.close(fd)

@@ -197,7 +197,10 @@ class MathVerifier:
             return [] if self.mode == "boxed" else self._parse(response)
         if len(final.text) > MAX_ANSWER_CHARS:
             raise ValueError(f"the final answer has {len(final.text)} characters (more than {MAX_ANSWER_CHARS})")
-        return self._parse_box(final.text) if final.from_boxes else self._parse(final.text)
+        if final.from_boxes:
+            return self._parse_box(final.text)
+        # A "final answer" sentence that states nothing ("This is our final answer.") leaves the boxes as the answer.
+        return self._parse(final.text) or self.extract(response, final_answer(response, statements=False))
 
     def _parse_box(self, content: str) -> list[Any]:
         return self._mv.parse("\\boxed{" + content + "}", extraction_config=[self._mv.LatexExtractionConfig()],

@@ -94,6 +94,7 @@ ONE_ANSWER = [  # (response, gold): the final answer is right, and scores 1
     ("The blank in $3 + \\boxed{\\phantom{2}} = 5$ is \\boxed{2}.", "2"),
     ("We want $\\boxed{\\phantom{00}} \\times 4 = 12$, so the box holds $\\boxed{3}$.", "3"),
     ("In the figure $\\boxed{\\ }$ is empty; the answer is \\boxed{7}.", "7"),
+    ("So the answer is \\boxed{7}. This is our final answer.", "7"),
     ("We got \\boxed{4} for the first part. Checking again, it is 5.\n\nSo the answer is \\boxed{5}.", "5"),
 ]
 STILL_ZERO = [  # hedges inside the final answer
