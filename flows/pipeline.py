@@ -40,6 +40,7 @@ from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core.progress import Progress
 from rlvr_core.data.templates import get_template
 from rlvr_core.eval.compare import compare, from_tables, write_report
+from rlvr_core.eval.evaluate import regression_flag
 from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, load_config, parse_config
 from rlvr_core.experiment.guard_coverage import guard_coverage
 from rlvr_core.experiment.secrets import unseal
@@ -177,10 +178,12 @@ def _run(cfg: ExperimentConfig, run: _Run, progress: Progress, eval_base: bool, 
         try:
             trained, exported, trained_eval = _train(cfg, run, data, model, curriculum, progress, in_process,
                                                      reference)
-        except BaseException:
+        except BaseException as err:
             try:
-                _record_stopped(cfg, run, _Evals(data, model, passrates, curriculum, base_eval, None, None, None),
-                                progress, t0)
+                stopped = _record_stopped(cfg, run, _Evals(data, model, passrates, curriculum, base_eval, None,
+                                                           None, None), progress, t0)
+                if stopped is not None:  # what the CLI's one-line stop message names (rlvr_cli/stops.py)
+                    err.rlvr_stopped = stopped
             except Exception as exc:  # noqa: BLE001 - the stage's own error is the one to raise
                 progress("record", f"could not record the stopped run: {type(exc).__name__}: {exc}")
             raise
@@ -269,6 +272,11 @@ def _record(cfg: ExperimentConfig, run: _Run, ev: _Evals, progress: Progress, t0
     if ev.base_eval and ev.trained_eval:
         comparison = compare(from_tables(ev.base_eval.samples, ev.base_eval.metrics, "base", "base"),
                              from_tables(ev.trained_eval.samples, ev.trained_eval.metrics, "trained", "trained"))
+        benchmark = ev.base_eval.summary["benchmark"]
+        flag = regression_flag(_comparison_summary(comparison, benchmark)["accuracy_greedy"], benchmark)
+        if flag:  # with the evaluation's own flags: summary, report, warehouse health_events, the CLI's WARNING
+            ev.trained_eval.summary["flags"] = [*(ev.trained_eval.summary.get("flags") or []), flag]
+            progress("compare", f"flag {flag['reason']}")
     summary = _summary(cfg, run, ev, comparison, t0)
     with tempfile.TemporaryDirectory(prefix="rlvr-attach-") as tmp:
         folders = {}
@@ -320,6 +328,7 @@ def _summary(cfg: ExperimentConfig, run: _Run, ev: _Evals, comparison, t0: float
                        "manifest_sha256": ev.exported.manifest_sha256}} if ev.exported else {}),
         **({"comparison": _comparison_summary(comparison, base.summary["benchmark"])} if comparison else {}),
         "eval": {k: v for k, v in (base or head).summary.items() if k != "passk"},
+        **({"trained_eval": {k: v for k, v in trained.summary.items() if k != "passk"}} if trained else {}),
         # Every evaluation over a limit (G-verifier-error, G-truncation), the evaluation named.
         "eval_flags": [{"eval_id": name, **f} for name, e in (("base", base), ("trained", trained)) if e
                        for f in e.summary.get("flags") or []],
@@ -339,15 +348,17 @@ def _summary(cfg: ExperimentConfig, run: _Run, ev: _Evals, comparison, t0: float
     }
 
 
-def _record_stopped(cfg: ExperimentConfig, run: _Run, ev: _Evals, progress: Progress, t0: float) -> None:
+def _record_stopped(cfg: ExperimentConfig, run: _Run, ev: _Evals, progress: Progress,
+                    t0: float) -> dict[str, Any] | None:
     """A serious guard stopped training (G-collapse, G-entropy, G-kl-explosion): record what the run has (its
     steps, health events, the trainer's summary, the base evaluation if any) under the `collapsed` tag with
     status FAILED, so that the warehouse's collapsed runs, the report and the MLflow run say why it stopped.
     Nothing is exported: the trainer kept no checkpoint of the bad state. Any other failure records nothing
-    here (the flow run and the MLflow run fail with it)."""
+    here (the flow run and the MLflow run fail with it). Returns the stopped run's summary, None when training
+    was not stopped by a guard."""
     stopped = stages.stopped_training(cfg, ev.model, ev.curriculum)
     if stopped is None:
-        return
+        return None
     folder, train_summary = stopped
     trained = stages.TrainArtifact(ev.model, str(folder / STEPS_FILE), str(folder), False, train_summary)
     summary = {"mlflow_run_id": run.run_id, "experiment": cfg.tracking.experiment, "kind": run.kind, **run.sweep,
@@ -374,6 +385,8 @@ def _record_stopped(cfg: ExperimentConfig, run: _Run, ev: _Evals, progress: Prog
                    "artifact_uri": summary["artifact_uri"]}, texts={"report.md": report_md})
     progress("record", f"training stopped by a guard at step {summary['stopped_at_step']} ({reasons}); "
                        f"recorded at {run.store.url(run.prefix)}")
+    return {**summary, "reasons": reasons, "report": run.store.url(f"{run.prefix}/report.md"),
+            "train_folder": str(folder)}
 
 
 def _run_row(cfg: ExperimentConfig, run: _Run, ev: _Evals, t0: float) -> dict[str, Any]:

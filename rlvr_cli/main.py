@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import typer
 
+from rlvr_cli import stops
 from rlvr_cli.artifacts import artifacts_app
 from rlvr_cli.common import fail as _fail
 from rlvr_cli.common import parse_sets as _parse_sets
@@ -66,21 +67,34 @@ def demo(
     set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set eval.max_problems=50"),
     json_out: bool = typer.Option(False, "--json", help="end with one line holding a JSON summary"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="full tracebacks on the terminal (they are always in $RLVR_HOME/logs/)"),
 ) -> None:
-    """Run the whole pipeline for real on a tiny model it builds itself (CPU, embedded stack)."""
+    """Run the whole pipeline for real on a tiny model it builds itself (CPU, embedded stack).
+
+    Exit codes: 0 done, 2 a bad config or command line (nothing ran), 3 a guard stopped the run (one line says
+    which, at what step and what to change), 1 anything else."""
     try:
         cfg = _load(config, set_)  # before any expensive import or any run is created
     except ConfigError as e:
         _fail(str(e))
-    settings.configure_environment()
+    paths = settings.configure_environment()
     from flows.pipeline import pipeline_flow
 
+    log = stops.route_logs(paths.home, "demo", verbose)
     # The pipeline flow of `prefect deployment run`, with the base model evaluated for the paired comparison,
     # and training and evaluation in this process (a child process per stage would only add start-up time).
     # Progress lines go to this terminal, not through Prefect's run logger (which `log_prints` would use).
-    summary = pipeline_flow.with_options(log_prints=False)(
-        cfg.resolved(), kind="demo", eval_base=True, in_process=True, show_progress=not quiet,
-        source=str(config or "<demo defaults>"))
+    try:
+        summary = pipeline_flow.with_options(log_prints=False)(
+            cfg.resolved(), kind="demo", eval_base=True, in_process=True, show_progress=not quiet,
+            source=str(config or "<demo defaults>"))
+    except Exception as err:
+        stops.log_exception(log, err)
+        lines = stops.stop_lines(err, cfg, "demo", log)
+        if lines is None:
+            raise
+        stops.fail_stopped(lines, err if verbose else None)
     _print_summary(summary)
     if json_out:
         print(json.dumps(summary, default=str), flush=True)
@@ -120,6 +134,13 @@ def passk(
         print(json.dumps(summary, default=str), flush=True)
 
 
+def _evaluations(s: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, evaluation summary) of each evaluation the run made: the base model's, the trained one's."""
+    if "trained_eval" not in s:
+        return [("base model" if "base_pass_at_1" in s else "evaluation", s["eval"])]
+    return ([("base model", s["eval"])] if "base_pass_at_1" in s else []) + [("after GRPO", s["trained_eval"])]
+
+
 def _print_summary(s: dict[str, Any]) -> None:
     lo, hi = s["base_pass_at_1_ci95"]
     pk = s["base_pass_at_k"]
@@ -143,8 +164,9 @@ def _print_summary(s: dict[str, Any]) -> None:
     lines += [
         f"  training prompts measured: {pr['n_problems']} × {pr['n_samples']} samples; mean pass rate {pr['mean_pass_rate']:.3f}; "
         f"kept for training {pr['n_kept']} (never solved {pr['never_solved']}, always solved {pr['always_solved']})",
-        f"  truncated completions: {s['eval']['truncation_share']:.1%}; verifier errors/timeouts: "
-        f"{s['eval']['verifier_error_share']:.1%}/{s['eval']['verifier_timeout_share']:.1%}",
+        *[f"  {who}: truncated completions {e['truncation_share']:.1%}; verifier errors/timeouts "
+          f"{e['verifier_error_share']:.1%}/{e['verifier_timeout_share']:.1%}"
+          for who, e in _evaluations(s)],
         *[f"  WARNING {f['eval_id']} evaluation: {f['reason']}" for f in s.get("eval_flags") or []],
         *([f"  numerics: {s['numerics']['torch_threads']} torch thread(s), CPU {s['numerics']['cpu_capability']} "
            "(with the seed, these fix the numbers: compare runs on equal settings)"] if s.get("numerics") else []),

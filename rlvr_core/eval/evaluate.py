@@ -192,6 +192,21 @@ def eval_flags(metric_rows: list[dict[str, Any]], limits: EvalLimits) -> list[di
     return flags
 
 
+def regression_flag(greedy_delta: dict[str, Any] | None, benchmark: str) -> dict[str, Any] | None:
+    """G-regression: the trained model is worse than its base on the same problems beyond the paired 95 %
+    interval (trained − base greedy accuracy, `ci_high` < 0). The flag in eval_flags' form, or None. A run can
+    pass every training guard and still come out worse than it went in (a learning rate that wrecks the model
+    slowly, a reward that pays for the wrong thing): the numbers say so, and so should the summary."""
+    d = greedy_delta
+    if not d or d.get("ci_high") is None or not d["ci_high"] < 0:
+        return None
+    return {"guard_id": "G-regression", "benchmark": benchmark, "metric": "accuracy_greedy_delta",
+            "value": d["delta"], "n": d["n"], "limit": 0.0,
+            "reason": f"G-regression: {benchmark}: the trained model is worse than its base by "
+                      f"{-100 * d['delta']:.1f} points of greedy accuracy (paired 95% CI {100 * d['ci_low']:+.1f} "
+                      f"to {100 * d['ci_high']:+.1f}, n={d['n']})"}
+
+
 # --------------------------------------------------------------------------------------------- results
 @dataclass
 class BenchmarkResult:

@@ -146,7 +146,8 @@ class PromptConfig(_Strict):
     allow_kind_mismatch: bool = Field(False, description="use a template whose kind differs from model.kind on "
                                       "purpose (e.g. a raw 'Question: ...' prompt on a chat model, as zero-RL recipes "
                                       "do); the stages then log the mismatch and write it to the run summary instead "
-                                      "of refusing the config (G-chat-template)")
+                                      "of refusing the config (G-chat-template). A chat template on a base model is "
+                                      "refused even so: a base tokenizer cannot render it")
 
     @field_validator("template")
     @classmethod
@@ -671,10 +672,18 @@ class ExperimentConfig(_Strict):
         """G-chat-template: a chat template on a base model (or a raw one on a chat model) is refused here,
         before any work, unless `prompt.allow_kind_mismatch` says it is deliberate."""
         kind = get_template(self.prompt.template).kind
+        why = None
         if kind != self.model.kind and not self.prompt.allow_kind_mismatch:
             why = (f"template {self.prompt.template!r} is for {kind} models but model.kind is {self.model.kind!r} "
                    f"(G-chat-template): use a {self.model.kind} template, or set prompt.allow_kind_mismatch: true "
                    "if this is deliberate")
+        elif kind == "chat" and self.model.kind == "base":
+            # The opt-out covers a raw prompt on a chat model (zero-RL recipes). A chat template is rendered through
+            # the model's own chat template, which a base model's tokenizer does not have: nothing could render it.
+            why = (f"template {self.prompt.template!r} is a chat template and model.kind is 'base' (G-chat-template): "
+                   "a base model's tokenizer has no chat template to render it, so prompt.allow_kind_mismatch "
+                   "cannot allow it (it allows a base template on a chat model); use a base template such as 'qa'")
+        if why:
             raise ValidationError.from_exception_data("ExperimentConfig", [InitErrorDetails(
                 type=PydanticCustomError("value_error", why), loc=("prompt", "template"), input=self.prompt.template)])
         return self

@@ -82,8 +82,13 @@ class Firing:
 class CollapseConfig:
     """G-collapse: at least `min_signals` of the signals below over the trailing `window` steps.
 
-    Baselines are medians over the first `baseline_steps` steps; nothing is evaluated before
-    `baseline_steps + window` steps, so the window never overlaps the baseline.
+    Two kinds of baseline. The base model's own numbers on the prompts each step drew (the step row's
+    `base/reward_mean`, `base/truncation_share`, `base/completion_len_mean`, from the pass-rate table measured
+    before training) are the reward, truncation and length baselines when present: those signals are evaluated
+    from step `window` on, so a run that departs from its base from the first step is stopped within its first
+    window. The other baselines (grad norm, entropy, unique share: no base measurement) are medians over the
+    run's first `baseline_steps` steps and join from step `baseline_steps + window` on, so their window never
+    overlaps their baseline. Without base columns every baseline is the run's own first steps.
     """
 
     window: int = 5
@@ -93,7 +98,8 @@ class CollapseConfig:
     rearm_steps: int | None = None            # None = window
     # grad norm (pre-clip): window max >= factor x baseline median (inf counts). Healthy: <= 2.4x.
     grad_norm_factor: float = 5.0
-    # reward: window median <= rel x the peak window median so far, once that peak was >= peak_min.
+    # reward: window median <= rel x the reference, once the reference is >= peak_min. Reference: the larger of
+    # the peak window median so far and the base model's expected reward on the window's prompts.
     reward_rel_floor: float = 0.25
     reward_peak_min: float = 0.05
     # completion length (median column if present, else mean): window median <= abs or rel x baseline.
@@ -175,7 +181,14 @@ class KLExplosionConfig:
     # >= drift_mean_limit or window max drift/kl_max >= drift_max_limit. None: not watched.
     drift_mean_limit: float | None = 0.5
     drift_max_limit: float | None = 100.0
-    serious: bool = False
+    serious: bool = False                     # True: every episode stops the run
+    # A sustained explosion (window median kl_ref_mean >= mean_limit, not one max spike) stops the run without
+    # `serious` when the rollouts show the collapse with it: window median truncated share >=
+    # evidence_truncation_share (and above the base model's on the same prompts when known), or window median
+    # zero-reward-variance group share >= evidence_zero_var_share. Fires once per episode, key "collapse".
+    serious_on_collapse: bool = True
+    evidence_truncation_share: float = 0.5
+    evidence_zero_var_share: float = 0.9
     rearm_steps: int | None = None
 
 
@@ -311,29 +324,33 @@ def _collapse_signals(rows: Sequence[Mapping[str, Any]], i: int, cfg: CollapseCo
                             "text": f"grad_norm max {_fmt(gmax)} = {_fmt(gmax / gbase)}x its early median "
                                     f"{_fmt(gbase)} (limit {cfg.grad_norm_factor:g}x)"}
 
-    rmed, peak = _median(win, "reward_mean"), state["reward_peak"]
-    if rmed is not None and peak is not None and peak >= cfg.reward_peak_min:
-        out["reward"] = {"window_median": rmed, "peak_window_median": peak, "rel_floor": cfg.reward_rel_floor,
-                         "fired": rmed <= cfg.reward_rel_floor * peak,
-                         "text": f"reward median {_fmt(rmed)} after a peak of {_fmt(peak)} "
-                                 f"(floor {cfg.reward_rel_floor:g}x the peak)"}
+    rmed, peak, rbase = _median(win, "reward_mean"), state["reward_peak"], state["reward_base"]
+    ref = max((x for x in (peak, rbase) if x is not None), default=None)
+    if rmed is not None and ref is not None and ref >= cfg.reward_peak_min:
+        against = (f"the base model's {_fmt(ref)} on the same prompts" if ref == rbase
+                   else f"a peak of {_fmt(ref)}")
+        out["reward"] = {"window_median": rmed, "peak_window_median": peak, "base_expected": rbase,
+                         "reference": ref, "rel_floor": cfg.reward_rel_floor,
+                         "fired": rmed <= cfg.reward_rel_floor * ref,
+                         "text": f"reward median {_fmt(rmed)} against {against} "
+                                 f"(floor {cfg.reward_rel_floor:g}x that)"}
 
-    lkey = state["len_key"]
+    lkey, src = state["len_key"], state["source"]
     lmed, lbase = _median(win, lkey), base.get(lkey)
     if lmed is not None:
         floor = cfg.len_abs_floor if lbase is None else max(cfg.len_abs_floor, cfg.len_rel_floor * lbase)
         what = "median" if lkey == "completion_len_median" else "mean"
         out["completion_len"] = {"column": lkey, "window_median": lmed, "baseline_median": lbase,
                                  "floor": floor, "fired": lmed <= floor,
-                                 "text": f"{what} completion length {_fmt(lmed)} tokens vs early {_fmt(lbase)} "
+                                 "text": f"{what} completion length {_fmt(lmed)} tokens vs {src} {_fmt(lbase)} "
                                          f"(floor {_fmt(floor)}: {cfg.len_abs_floor:g} tokens or "
-                                         f"{cfg.len_rel_floor:g}x early)"}
+                                         f"{cfg.len_rel_floor:g}x that)"}
 
     tmed, tbase = _median(win, "truncation_share"), base.get("truncation_share")
     if tmed is not None and tbase is not None and tbase <= cfg.truncation_baseline_max:
         out["truncation"] = {"window_median": tmed, "baseline_median": tbase, "limit": cfg.truncation_share_max,
                              "fired": tmed >= cfg.truncation_share_max,
-                             "text": f"truncated share {_fmt(tmed)} vs early {_fmt(tbase)} "
+                             "text": f"truncated share {_fmt(tmed)} vs {src} {_fmt(tbase)} "
                                      f"(limit {cfg.truncation_share_max:g})"}
 
     emed, ebase = _median(win, "entropy"), base.get("entropy")
@@ -363,30 +380,53 @@ def _collapse_signals(rows: Sequence[Mapping[str, Any]], i: int, cfg: CollapseCo
     return out
 
 
+# The step row's base-model columns (the pass-rate table's numbers on the prompts the step drew) and the
+# collapse baseline each one stands for.
+BASE_COLUMNS = {"reward_mean": "base/reward_mean", "truncation_share": "base/truncation_share",
+                "completion_len_mean": "base/completion_len_mean"}
+_BASE_SIGNALS = ("reward", "truncation", "completion_len")
+_OWN_BASELINE = ("grad_norm", "completion_len_mean", "completion_len_median", "truncation_share", "entropy",
+                 "unique_frac_mean")
+
+
+def base_window(rows: Sequence[Mapping[str, Any]], i: int, window: int) -> dict[str, float] | None:
+    """Medians of the base-model columns over the window ending at row i; None when the rows carry no
+    base reward (no pass-rate table, or a run recorded before these columns existed)."""
+    win = rows[max(0, i - window + 1):i + 1]
+    out = {k: _median(win, col) for k, col in BASE_COLUMNS.items()}
+    return None if out["reward_mean"] is None else {k: v for k, v in out.items() if v is not None}
+
+
 class _CollapseScan:
     guard_id = GUARD_COLLAPSE
 
     def __init__(self, cfg: CollapseConfig) -> None:
         self.cfg = cfg
         self.ep = _Episodes(cfg.rearm_steps or cfg.window)
-        self.state: dict[str, Any] = {"base": None, "reward_peak": None, "len_key": "completion_len_mean"}
+        self.own: dict[str, float | None] | None = None  # medians over the run's first baseline_steps steps
+        self.reward_peak: float | None = None
 
     def step(self, rows: Sequence[Mapping[str, Any]], i: int) -> list[Firing]:
         cfg, W, B = self.cfg, self.cfg.window, self.cfg.baseline_steps
         if i + 1 >= W:  # running peak of the trailing-window reward median (includes the baseline region)
             m = _median(rows[i - W + 1:i + 1], "reward_mean")
-            if m is not None and (self.state["reward_peak"] is None or m > self.state["reward_peak"]):
-                self.state["reward_peak"] = m
-        if i + 1 < B + W:
+            if m is not None and (self.reward_peak is None or m > self.reward_peak):
+                self.reward_peak = m
+        ext = base_window(rows, i, W) if i + 1 >= W else None
+        if i + 1 < B + W and ext is None:
             return []
-        if self.state["base"] is None:
-            head = rows[:B]
-            if _values(head, "completion_len_median"):
-                self.state["len_key"] = "completion_len_median"
-            self.state["base"] = {k: _median(head, k) for k in ("grad_norm", "completion_len_mean",
-                                                                  "completion_len_median", "truncation_share",
-                                                                  "entropy", "unique_frac_mean")}
-        sig = _collapse_signals(rows, i, cfg, self.state)
+        if i + 1 >= B + W and self.own is None:
+            self.own = {k: _median(rows[:B], k) for k in _OWN_BASELINE}
+        base = dict(self.own or {})
+        len_key = "completion_len_median" if base.get("completion_len_median") is not None else "completion_len_mean"
+        if ext is not None:  # the base model's numbers on the same prompts replace the run's own first steps
+            base.update(ext)
+            len_key = "completion_len_mean"
+        state = {"base": base, "reward_peak": self.reward_peak, "len_key": len_key,
+                 "reward_base": (ext or {}).get("reward_mean"), "source": "base" if ext is not None else "early"}
+        sig = _collapse_signals(rows, i, cfg, state)
+        if self.own is None:  # before the run's own baselines exist: only the signals the base model backs
+            sig = {k: v for k, v in sig.items() if k in _BASE_SIGNALS}
         fired = [k for k, v in sig.items() if v["fired"]]
         if not self.ep.update(len(fired) >= cfg.min_signals):
             return []
@@ -395,6 +435,7 @@ class _CollapseScan:
         reason = (f"{GUARD_COLLAPSE} at step {step}: {len(fired)} collapse signals over steps {first}-{step} "
                   f"(need {cfg.min_signals}): " + "; ".join(sig[k]["text"] for k in fired))
         evidence = {"signals": fired, "window": [first, step],
+                    "baseline": "base model on the same prompts" if ext is not None else f"first {B} steps",
                     **{k: {kk: vv for kk, vv in v.items() if kk != "text"} for k, v in sig.items()}}
         return [Firing(GUARD_COLLAPSE, step, cfg.serious, reason, evidence)]
 
@@ -459,6 +500,7 @@ class _KLScan:
     def __init__(self, cfg: KLExplosionConfig) -> None:
         self.cfg = cfg
         self.ep = _Episodes(cfg.rearm_steps or cfg.window)
+        self.ep_collapse = _Episodes(cfg.rearm_steps or cfg.window)
 
     def step(self, rows: Sequence[Mapping[str, Any]], i: int) -> list[Firing]:
         cfg, W = self.cfg, self.cfg.window
@@ -469,23 +511,46 @@ class _KLScan:
         hit_mean = kmean is not None and kmean >= cfg.mean_limit
         hit_max = kmax is not None and kmax >= cfg.max_limit
         drift = self._drift(win) if kmean is None and kmax is None else None
-        if not self.ep.update(hit_mean or hit_max or bool(drift and drift["hit"])):
+        evidence = self._collapse_evidence(win) if hit_mean and cfg.serious_on_collapse and not cfg.serious else None
+        new_ep = self.ep.update(hit_mean or hit_max or bool(drift and drift["hit"]))
+        new_serious = self.ep_collapse.update(evidence is not None)
+        if not (new_ep or new_serious):
             return []
         step, first = _step(rows, i), _step(rows, i - W + 1)
         if drift is not None:
             reason = (f"{GUARD_KL_EXPLOSION} at step {step}: no reference model; over steps {first}-{step} the "
                       f"per-update drift/kl_mean median {_fmt(drift['mean'])} (limit {_fmt(cfg.drift_mean_limit)}), "
                       f"drift/kl_max {_fmt(drift['max'])} (limit {_fmt(cfg.drift_max_limit)})")
-            evidence = {"drift_kl_mean_window_median": drift["mean"], "drift_kl_max_window_max": drift["max"],
-                        "drift_mean_limit": cfg.drift_mean_limit, "drift_max_limit": cfg.drift_max_limit,
-                        "window": [first, step]}
-            return [Firing(GUARD_KL_EXPLOSION, step, cfg.serious, reason, evidence)]
+            ev = {"drift_kl_mean_window_median": drift["mean"], "drift_kl_max_window_max": drift["max"],
+                  "drift_mean_limit": cfg.drift_mean_limit, "drift_max_limit": cfg.drift_max_limit,
+                  "window": [first, step]}
+            return [Firing(GUARD_KL_EXPLOSION, step, cfg.serious, reason, ev)]
         reason = (f"{GUARD_KL_EXPLOSION} at step {step}: over steps {first}-{step} kl_ref_mean median "
                   f"{_fmt(kmean)} (limit {cfg.mean_limit:g}), kl_ref_max {_fmt(kmax)} (limit {cfg.max_limit:g})")
-        evidence = {"kl_ref_mean_window_median": kmean, "kl_ref_max_window_max": kmax, "mean_limit": cfg.mean_limit,
-                    "max_limit": cfg.max_limit, "window": [first, step]}
-        return [Firing(GUARD_KL_EXPLOSION, step, cfg.serious, reason, evidence)]
+        ev = {"kl_ref_mean_window_median": kmean, "kl_ref_max_window_max": kmax, "mean_limit": cfg.mean_limit,
+              "max_limit": cfg.max_limit, "window": [first, step]}
+        if evidence is not None:
+            reason += f", with the rollouts collapsing: {evidence['text']}"
+            ev["collapse_evidence"] = {k: v for k, v in evidence.items() if k != "text"}
+        # The first firing of an episode is serious when the evidence is there already; evidence that comes
+        # later inside the episode escalates it once (key "collapse").
+        key = "collapse" if (new_serious and not new_ep) else ""
+        return [Firing(GUARD_KL_EXPLOSION, step, cfg.serious or evidence is not None, reason, ev, key)]
 
+    def _collapse_evidence(self, win: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+        """What in the window's rollouts shows the policy collapsing with the KL (None: nothing)."""
+        cfg, out = self.cfg, []
+        tmed, tbase = _median(win, "truncation_share"), _median(win, BASE_COLUMNS["truncation_share"])
+        if tmed is not None and tmed >= cfg.evidence_truncation_share and (tbase is None or tmed > 2 * tbase):
+            out.append(f"truncated share {_fmt(tmed)}" + (f" (base model {_fmt(tbase)})" if tbase is not None else "")
+                       + f" >= {cfg.evidence_truncation_share:g}")
+        zmed = _median(win, "zero_var_group_share")
+        if zmed is not None and zmed >= cfg.evidence_zero_var_share:
+            out.append(f"zero-reward-variance groups {_fmt(zmed)} >= {cfg.evidence_zero_var_share:g}")
+        if not out:
+            return None
+        return {"truncation_share_window_median": tmed, "base_truncation_share": tbase,
+                "zero_var_group_share_window_median": zmed, "text": "; ".join(out)}
 
     def _drift(self, win: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         """The beta-0 drift columns over the window (None when none was measured)."""

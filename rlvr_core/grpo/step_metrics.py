@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from rlvr_core.grpo.update import UpdateResult
 
 __all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "step_row", "rollout_sample_rows", "StepGuards",
-           "non_finite_loss", "progress_line", "verifier_hang_line", "_summary"]
+           "non_finite_loss", "progress_line", "verifier_hang_line", "_summary", "base_columns"]
 
 NON_FINITE_LOSS = "non_finite_loss"  # the episode key (and summary tag) of a stop for a non-finite loss
 STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang",
@@ -165,6 +165,20 @@ def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch"
     if cfg.tis_cap is not None:
         row.update({k: first[k] for k in ("tis/weight_mean", "tis/clipped_share")})
     return row
+
+
+def base_columns(base: Mapping[str, Mapping[str, float]] | None, rows: list[dict], data_pos: int,
+                 n_groups: int) -> dict[str, float]:
+    """The base model's numbers on the prompts this step drew (curriculum positions data_pos .. data_pos +
+    n_groups - 1, cycled), from the pass-rate table measured before training: `base/reward_mean` (its mean pass
+    rate there), `base/truncation_share`, `base/completion_len_mean`. What G-collapse compares the step's own
+    reward_mean, truncation_share and completion_len_mean with. {} without a table or when no drawn prompt is
+    in it; a prompt missing from it is left out of the means."""
+    if not base or not rows:
+        return {}
+    known = [b for b in (base.get(rows[(data_pos + k) % len(rows)]["id"]) for k in range(n_groups)) if b]
+    return {f"base/{k}": sum(b[k] for b in known) / len(known)
+            for k in ("reward_mean", "truncation_share", "completion_len_mean") if known and all(k in b for b in known)}
 
 
 def rollout_sample_rows(cfg: GRPOConfig, dp: DataParallel, *, step: int, data_pos: int, rollouts: "RolloutBatch",

@@ -63,7 +63,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import yaml
@@ -82,10 +82,10 @@ from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutd
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
-from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, _summary, progress_line,
-                                         rollout_sample_rows, step_flags, step_row, verifier_hang_line)
-from rlvr_core.grpo.update import (Policy, build_batch, build_policy, ds_config, load_policy_model, sequence_logprobs,
-                                   train_inputs, update_policy)
+from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, _summary, base_columns,
+                                         progress_line, rollout_sample_rows, step_flags, step_row, verifier_hang_line)
+from rlvr_core.grpo.update import (Policy, build_batch, build_policy, ds_config, load_policy_model, sampled_kl,
+                                   sequence_logprobs, train_inputs, update_policy)
 
 # Names that lived here before the phases got their own modules; callers and tests import them from here.
 # (get_advantage, grpo_loss and launch_world_size above are looked up in this module at call time, so a
@@ -152,7 +152,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                stop_after_steps: int | None = None,
                evaluate: Callable[[Any, Any], dict[str, float]] | None = None, engine: str = "hf",
                engine_options: dict | None = None, on_step: Callable[[dict], None] | None = None,
-               base_eval: dict[str, float] | None = None) -> GRPOResult:
+               base_eval: dict[str, float] | None = None,
+               base_rollouts: Mapping[str, Mapping[str, float]] | None = None) -> GRPOResult:
     """Train the policy in `base_model_dir` with GRPO on the curriculum; see the module docstring.
 
     Resumes from `out_dir/checkpoints` when it holds a checkpoint. `stop_after_steps` ends this call
@@ -166,7 +167,9 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     `final_model_dir` exists only when all `cfg.steps` steps are done. `reward` says how completions are scored
     (verifier, mode, worker processes, time limit, what a timeout scores, the G-verifier-hang threshold).
     `base_eval` ({name: value} of the base model, on what `evaluate` scores) is G-reward-hacking's reference
-    point; without it the first eval point is.
+    point; without it the first eval point is. `base_rollouts` ({prompt id: {"reward_mean", "truncation_share",
+    "completion_len_mean"}}, the pass-rate table's numbers for the base model) gives every step row the base's
+    numbers on the prompts that step drew (`base/*` columns), G-collapse's baselines from the first step.
 
     Under a launcher every rank calls this with the same arguments; P must be divisible by the world
     size. Rank 0 alone calls `progress` and `evaluate` and writes steps/summary/final model; every rank
@@ -176,6 +179,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                  reward=reward, max_new_tokens=max_new_tokens, seed=seed,
                  progress=progress, stop_after_steps=stop_after_steps, evaluate=evaluate, engine=engine,
                  engine_options=engine_options, base_eval=base_eval)
+    run.base_rollouts = base_rollouts
     policy, state, dp, say = run.policy, run.state, run.policy.dp, run.say
     ahead = None
     try:
@@ -196,6 +200,10 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                                   device=policy.device)
             upd = update_policy(policy, cfg, inputs, loss_fn=grpo_loss, step=step, norm_len=run.norm_len,
                                 guard_tol=run.guard_tol)
+            kl_sampled = upd.has_reference and upd.n_tokens == 0
+            if kl_sampled:  # nothing trained: the KL to the reference of what was sampled
+                upd.metrics.update(sampled_kl(policy, cfg, rollouts, tokenizer=run.tok,
+                                              sampler=run.rollout_engine.sampler, device=policy.device))
             t_sync = 0.0
             if ahead is not None:
                 # The weight sync: the version this step made, for the step that samples with it (collective
@@ -215,6 +223,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             times = StepTimes(t3 - t0, rollouts.t_rollout_s, t2 - t0 - rollouts.t_rollout_s, t3 - t2, t_sync)
             row = step_row(cfg, step=step, epoch=epoch, rollouts=rollouts, upd=upd, times=times, flags=flags,
                            buffer=run.collector.buffer_columns() if ahead is not None else None)
+            row.update(base_columns(run.base_rollouts, run.rows, state.data_pos, rollouts.n_groups),
+                       kl_ref_from_samples=int(kl_sampled))
             _evaluate(run, row, step)
             state.step_rows.append(row)
             # 6. guards: the run-level detectors; one stop decision for every rank (eval/* exist on rank 0 only)
@@ -254,6 +264,7 @@ class _Run:
     say: Callable[[str], None]       # progress on rank 0, nothing elsewhere
     evaluate: Callable[[Any, Any], dict[str, float]] | None
     t_start: float
+    base_rollouts: Mapping[str, Mapping[str, float]] | None = None  # the base model's numbers per prompt id
 
     def close(self) -> None:
         self.pool.close()

@@ -379,28 +379,51 @@ class TrainInputs:
     n_seqs: int                      # completions trained this step, all ranks (the sequence normaliser)
 
 
-def train_inputs(rollouts: "RolloutBatch", adv_all: torch.Tensor, *, tokenizer: Any, sampler: Any,
-                 device: torch.device) -> TrainInputs:
-    """The trained groups this rank holds (`rollouts.mine()`), with their rows of the (K, M) advantages."""
-    mine = rollouts.mine()
-    samples = [x for _, g in mine for x in g.samples]
-    adv = (torch.cat([adv_all[j, :len(g.samples)] for j, g in mine]) if mine else torch.zeros(0)).to(device)
+def _groups_batch(groups: list, tokenizer: Any, sampler: Any, device: torch.device):
+    """(batch, rollout log-probs (B, T), mask) of these groups' completions on `device`; with no group, one
+    empty completion (mask all False), so the forwards and their collectives still run on this rank."""
+    samples = [x for g in groups for x in g.samples]
     if samples:
         # Prompt tokens exactly as the engine encoded them (same tokenizer call and flag).
-        enc = [tokenizer(g.prompt, add_special_tokens=sampler.add_special_tokens)["input_ids"] for _, g in mine]
-        batch = build_batch([e for e, (_, g) in zip(enc, mine) for _ in g.samples],
+        enc = [tokenizer(g.prompt, add_special_tokens=sampler.add_special_tokens)["input_ids"] for g in groups]
+        batch = build_batch([e for e, g in zip(enc, groups) for _ in g.samples],
                             [x.token_ids for x in samples], sampler.pad_token_id)
         old_rows = [x.logprobs for x in samples]
     else:
-        # This rank trains no group (dynamic sampling kept fewer than the world size, or none): one empty
-        # completion, mask all False, so the loss is 0 and every gradient exactly 0, but the forward and
-        # backward (and their collectives) run as on every other rank.
-        batch = build_batch([[sampler.pad_token_id]], [[]], sampler.pad_token_id)
-        adv, old_rows = torch.zeros(1, device=device), [[]]
+        batch, old_rows = build_batch([[sampler.pad_token_id]], [[]], sampler.pad_token_id), [[]]
     batch = {k: v.to(device) for k, v in batch.items()}
     T = batch["targets"].shape[1]
-    return TrainInputs(batch, adv, _pad_2d(old_rows, T).to(device), mask_from_lengths(batch["lengths"], T),
-                       int(rollouts.sizes[rollouts.selected].sum()))
+    return batch, _pad_2d(old_rows, T).to(device), mask_from_lengths(batch["lengths"], T)
+
+
+def train_inputs(rollouts: "RolloutBatch", adv_all: torch.Tensor, *, tokenizer: Any, sampler: Any,
+                 device: torch.device) -> TrainInputs:
+    """The trained groups this rank holds (`rollouts.mine()`), with their rows of the (K, M) advantages.
+    A rank that trains no group (dynamic sampling kept fewer than the world size, or none) gets one empty
+    completion: the loss is 0 and every gradient exactly 0, but the forward and backward (and their
+    collectives) run as on every other rank."""
+    mine = rollouts.mine()
+    adv = (torch.cat([adv_all[j, :len(g.samples)] for j, g in mine]) if mine else torch.zeros(1)).to(device)
+    batch, old, mask = _groups_batch([g for _, g in mine], tokenizer, sampler, device)
+    return TrainInputs(batch, adv, old, mask, int(rollouts.sizes[rollouts.selected].sum()))
+
+
+def sampled_kl(policy: "Policy", cfg: GRPOConfig, rollouts: "RolloutBatch", *, tokenizer: Any, sampler: Any,
+               device: torch.device) -> dict[str, float]:
+    """kl_ref_mean / kl_ref_max on the completions the step sampled, for a step that trained none (dynamic
+    sampling dropped every group, as a collapsing run does): the KL detectors' window keeps filling exactly
+    when it matters. The policy side is the rollout's own log-probs (the weights that sampled them), so this
+    costs one reference forward over at most a normal step's groups (the first round's). Collective: every
+    rank calls it on the same steps. NaN without a reference model."""
+    groups = [g for i, g in sorted(rollouts.local.items()) if i < cfg.prompts_per_step]
+    batch, logp, mask = _groups_batch(groups, tokenizer, sampler, device)
+    ref = reference_logprobs(policy, cfg, batch)
+    if ref is None:
+        return {"kl_ref_mean": float("nan"), "kl_ref_max": float("nan")}
+    kl = token_kl(logp.float(), ref.float(), cfg.kl_estimator)[mask]
+    total, n = policy.dp.sum([float(kl.sum()) if kl.numel() else 0.0, float(kl.numel())])
+    top = policy.dp.max([float(kl.max()) if kl.numel() else -math.inf])[0]
+    return {"kl_ref_mean": total / n if n else float("nan"), "kl_ref_max": top if n else float("nan")}
 
 
 # ------------------------------------------------------------------------------------------- the update

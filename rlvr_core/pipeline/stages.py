@@ -53,7 +53,7 @@ from rlvr_core.verifiers.registry import default_mode, verifier_class
 DATA_STAGE_VERSION = "1"
 WARMSTART_STAGE_VERSION = "1"
 PASSRATE_STAGE_VERSION = "1"
-CURRICULUM_STAGE_VERSION = "1"
+CURRICULUM_STAGE_VERSION = "2"  # 2: the base model's mean_length and truncation_share per prompt
 GRPO_STAGE_VERSION = "1"
 SYNTHETIC_BENCHMARK_VERSION = "2"  # 2: 32 samples per problem (pass@k to 32); 1 had 8
 # GRPO settings that bound the update's memory without changing its maths (docs/grpo_training.md, "Memory of the
@@ -338,8 +338,10 @@ def curriculum_stage(cfg: ExperimentConfig, data: DataArtifact, passrates: PassR
         kept = filter_by_pass_rate(table, low=pk.low, high=pk.high, drop_never=pk.drop_never_solved,
                                    drop_always=pk.drop_always_solved)
         ordered = order_curriculum(kept, c.strategy, seed=c.seed)
+        # The base model's numbers per prompt travel with the order: the trainer's G-collapse baselines.
+        cols = ["pass_rate", "n", "c"] + [k for k in BASE_ROLLOUT_COLUMNS if k in ordered.column_names]
         out = pa.table({"position": ordered.column("order"), "problem_id": ordered.column("problem_id"),
-                        "pass_rate": ordered.column("pass_rate"), "n": ordered.column("n"), "c": ordered.column("c")})
+                        **{k: ordered.column(k) for k in cols}})
         pq.write_table(out, tmp / "curriculum.parquet")
         (tmp / "manifest.json").write_text(json.dumps({**key, "n_prompts": out.num_rows}, indent=2, sort_keys=True))
 
@@ -439,6 +441,21 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
                          str(folder), done, summary)
 
 
+# The pass-rate table's columns that become the trainer's base_rollouts (and the step rows' base/* columns).
+BASE_ROLLOUT_COLUMNS = {"pass_rate": "reward_mean", "truncation_share": "truncation_share",
+                        "mean_length": "completion_len_mean"}
+
+
+def base_rollouts(curriculum: CurriculumArtifact) -> dict[str, dict[str, float]]:
+    """{prompt id: the base model's reward_mean, truncation_share, completion_len_mean} from the curriculum (the
+    pass-rate table's numbers on each prompt), for G-collapse's baselines; only the columns it holds."""
+    table = pq.read_table(curriculum.path)
+    cols = {src: dst for src, dst in BASE_ROLLOUT_COLUMNS.items() if src in table.column_names}
+    data = {src: table.column(src).to_pylist() for src in cols}
+    return {pid: {dst: float(data[src][i]) for src, dst in cols.items() if data[src][i] is not None}
+            for i, pid in enumerate(table.column("problem_id").to_pylist())}
+
+
 def train_here(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, curriculum: CurriculumArtifact,
                folder: Path, progress: Progress = SILENT, *, mlflow_run_id: str | None = None,
                base_eval: dict[str, float] | None = None):
@@ -452,7 +469,7 @@ def train_here(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, c
                           reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
                           progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
                           engine=cfg.sampling.engine, engine_options=_rollout_options(cfg), on_step=on_step,
-                          base_eval=base_eval)
+                          base_eval=base_eval, base_rollouts=base_rollouts(curriculum))
 
 
 def _eval_limits(cfg: ExperimentConfig) -> EvalLimits:

@@ -218,6 +218,18 @@ def test_template_kind_must_match_model_kind(tmp_path):
     assert ExperimentConfig().prompt.allow_kind_mismatch is False
 
 
+def test_the_opt_out_does_not_allow_a_chat_template_on_a_base_model(tmp_path):
+    """G-chat-template: `prompt.allow_kind_mismatch` allows a raw template on a chat model; a chat template on a
+    base model has no chat template to render through, so it stays a config error (naming file and field) instead
+    of a renderer's ValueError once the run has started."""
+    p = write(tmp_path, "model:\n  kind: base\nprompt:\n  template: chat_qa\n  allow_kind_mismatch: true\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    (path, why), = e.value.problems
+    assert path == "prompt.template" and "cannot allow it" in why and "G-chat-template" in why
+    assert str(p) in str(e.value)
+
+
 def test_push_backend_accepts_file_gloo_nccl_ipc_and_the_older_rlvr_file():
     def backend(name):
         return parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://a:1"],
