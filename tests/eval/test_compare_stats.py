@@ -110,3 +110,27 @@ def test_compare_refuses_different_settings_unless_allowed():
 def test_compare_needs_a_common_benchmark():
     with pytest.raises(ValueError, match="no benchmark in common"):
         compare(EvalSource("A", "a", A, {"toy": SETTINGS}), EvalSource("B", "b", B, {"other": SETTINGS}))
+
+
+def test_g_regression_flags_a_trained_model_worse_than_its_base_beyond_the_paired_interval():
+    """G-regression, on `compare`'s own paired interval (scipy's ttest_rel gives the same): 40 problems, the
+    trained side loses 12 the base solved and wins 2 → Δ −25 points, interval entirely below 0: flagged. Losing 3
+    and winning 2 is inside the noise: not flagged, and neither is a gain."""
+    from rlvr_core.eval.evaluate import regression_flag
+
+    def pair(lost: int, won: int):
+        base = {f"p{i}": i < 20 for i in range(40)}
+        trained = {p: (ok and int(p[1:]) >= lost) or (not ok and int(p[1:]) < 20 + won) for p, ok in base.items()}
+        res = compare(EvalSource("base", "base", records(base, {}), {"toy": SETTINGS}),
+                      EvalSource("trained", "trained", records(trained, {}), {"toy": SETTINGS}))
+        return res["benchmarks"]["toy"]["deltas"]["accuracy_greedy"], base, trained
+
+    d, base, trained = pair(12, 2)
+    ci = stats.ttest_rel([float(trained[p]) for p in base], [float(base[p]) for p in base]).confidence_interval(0.95)
+    assert d["delta"] == pytest.approx(-0.25) and d["ci_high"] == pytest.approx(ci.high) and ci.high < 0
+    flag = regression_flag(d, "toy")
+    assert flag["guard_id"] == "G-regression" and flag["value"] == pytest.approx(-0.25) and flag["n"] == 40
+    assert "worse than its base by 25.0 points" in flag["reason"] and "n=40" in flag["reason"]
+    assert regression_flag(pair(3, 2)[0], "toy") is None  # -2.5 points, interval spans 0
+    assert regression_flag(pair(2, 12)[0], "toy") is None  # a gain
+    assert regression_flag(None, "toy") is None

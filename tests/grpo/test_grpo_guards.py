@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
 from rlvr_core.experiment.guards import (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_IDS, GUARD_KL_EXPLOSION,
                                          GUARD_REWARD_HACKING, CollapseConfig, EntropyConfig, Firing, HealthConfig,
+                                         KLExplosionConfig,
                                          HealthMonitor, RewardHackingConfig, check_health, detect_collapse,
                                          detect_entropy, detect_kl_explosion, detect_reward_hacking, health_flags)
 
@@ -724,3 +726,108 @@ def test_real_trainer_rows_normal_lr_fire_nothing_and_high_lr_collapses(tiny, tm
     fired = only(check_health(rows), GUARD_COLLAPSE)
     assert len(fired) == 1 and fired[0].serious and 10 <= fired[0].step <= 12  # step 10: first evaluable step
     assert {"entropy", "repetition"} <= set(fired[0].evidence["signals"])
+
+
+# ----------------------------------------------------------------------------------------- the base model's baselines
+# `rlvr demo --set grpo.lr=0.5 --set grpo.steps=12` (demo base model, data seed 0, 2 threads; 2026-11-28), its 12
+# step rows with the base model's numbers on each step's prompts (base/*: the pass-rate table's, as the trainer
+# writes them). From step 2 nearly every completion runs to the 48-token cap; from step 4 no group has reward
+# variance, so nothing is trained (kl_ref_* NaN here: measured before the trainer measured KL on such steps).
+LR05_COLUMNS = ("step", "reward_mean", "truncation_share", "completion_len_mean", "entropy", "grad_norm",
+                "unique_frac_mean", "zero_var_group_share", "kl_ref_mean", "kl_ref_max", "base/reward_mean",
+                "base/truncation_share", "base/completion_len_mean")
+LR05 = """
+1 0.1289 0 15.76 0.2018 0.4203 0.6172 0.5 0 0 0.1289 0 15.76
+2 0.03385 0.9297 46.59 3.957 78.09 1 0.8333 8.771 6276 0.07031 0 15.51
+3 0.05208 0.9922 47.81 2.42 1.253 1 0.8333 8.483 1270 0.08333 0 15.42
+4 0 1 48 - 0 0.1562 1 - - 0.112 0 15.76
+5 0 1 48 - 0 0.1536 1 - - 0.09896 0 15.72
+6 0 1 48 - 0 0.2526 1 - - 0.07552 0 15.5
+7 0 1 48 - 0 0.6484 1 - - 0.1302 0 15.53
+8 0 1 48 - 0 0.8958 1 - - 0.112 0 15.7
+9 0 1 48 - 0 0.9505 1 - - 0.07552 0 15.8
+10 0 1 48 - 0 0.9401 1 - - 0.1302 0 15.98
+11 0 1 48 - 0 0.7005 1 - - 0.09635 0 15.61
+12 0 1 48 - 0 0.5234 1 - - 0.08333 0 15.97
+"""
+
+
+def lr05_rows(base: bool = True) -> list[dict]:
+    rows = []
+    for line in LR05.strip().splitlines():
+        row = {k: (float("nan") if v == "-" else float(v)) for k, v in zip(LR05_COLUMNS, line.split())}
+        row["step"] = int(row["step"])
+        rows.append({k: v for k, v in row.items() if base or not k.startswith("base/")})
+    return rows
+
+
+def with_base(rows: list[dict], reward: float, trunc: float = 0.0, length: float = 22.3) -> list[dict]:
+    return [{**r, "base/reward_mean": reward, "base/truncation_share": trunc, "base/completion_len_mean": length}
+            for r in rows]
+
+
+def test_collapse_against_the_base_models_numbers_stops_the_lr_half_demo_at_step_6():
+    # Reward 0 against the base model's ~0.08 on the same prompts, and every completion truncated against its 0 %:
+    # two signals over steps 2-6. Judged from step 5 (the window) instead of step 10.
+    (f,) = detect_collapse(lr05_rows())
+    assert (f.step, f.serious, f.evidence["signals"]) == (6, True, ["reward", "truncation"])
+    assert f.evidence["baseline"] == "base model on the same prompts"
+    assert "the base model's" in f.reason and f.evidence["reward"]["base_expected"] == pytest.approx(0.08333)
+    # The same rows without the base columns: the run's own first 5 steps are the baselines, and they are already
+    # collapsed (truncation 99 %, a reward peak under 0.05), so nothing fires in 12 steps.
+    assert detect_collapse(lr05_rows(base=False)) == []
+
+
+def test_kl_blow_up_with_collapsing_rollouts_stops_by_default():
+    # The same run's first 5 steps as the trainer records them now: on steps 4-5 nothing was trained, and the KL
+    # to the reference was measured on the sampled completions (5.77 and 5.87), so the window holds 4 values.
+    rows = lr05_rows()[:5]
+    rows[3].update(kl_ref_mean=5.772, kl_ref_max=10.18)
+    rows[4].update(kl_ref_mean=5.867, kl_ref_max=9.658)
+    (f,) = detect_kl_explosion(rows)
+    assert (f.step, f.serious, f.key) == (5, True, "")
+    assert f.evidence["collapse_evidence"]["truncation_share_window_median"] == pytest.approx(0.9922)
+    assert "with the rollouts collapsing" in f.reason
+    # Without the opt-in default it is the flag it always was; a sustained KL with healthy rollouts is a flag.
+    off = KLExplosionConfig(serious_on_collapse=False)
+    assert [(x.step, x.serious) for x in detect_kl_explosion(rows, off)] == [(5, False)]
+    healthy = healthy_rows(12, 3)
+    for r in healthy[4:]:
+        r["kl_ref_mean"] = 0.4
+    assert [(x.step, x.serious) for x in detect_kl_explosion(with_base(healthy, 0.21))] == [(7, False)]
+
+
+def test_kl_episode_escalates_once_when_the_collapse_evidence_comes_later():
+    rows = with_base(healthy_rows(20, 5), 0.21)
+    for r in rows[4:]:
+        r["kl_ref_mean"] = 0.5
+    for r in rows[12:]:
+        r["zero_var_group_share"] = 1.0  # no group with a learning signal any more
+    fired = detect_kl_explosion(rows)
+    assert [(x.step, x.serious, x.key) for x in fired] == [(7, False, ""), (15, True, "collapse")]
+    assert "zero-reward-variance groups" in fired[1].reason
+
+
+def test_base_model_baselines_leave_healthy_runs_alone():
+    real = real_k3_rows()
+    early = {k: statistics.median(r[k] for r in real[:5]) for k in ("reward_mean", "completion_len_mean")}
+    assert check_health(with_base(real, early["reward_mean"], 0.0, early["completion_len_mean"])) == \
+        check_health(real)
+    for seed in range(6):
+        rows = healthy_rows(60, seed, reward=(0.1, 0.45))  # a run that learns from a base at ~0.1
+        assert only(check_health(with_base(rows, 0.1)), GUARD_COLLAPSE) == []
+
+
+def test_before_the_runs_own_baselines_exist_only_base_backed_signals_count():
+    # Entropy, repetition and grad norm have no base-model number: they join at step 10 (5 baseline + 5 window).
+    # Entropy at 0.001 (under the 0.03 floor whatever the baseline) and ratio_max 50 (limit 10) from step 1 on.
+    rows = with_base(healthy_rows(12, 7), 0.21)
+    for r in rows:
+        r.update(entropy=0.001, ratio_max=50.0)
+    (f,) = detect_collapse(rows)
+    assert f.step == 10 and f.evidence["baseline"] == "base model on the same prompts"
+    assert sorted(f.evidence["signals"]) == ["entropy", "ratio"]
+    rows = with_base(healthy_rows(12, 7), 0.21)
+    for r in rows[1:]:
+        r.update(reward_mean=0.0, truncation_share=1.0)  # base-backed signals: judged at step 5
+    assert [f.step for f in detect_collapse(rows)] == [5]

@@ -342,6 +342,45 @@ def test_partial_batch_is_trained_as_it_is_after_the_last_round(tiny, tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_a_step_that_trains_nothing_measures_the_kl_on_what_it_sampled(tiny, tmp_path):
+    # Every group zero-variance, dynamic sampling drops them all: no token is trained, so the update measures no
+    # KL. With a reference model (beta > 0) the KL to it is measured on the step's sampled completions instead,
+    # so the KL detectors' window keeps filling exactly when a run collapses (no group with a learning signal).
+    # Nothing was ever trained here, so the policy is the reference: the KL is ~0 (k3 >= 0), and finite.
+    cfg = _cfg(steps=2, dynamic_sampling=True, dynamic_sampling_max_rounds=2, beta=0.1)
+    res, _ = _run(tiny, tmp_path / "kl", cfg, verifier="_test_zero")
+    rows = _rows(res.steps_path)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["n_tokens"] == 0 and row["kl_ref_from_samples"] == 1
+        assert 0 <= row["kl_ref_mean"] < 1e-4 and 0 <= row["kl_ref_max"] < 1e-3
+    # A step that trains tokens measures the KL on them, as before.
+    trained, _ = _run(tiny, tmp_path / "trained", _cfg(steps=1, beta=0.1))
+    (row,) = _rows(trained.steps_path)
+    assert row["n_tokens"] > 0 and row["kl_ref_from_samples"] == 0 and row["kl_ref_mean"] >= 0
+
+
+def test_step_rows_carry_the_base_models_numbers_on_the_prompts_each_step_drew(tiny, tmp_path):
+    # `base_rollouts` (the pass-rate table's numbers per prompt) becomes base/* columns: the mean over exactly the
+    # prompts a step consumed (every round of dynamic sampling, cycling past the curriculum's end), recomputed
+    # here from the rows' own prompts_consumed. A prompt missing from the table is left out of the mean.
+    _, rows, ids = tiny
+    base = {pid: {"reward_mean": (i % 7) / 7, "truncation_share": (i % 3) / 3, "completion_len_mean": 5.0 + i}
+            for i, pid in enumerate(ids) if i != 1}
+    cfg = _cfg(steps=4, dynamic_sampling=True, dynamic_sampling_max_rounds=2)
+    res, _ = _run(tiny, tmp_path / "base", cfg, base_rollouts=base)
+    pos = 0
+    for row in _rows(res.steps_path):
+        drawn = [ids[(pos + k) % len(ids)] for k in range(row["dynamic/prompts_consumed"])]
+        known = [base[p] for p in drawn if p in base]
+        for key in ("reward_mean", "truncation_share", "completion_len_mean"):
+            assert row[f"base/{key}"] == pytest.approx(sum(b[key] for b in known) / len(known))
+        pos += row["dynamic/prompts_consumed"]
+    assert pos > len(ids)  # the run cycled past the curriculum's end
+    plain, _ = _run(tiny, tmp_path / "plain", _cfg(steps=1))
+    assert not any(k.startswith("base/") for k in _rows(plain.steps_path)[0])
+
+
 # ------------------------------------------------------------------------------------- adaptive sampling
 # Chunks of G = 4 until 2 correct and 1 not correct, at most 14 (so a prompt that never gets there ends
 # with a chunk cut to 2). Every completion of the run's steps is logged (100 > 2 x P x 14).
