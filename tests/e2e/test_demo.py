@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]
+
 pytestmark = pytest.mark.slow
 
 SMALL = [
@@ -338,6 +340,19 @@ def test_a_run_stopped_by_a_guard_is_recorded_and_exports_nothing(demo_runs):
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
     assert client.get_run(run["run_id"]).info.status == "FAILED"
+
+
+def test_guard_calibration_replays_the_finished_runs_of_a_home(demo_runs):
+    # benchmarks/guard_calibration.py (docs/guards_training.md, "False stops on healthy runs") on this module's
+    # home: the finished GRPO run of the test above is replayed with the base model's numbers on its prompts and
+    # stops nothing; the run a guard stopped is not a finished run and is not counted.
+    home = demo_runs[0]
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "guard_calibration.py"), str(home), "--json",
+                          str(home / "calibration.json")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = json.loads((home / "calibration.json").read_text())
+    assert runs and all(r["stops"] == [] for r in runs) and {r["steps"] for r in runs} == {3}
+    assert out.stdout.strip().splitlines()[-1] == f"false stops: 0 of {len(runs)} healthy runs"
 
 
 def test_collapse_is_read_from_the_trainer_summary():
