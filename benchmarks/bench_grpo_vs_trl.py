@@ -42,7 +42,7 @@ Run (from the repository root; needs the `bench` extra: pip install -c requireme
 
     .venv/bin/python benchmarks/bench_grpo_vs_trl.py                       # 2 warm-up + 10 steps, 1 thread
     .venv/bin/python benchmarks/bench_grpo_vs_trl.py --threads 2 --rounds 2 --json /tmp/grpo_vs_trl.json
-    .venv/bin/python benchmarks/bench_grpo_vs_trl.py --steps 3 --warmup-steps 1   # smoke
+    .venv/bin/python benchmarks/bench_grpo_vs_trl.py --steps 3 --warmup-steps 1 --smoke-base --base /tmp/smoke-base  # smoke
     .venv/bin/python benchmarks/bench_grpo_vs_trl.py --arms ours,ours-vllm,trl --threads 2   # + our vLLM engine
     .venv/bin/python benchmarks/bench_grpo_vs_trl.py --arms trl-vllm --steps 1 --warmup-steps 0  # TRL + vLLM
 """
@@ -279,6 +279,14 @@ def run_trl(a: argparse.Namespace, work: Path) -> dict[str, Any]:
 def _ensure_base(a: argparse.Namespace) -> None:
     if (Path(a.base) / "config.json").is_file():
         return
+    if a.smoke_base:  # bench_engines.py's smoke base: a model that generates, in seconds (no base evaluation)
+        from rlvr_core.tiny.warmstart import WarmStartSpec, save_tiny, train_tiny
+
+        print(f"building a smoke base model in {a.base} (5 warm-start steps, hidden 64) ...", flush=True)
+        _set_threads(a.threads)
+        spec = WarmStartSpec(steps=5, batch_size=16, hidden_size=64, num_layers=2, heads=2, warmup_steps=2)
+        save_tiny(train_tiny(_load_rows(), spec, template_id="qa"), Path(a.base))
+        return
     print(f"building the demo base model in {a.base} (rlvr_core.tiny.warmstart) ...", flush=True)
     subprocess.run([sys.executable, "-m", "rlvr_core.tiny.warmstart", "--out", str(a.base), "--threads",
                     str(a.threads)], check=True)
@@ -384,6 +392,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="/tmp/bench-base", help="demo base model dir; built with "
                     "rlvr_core.tiny.warmstart if missing (/tmp/trainer-base is the same recipe)")
+    ap.add_argument("--smoke-base", action="store_true", help="a missing --base is built with 5 warm-start steps "
+                    "at hidden size 64 (seconds) instead of the demo recipe and its evaluation (a minute): for smoke runs")
     ap.add_argument("--steps", type=int, default=10, help="measured steps per trainer (per round)")
     ap.add_argument("--warmup-steps", type=int, default=2, help="steps run first and dropped (per round)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in each child (OMP/MKL too)")

@@ -533,7 +533,8 @@ def test_bench_grpo_vs_trl_smoke(tmp_path):
     out = tmp_path / "grpo.json"
     proc = _run_script("bench_grpo_vs_trl.py", [
         "--arms", "ours,ours-vllm,trl", "--steps", "1", "--warmup-steps", "1", "--prompts-per-step", "2",
-        "--group-size", "2", "--max-new-tokens", "8", "--base", str(tmp_path / "base"), "--work", str(tmp_path / "w"),
+        "--group-size", "2", "--max-new-tokens", "8", "--base", str(tmp_path / "base"), "--smoke-base",
+        "--work", str(tmp_path / "w"),
         "--json", str(out)])
     res = json.loads(out.read_text())
     assert set(res["summary"]) == {"ours", "ours-vllm", "trl"} and not res["failed"]
