@@ -89,6 +89,11 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 UI_QUERY = "?workflowType=machine_learning"
 
+
+def ui_home(server_url: str) -> str:
+    """The MLflow server's experiments list in the model-training view (what `rlvr stack up` prints)."""
+    return f"{server_url.rstrip('/')}/#/experiments{UI_QUERY}"
+
 # Saved views (docs/tracking.md, "Views"): MLflow 3.17's UI keeps a runs-page view (search filter, charts and
 # their order) as an experiment tag `mlflow.sharedViewState.<id>`, lists it under "Views" and opens it from a
 # link with `viewStateShareKey=<id>`. rlvr saves one that hides the stage runs and one per sweep.
