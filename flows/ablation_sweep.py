@@ -82,7 +82,8 @@ def shared_stages(config: dict[str, Any], deployment: str | None, timeout_s: flo
     return str(fr.id)
 
 
-@task(name="trial", **TRIAL_RETRY)
+# Task runs named by their trial ("t03 lr=1e-05 seed=0"), as the MLflow runs are, not Prefect's "trial-54e".
+@task(name="trial", task_run_name="{trial.trial_id} {trial.label}", **TRIAL_RETRY)
 def run_trial(trial: Trial, sweep_id: str, parent_run_id: str, deployment: str | None, timeout_s: float) -> str:
     params = {"config": trial.config, "parent_run_id": parent_run_id, "sweep_id": sweep_id,
               "trial_id": trial.trial_id, "trial_label": trial.label}

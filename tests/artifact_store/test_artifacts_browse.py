@@ -59,7 +59,10 @@ def cli(store, rlvr_home, monkeypatch):
 def test_open_takes_every_form_the_sweep_and_the_demo_print(store, cli, rlvr_home):
     where = _write(store)
     sweep_url, run_url = store.url(where["sweep"]), store.url(where["run"])
-    forms = {"sweep": [sweep_url + "/", sweep_url, where["sweep"], where["sweep"] + "/", SWEEP_ID],
+    # The `MLflow compare view:` line of `rlvr sweep` (the sweep's saved view on the tracking server).
+    compare = (f"http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning"
+               f"&viewStateShareKey=sweep-{SWEEP_ID}&compareRunsMode=CHART")
+    forms = {"sweep": [sweep_url + "/", sweep_url, where["sweep"], where["sweep"] + "/", SWEEP_ID, compare],
              "run": [run_url, run_url + "/", where["run"], RUN_ID, RUN_ID[:8], "demo-a1b2c3d4"]}
     for what, refs in forms.items():
         title = f"rlvr sweep {where['sweep']}" if what == "sweep" else f"rlvr run {where['run']}"

@@ -101,22 +101,24 @@ def test_the_nightly_schedule_is_the_users_on_a_running_stack(stack):
     home, state = stack
     env = stack_cmd(home, "env")
     assert env.returncode == 0 and "nightly-eval schedule: cron '* * * * *' UTC" in env.stderr, env.stderr
-    changed = _up(home, "--nightly-cron", "17 4 * * *")
-    assert changed["already_running"] and changed["prefect"]["nightly_cron"] == "17 4 * * *", changed["prefect"]
-    [sch] = _nightly_deployment(state)["schedules"]
-    assert sch["schedule"]["cron"] == "17 4 * * *" and sch["schedule"]["timezone"] == "UTC", sch
-    for r in _nightly_runs(state):  # what the per-minute cron had scheduled is gone
-        if r["state_type"] == "SCHEDULED":
-            t = datetime.fromisoformat(r["expected_start_time"])
-            assert (t.hour, t.minute) == (4, 17), r["expected_start_time"]
-    plain = stack_cmd(home, "up")  # a plain `up`: already running, the schedule kept and printed
-    assert plain.returncode == 0 and "stack already running" in plain.stderr, plain.stderr
-    assert "nightly-eval  cron '17 4 * * *' UTC" in plain.stderr, plain.stderr
-    assert "nightly-eval schedule: cron '17 4 * * *' UTC" in stack_cmd(home, "env").stderr
-    bad = stack_cmd(home, "up", "--nightly-cron", "every night")
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "--nightly-cron 'every night': not a cron expression (five fields, UTC, e.g. '0 3 * * *')"], bad.stderr
-    back = _up(home, "--nightly-cron", "* * * * *")
+    try:
+        changed = _up(home, "--nightly-cron", "17 4 * * *")
+        assert changed["already_running"] and changed["prefect"]["nightly_cron"] == "17 4 * * *", changed["prefect"]
+        [sch] = _nightly_deployment(state)["schedules"]
+        assert sch["schedule"]["cron"] == "17 4 * * *" and sch["schedule"]["timezone"] == "UTC", sch
+        for r in _nightly_runs(state):  # what the per-minute cron had scheduled is gone
+            if r["state_type"] == "SCHEDULED":
+                t = datetime.fromisoformat(r["expected_start_time"])
+                assert (t.hour, t.minute) == (4, 17), r["expected_start_time"]
+        plain = stack_cmd(home, "up")  # a plain `up`: already running, the schedule kept and printed
+        assert plain.returncode == 0 and "stack already running" in plain.stderr, plain.stderr
+        assert "nightly-eval cron '17 4 * * *' UTC" in plain.stderr, plain.stderr
+        assert "nightly-eval schedule: cron '17 4 * * *' UTC" in stack_cmd(home, "env").stderr
+        bad = stack_cmd(home, "up", "--nightly-cron", "every night")
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+            "--nightly-cron 'every night': not a cron expression (five fields, UTC, e.g. '0 3 * * *')"], bad.stderr
+    finally:
+        back = _up(home, "--nightly-cron", "* * * * *")
     assert back["prefect"]["nightly_cron"] == "* * * * *"
     assert _nightly_deployment(state)["schedules"][0]["schedule"]["cron"] == "* * * * *"
 
