@@ -67,12 +67,17 @@ def locate(ref: str, store: ArtifactStore, tracking_uri: str | None = None) -> L
         if hit is None:
             raise NotFound(f"no folder of sweep {sweep_id!r} (from the MLflow view URL) in {store.uri}")
         return hit
-    hit = _in_store(ref, store)
+    # A full run id: the folder names first, then MLflow (a request or two), and only then every trial's run.json
+    # (a request per trial on S3: ~10 s on a stack with a few sweeps).
+    full_id = bool(_HEX32.fullmatch(ref.lower()))
+    hit = _in_store(ref, store, read_trials=not full_id)
     if hit is None and ref and Path(ref).exists():
         hit = _on_disk(ref, store)
     if hit is not None:
         return hit
     hit, why = _by_mlflow(ref, store, tracking_uri)
+    if hit is None and full_id:
+        hit = _in_store(ref, store)
     if hit is not None:
         return hit
     raise NotFound(f"no artifact, folder or run {ref!r} in {store.uri}: tried {TRIED}" + (f"; {why}" if why else ""))
@@ -130,7 +135,7 @@ def _on_disk(ref: str, store: ArtifactStore) -> Located:
     return Located(LocalStore(p), "", False, "path")
 
 
-def _in_store(ref: str, store: ArtifactStore) -> Located | None:
+def _in_store(ref: str, store: ArtifactStore, read_trials: bool = True) -> Located | None:
     """A key, a folder, a folder's name in any experiment (a sweep id), or a run id; None when none matches."""
     key = ref.strip("/")
     if not key:
@@ -148,7 +153,7 @@ def _in_store(ref: str, store: ArtifactStore) -> Located | None:
         if names:
             return Located(store, names[0], False, "folder name")
     try:
-        return Located(store, resolve_run(store, key), False, "run id")
+        return Located(store, resolve_run(store, key, read_trials), False, "run id")
     except FileNotFoundError as e:
         if "ambiguous" in str(e):
             raise NotFound(str(e)) from None
