@@ -125,7 +125,7 @@ def test_after_one_click_on_the_switch_mlflows_own_links_stay_in_model_training(
         screenshot(pg, "mlflow_genai_default.png")
         pg.keyboard.press("Escape")  # the GenAI page's "Detect Issues" pop-over covers the page
         pg.get_by_text("Model training", exact=True).first.click(force=True)
-        _assert_model_training(pg, "after the click")
+        _assert_model_training(pg, "after the click", "matching runs")  # the experiment's runs table
         screenshot(pg, "mlflow_model_training_switch.png")
         pg.goto(t.run_url(sweep_runs["children"][1].info.run_id).split("?", 1)[0])
         _assert_model_training(pg, "a plain run link after the click", "Model metrics")
