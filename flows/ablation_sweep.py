@@ -82,7 +82,8 @@ def shared_stages(config: dict[str, Any], deployment: str | None, timeout_s: flo
     return str(fr.id)
 
 
-@task(name="trial", **TRIAL_RETRY)
+# Task runs named by their trial ("t03 lr=1e-05 seed=0"), as the MLflow runs are, not Prefect's "trial-54e".
+@task(name="trial", task_run_name="{trial.trial_id} {trial.label}", **TRIAL_RETRY)
 def run_trial(trial: Trial, sweep_id: str, parent_run_id: str, deployment: str | None, timeout_s: float) -> str:
     params = {"config": trial.config, "parent_run_id": parent_run_id, "sweep_id": sweep_id,
               "trial_id": trial.trial_id, "trial_label": trial.label}
@@ -130,6 +131,7 @@ def ablation_sweep_flow(sweep: str | dict[str, Any] = "demo-lr", max_parallel: i
                                 "sweep_hash": sw.sweep_hash, "sweep_file": source,
                                 "prefect_flow_run_id": str(flow_run.id) if flow_run.id else None})
     _save_sweep_view(sw, sweep_id, tracker)
+    tracker.set_tags(parent, {NOTE_TAG: sweep_note(sw, sweep_id, tracker)})
     get_run_logger().info(f"sweep {sweep_id}: {len(sw.trials)} trials, MLflow parent run {parent}; its trials "
                           f"in MLflow: {tracker.view_url(sweep_view_id(sweep_id))}")
     try:
@@ -186,9 +188,25 @@ def _save_sweep_view(sw: Sweep, sweep_id: str, tracker: Tracker) -> None:
     tracker.set_primary_metric(key)
     tracker.save_view(sweep_view_id(sweep_id), saved_view(
         f"sweep {sweep_id}: {sw.spec.metric}", n_runs=len(sw.trials), group_by=sw.swept_keys,
-        search_filter=f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'",
+        search_filter=f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'", order_by="attributes.run_name",
         sections={f"Sweep pivot: {sw.spec.metric}": ("BAR", [key]),
                   "Training curves": ("LINE", list(TRAINING_CURVES))}))
+
+
+NOTE_TAG = "mlflow.note.content"  # the run page's "Description" (Markdown)
+
+
+def sweep_note(sw: Sweep, sweep_id: str, tracker: Tracker, children: list[Any] | None = None) -> str:
+    """The parent run's description: what the sweep compares, the link to its view (the trials' charts, grouped by
+    cell), and, once they ran, a link per trial. Every link opens in MLflow's model-training view."""
+    lines = [f"**Sweep `{sweep_id}`**: {len(sw.trials)} trials, {sw.spec.metric} by "
+             f"{', '.join(sw.swept_keys) or 'trial'} over seeds {sw.spec.seeds}.", "",
+             f"[The sweep's view: its trials' charts, one group per cell]({tracker.view_url(sweep_view_id(sweep_id))})"]
+    if children:
+        lines += ["", "Trials:"] + [f"- [{c.data.tags.get('trial_id')} {c.data.tags.get('trial_label', '')}]"
+                                    f"({tracker.run_url(c.info.run_id)})"
+                                    for c in sorted(children, key=lambda c: c.data.tags.get("trial_id", ""))]
+    return "\n".join(lines)
 
 
 def ui_link(tracker: Tracker, run_id: str) -> str | None:
@@ -231,6 +249,7 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
     create_markdown_artifact(f"# Sweep `{sweep_id}`\n\nMLflow parent run: {tracker.run_url(parent)}\n\n"
                              f"Trials:\n{links}\n\nWarehouse pivot: `flows.ablation_sweep.sweep_pivot('{sweep_id}', "
                              f"{sw.swept_keys!r})`\n", key=key + "-links", description="links to the MLflow runs")
+    tracker.set_tags(parent, {NOTE_TAG: sweep_note(sw, sweep_id, tracker, children)})
     best = max(pivot, key=lambda r: r["mean"]) if pivot else None
     tracker.log_metrics(parent, {f"sweep/best_mean_{metric.replace('@', '_at_')}": best["mean"] if best else float("nan"),
                                  "sweep/cells": len(pivot), "sweep/trials": len(children)})

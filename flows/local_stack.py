@@ -137,8 +137,7 @@ def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int
     env = stack_env(home, api_url, nightly_cron)
     state: dict[str, Any] = {"home": str(home), "api_url": api_url, "ui_url": f"http://127.0.0.1:{port}",
                              "pids": [], "workers": {}, "work_pool": GPU_POOL, "work_pools": [GPU_POOL, CPU_POOL],
-                             "database": "postgresql" if database_url else "sqlite",
-                             "nightly_cron": env["RLVR_NIGHTLY_CRON"]}
+                             "database": "postgresql" if database_url else "sqlite"}
     log = home / "logs" / "prefect-server.log"
     server_env = {**env, "PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url} if database_url else env
     server = _spawn([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env, log)
@@ -146,6 +145,11 @@ def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int
     state["server_pid"] = server.pid
     try:
         _wait_healthy(api_url, server, log)
+        # The schedule is the user's: --nightly-cron, else $RLVR_NIGHTLY_CRON, else the one deployed on this
+        # database (a restart keeps a cron set earlier, or edited in Prefect's UI), else NIGHTLY_CRON.
+        deployed = (nightly_schedule(api_url) or {}).get("cron")
+        env["RLVR_NIGHTLY_CRON"] = nightly_cron or os.environ.get("RLVR_NIGHTLY_CRON") or deployed or NIGHTLY_CRON
+        state["nightly_cron"] = env["RLVR_NIGHTLY_CRON"]
         fingerprint = deploy_fingerprint(env, gpu_slots)
         # A restart on the same database: pools, limits, automation and deployments are there, unchanged.
         kept = deploy and _server_variable(api_url) == fingerprint and _deployments_there(api_url)
@@ -200,6 +204,60 @@ def _deployments_there(api_url: str) -> bool:
             return names <= {d["name"] for d in json.loads(r.read())}
     except (OSError, ValueError):
         return False
+
+
+def _api(api_url: str, path: str, body: Any = None, method: str = "POST") -> Any:
+    req = urllib.request.Request(api_url + path, data=None if body is None else json.dumps(body).encode(),
+                                 method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        raw = r.read()
+    return json.loads(raw) if raw else None
+
+
+def nightly_schedule(api_url: str) -> dict[str, Any] | None:
+    """The nightly-eval deployment's cron schedule on the server: {"deployment_id", "schedule_id", "cron",
+    "timezone", "active"}, or None (not deployed on this database, no cron schedule, or no server)."""
+    try:
+        deps = _api(api_url, "/deployments/filter", {"deployments": {"name": {"any_": ["nightly"]}}})
+    except (OSError, ValueError):
+        return None
+    for dep in deps:
+        for sch in dep.get("schedules") or []:
+            if (sch.get("schedule") or {}).get("cron"):
+                return {"deployment_id": dep["id"], "schedule_id": sch["id"], "cron": sch["schedule"]["cron"],
+                        "timezone": sch["schedule"].get("timezone") or "UTC", "active": sch.get("active", True)}
+    return None
+
+
+def check_cron(cron: str) -> str:
+    """`cron` as Prefect takes it, or ValueError in one line (what `--nightly-cron` accepts)."""
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:
+        CronSchedule(cron=cron, timezone="UTC")
+    except ValueError:
+        raise ValueError(f"--nightly-cron {cron!r}: not a cron expression (five fields, UTC, e.g. '0 3 * * *')") from None
+    return cron
+
+
+def set_nightly_cron(state: dict[str, Any], cron: str, gpu_slots: int = 2) -> dict[str, Any]:
+    """Change the running server's nightly-eval schedule to `cron` (UTC). Prefect drops the runs the old cron had
+    scheduled and schedules the new ones. The deploy fingerprint follows, so the next `up` with this cron (or a
+    plain one, which keeps it) deploys nothing again. Returns the schedule as `nightly_schedule` reads it."""
+    check_cron(cron)
+    api_url = state["api_url"]
+    sch = nightly_schedule(api_url)
+    if sch is None:
+        raise RuntimeError(f"no nightly-eval deployment with a cron schedule on {api_url}: restart the stack "
+                           "(rlvr stack down; rlvr stack up --nightly-cron ...) to deploy it")
+    if sch["cron"] != cron:
+        _api(api_url, f"/deployments/{sch['deployment_id']}/schedules/{sch['schedule_id']}",
+             {"schedule": {"cron": cron, "timezone": "UTC"}}, method="PATCH")
+        if _server_variable(api_url) == deploy_fingerprint(stack_env(Path(state["home"]), api_url, sch["cron"]),
+                                                           gpu_slots):
+            _set_server_variable(api_url, deploy_fingerprint(stack_env(Path(state["home"]), api_url, cron), gpu_slots))
+    state["nightly_cron"] = cron
+    return nightly_schedule(api_url) or {}
 
 
 def _set_server_variable(api_url: str, value: str) -> None:

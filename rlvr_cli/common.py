@@ -27,8 +27,19 @@ def parse_sets(sets: list[str]) -> dict[str, Any]:
     return out
 
 
+def cell_text(v: Any) -> str:
+    """A table cell: floats (also inside lists) to 4 significant digits, not 17 (`--json` keeps every digit)."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return format(v, ".4g")
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(cell_text(x) for x in v) + "]"
+    return str(v)
+
+
 def print_table(cols: list[str], rows: list[tuple]) -> None:
-    cells = [[("" if v is None else str(v))[:60] for v in r] for r in rows]
+    cells = [[cell_text(v)[:60] for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
     typer.echo("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     typer.echo("  ".join("-" * w for w in widths))

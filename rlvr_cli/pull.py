@@ -27,7 +27,7 @@ pull_app = typer.Typer(no_args_is_help=True, help="Fetch models and benchmark da
 def _pull_model(ref: str) -> None:
     repo, revision = hub.split_ref(ref)
     try:
-        snap = hub.snapshot(repo, revision=revision)
+        snap = hub.snapshot(repo, revision=revision, pulling=True)
     except hub.HubMissing as e:
         _fail(str(e))
     typer.echo(f"model {repo} (asked: {revision or 'default branch'}) -> commit {snap.commit}")
@@ -47,7 +47,7 @@ def _pull_benchmark(spec: BenchmarkSpec) -> None:
     h = spec.data.hub
     for split in splits:
         try:
-            snap, rows = hub_rows(spec, split)
+            snap, rows = hub_rows(spec, split, pulling=True)
         except (hub.HubMissing, DataFormatError) as e:
             _fail(str(e))
         check = "matches the benchmark file" if spec.data.rows_sha256.get(split) else "no hash in the benchmark file"

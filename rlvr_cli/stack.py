@@ -11,6 +11,7 @@ import typer
 from flows import local_stack
 from rlvr_core.pipeline.stack import (BUCKET, DEFAULT_MLFLOW_PORT, DEFAULT_PG_PORT, DEFAULT_PREFECT_PORT,
                                       DEFAULT_S3_PORT, StackError, down, read_state, stack_dir, state_path, status, up)
+from rlvr_core.records.tracking import ui_home
 
 stack_app = typer.Typer(no_args_is_help=True, help="A local team stack (MLflow server, S3, Prefect) on 127.0.0.1.")
 
@@ -28,12 +29,20 @@ def up_command(
     pg_port: int = typer.Option(DEFAULT_PG_PORT, help="PostgreSQL (Prefect's database) port (0: any free port)"),
     prefect_db: str = typer.Option("postgres", help="Prefect's database: postgres, or sqlite (light use only: "
                                                     "its scheduler and workers contend for SQLite's one writer)"),
-    nightly_cron: Optional[str] = typer.Option(None, help="cron of the nightly-eval deployment (default '0 3 * * *', UTC)"),
+    nightly_cron: Optional[str] = typer.Option(None, help="cron of the nightly-eval deployment (UTC); on a running "
+                                                          "stack it changes the schedule. Default: the one deployed "
+                                                          "(kept across restarts), else '0 3 * * *'"),
     no_s3: bool = typer.Option(False, "--no-s3", help="artifacts in a local folder, no S3 server"),
     no_prefect: bool = typer.Option(False, "--no-prefect", help="do not start the Prefect server and worker"),
     json_out: bool = typer.Option(False, "--json", help="print the state as JSON instead of export lines"),
 ) -> None:
     """Start the stack on 127.0.0.1 and print the environment to export (eval "$(rlvr stack env)")."""
+    try:
+        if nightly_cron is not None and not no_prefect:
+            local_stack.check_cron(nightly_cron)
+    except ValueError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2)
     try:
         state = up(mlflow_port=mlflow_port, s3_port=s3_port, s3=not no_s3, prefect=not no_prefect,
                    prefect_port=prefect_port, prefect_db=prefect_db, pg_port=pg_port, nightly_cron=nightly_cron,
@@ -51,10 +60,24 @@ def up_command(
     _print_env(state["env"])
 
 
+def _schedule_line(state: dict[str, Any], live: bool = False) -> str | None:
+    """The nightly-eval schedule: the server's (`live`: asked now, as it may have changed in Prefect's UI), else
+    the one the state recorded."""
+    pf = state.get("prefect") or {}
+    sch = local_stack.nightly_schedule(pf["api_url"]) if live and pf.get("api_url") else None
+    cron = (sch or {}).get("cron") or pf.get("nightly_cron")
+    if not cron:
+        return None
+    paused = " (paused in Prefect)" if sch and not sch.get("active", True) else ""
+    return f"cron '{cron}' UTC{paused}; change it: rlvr stack up --nightly-cron 'CRON'"
+
+
 def _urls(state: dict[str, Any]) -> list[tuple[str, str]]:
-    out = [("MLflow UI", state["mlflow"]["url"])]
+    out = [("MLflow UI", ui_home(state["mlflow"]["url"]))]
     if (state.get("prefect") or {}).get("ui_url"):
         out.append(("Prefect UI", state["prefect"]["ui_url"]))
+        if _schedule_line(state):
+            out.append(("nightly-eval", _schedule_line(state)))
     if state.get("s3"):
         out.append(("S3", f"{state['s3']['url']} bucket {BUCKET} (on disk: {state['s3']['data']})"))
     return out
@@ -104,6 +127,9 @@ def env_command(name: Optional[str] = typer.Argument(None, help="print only this
         typer.echo(state["env"].get(name, ""))
     else:
         _print_env(state["env"])
+        line = _schedule_line(state, live=True)
+        if line:
+            typer.echo(f"nightly-eval schedule: {line}", err=True)  # stderr: stdout stays `eval`-able
 
 
 if __name__ == "__main__":

@@ -87,9 +87,12 @@ def find_run_folders(store: ArtifactStore, under: str = "") -> list[str]:
     return out
 
 
-def resolve_run(store: ArtifactStore, ref: str) -> str:
+def resolve_run(store: ArtifactStore, ref: str, read_trials: bool = True) -> str:
     """The folder of a run given as a folder (`EXP/NAME-ID8`, `EXP/SWEEP/TRIAL`), `EXP/RUN_ID` or a bare
-    run id (full, or at least its first 8 characters). Raises FileNotFoundError naming `ref` and the store."""
+    run id (full, or at least its first 8 characters). Raises FileNotFoundError naming `ref` and the store.
+    A trial's folder is named by its trial, not its run id, so finding one reads every trial's run.json (one
+    request each on S3); `read_trials` False looks at the folder names only (rlvr_core.records.locate asks
+    MLflow first, one request, for a full run id)."""
     ref = ref.strip("/")
     if not ref or any(p in (".", "..") for p in ref.split("/")):
         raise FileNotFoundError(f"run {ref!r} not found in the artifact store {store.uri}")
@@ -101,7 +104,7 @@ def resolve_run(store: ArtifactStore, ref: str) -> str:
         for folder in find_run_folders(store, experiment):
             last = folder.rsplit("/", 1)[-1]
             named = last == run_id or last.endswith("-" + run_id[:SUFFIX_LEN])
-            if (named or folder.count("/") >= 2) and _run_id_of(store, folder).startswith(run_id):  # trials: read
+            if (named or (read_trials and folder.count("/") >= 2)) and _run_id_of(store, folder).startswith(run_id):
                 hits.append(folder)
     if len(hits) == 1:
         return hits[0]

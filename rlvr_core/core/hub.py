@@ -64,42 +64,62 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
-def _pull_hint(repo: str, revision: str | None, repo_type: str, pull: str | None) -> str:
+def _advice(repo: str, revision: str | None, repo_type: str, pull: str | None, pulling: bool) -> str:
+    """What to do about a snapshot that is neither cached nor downloadable here. `pulling`: the caller is
+    `rlvr pull` itself, so the advice is where to run it, not to run it."""
     ref = repo + (f"@{revision}" if revision else "")
-    hint = pull or (f"rlvr pull model {ref}" if repo_type == "model" else "rlvr pull benchmark <the benchmark reading it>")
+    cmd = pull or (f"rlvr pull model {ref}" if repo_type == "model" else "rlvr pull benchmark <the benchmark reading it>")
+    todo = ("run this `rlvr pull` where there is network, with the same HF_HOME (or copy that cache folder here)"
+            if pulling else f"run `{cmd}` where there is network, with the same HF_HOME")
     # `models/Qwen2.5-0.5B` reads as a hub id too: say so when the user may have meant a local folder.
-    return hint + (f"`, or fix the path: there is no local folder {repo} either" if repo_type == "model" else "`")
+    return todo + (f"; or, for a local folder: there is no folder {repo}" if repo_type == "model" else "")
+
+
+_NETWORK = ("ConnectError", "ConnectTimeout", "ConnectionError", "Name or service not known", "Connection refused",
+            "Network is unreachable", "Temporary failure in name resolution", "timed out")
+
+
+def _why_not_downloaded(e: Exception) -> str:
+    """The download's failure in a few words: no connection, or the hub's answer (no such repo or revision)."""
+    chain, cause = [], e
+    while cause is not None and len(chain) < 5:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(f"{type(c).__name__}: {c}" for c in chain)
+    if any(marker in text for marker in _NETWORK):
+        from huggingface_hub import constants
+
+        return f"no connection to {constants.ENDPOINT}"
+    line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
 
 
 def snapshot(repo: str, *, repo_type: str = "model", revision: str | None = None,
              allow_patterns: list[str] | None = None, pull: str | None = None,
-             hash_files: bool = True) -> Snapshot:
+             hash_files: bool = True, pulling: bool = False) -> Snapshot:
     """The snapshot of `repo` at `revision`: from the cache, else downloaded (unless offline).
 
     allow_patterns: only these files (globs; a data set's split files). pull: the command a `HubMissing`
-    error names (default `rlvr pull model REF` for a model). Raises HubMissing, one line, when the snapshot
-    is not cached and cannot be downloaded now.
+    error names (default `rlvr pull model REF` for a model); `pulling`: the caller is that command. Raises
+    HubMissing, one line, when the snapshot is not cached and cannot be downloaded now.
     """
     from huggingface_hub import snapshot_download
 
     kw = dict(repo_type=repo_type, revision=revision, allow_patterns=allow_patterns, cache_dir=_cache_dir())
-    hint = _pull_hint(repo, revision, repo_type, pull)
-    ref = repo + (f"@{revision}" if revision else "")
+    advice = _advice(repo, revision, repo_type, pull, pulling)
+    missing = f"{repo_type} {repo + (f'@{revision}' if revision else '')} is not in the Hugging Face cache " \
+              f"({_cache_dir()})"
     try:
         folder = Path(snapshot_download(repo, local_files_only=True, **kw))
         if allow_patterns and not _matches(folder, allow_patterns):
             raise FileNotFoundError(f"no {allow_patterns} in the cached snapshot")
     except Exception:  # noqa: BLE001 — not cached (huggingface_hub raises several kinds): download or say so
         if offline():
-            raise HubMissing(f"{repo_type} {ref} is not in the Hugging Face cache ({_cache_dir()}) and "
-                             f"HF_HUB_OFFLINE is set: run `{hint} (pull where there is network, same HF_HOME)") from None
+            raise HubMissing(f"{missing} and HF_HUB_OFFLINE is set: {advice}") from None
         try:
             folder = Path(snapshot_download(repo, **kw))
         except Exception as e:  # noqa: BLE001 — no network, no such repo or revision: one line either way
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise HubMissing(f"{repo_type} {ref} is not in the Hugging Face cache ({_cache_dir()}) and could not "
-                             f"be downloaded ({type(e).__name__}: {why}): run `{hint} where there is network"
-                             ) from None
+            raise HubMissing(f"{missing} and could not be downloaded ({_why_not_downloaded(e)}): {advice}") from None
     files = _files(folder, allow_patterns) if hash_files else {}
     return Snapshot(repo, repo_type, revision, folder.name, folder, files)
 

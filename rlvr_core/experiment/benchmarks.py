@@ -426,14 +426,14 @@ def _synthetic_rows(spec: BenchmarkSpec, split: str) -> list[dict]:
              "meta": {"difficulty": r["difficulty"], "n_steps": r["n_steps"]}} for r in rows]
 
 
-def hub_split(spec: BenchmarkSpec, split: str) -> hub.Snapshot:
+def hub_split(spec: BenchmarkSpec, split: str, pulling: bool = False) -> hub.Snapshot:
     """The hub snapshot holding `split` of the benchmark's data (cache first, then a download unless offline);
     HubMissing names `rlvr pull benchmark <name>` when neither works."""
     h = spec.data.hub
     if h is None or split not in h.files:
         raise KeyError(f"benchmark {spec.name} names no hub file for split {split!r}")
     return hub.snapshot(h.repo, repo_type="dataset", revision=h.revision, allow_patterns=[h.files[split]],
-                        pull=f"rlvr pull benchmark {spec.name}")
+                        pull=f"rlvr pull benchmark {spec.name}", pulling=pulling)
 
 
 def _uses_hub(spec: BenchmarkSpec, split: str, file: Path | None) -> bool:
@@ -452,9 +452,9 @@ def _read(spec: BenchmarkSpec, split: str, file: Path | None) -> list[dict]:
     return rows
 
 
-def hub_rows(spec: BenchmarkSpec, split: str) -> tuple[hub.Snapshot, list[dict]]:
+def hub_rows(spec: BenchmarkSpec, split: str, pulling: bool = False) -> tuple[hub.Snapshot, list[dict]]:
     """One split read from the benchmark's hub copy (whatever the data root holds), hash-checked."""
-    snap = hub_split(spec, split)
+    snap = hub_split(spec, split, pulling)
     files = sorted(snap.folder / f for f in snap.files)
     where = f"hf://datasets/{snap.repo}@{snap.commit}/{spec.data.hub.files[split]}"
     if not files:

