@@ -324,9 +324,10 @@ def test_a_run_stopped_by_a_guard_is_recorded_and_exports_nothing(demo_runs):
     # The serious firing and the steps up to the stop reached the warehouse; nothing after it ran.
     q = rlvr(home, "warehouse", "query", "select guard_id, step from health_events where run_id = "
              f"'{run['run_id']}' and serious", "--json")
-    (event,) = json.loads(q.stdout)
-    assert event["guard_id"] in ("G-kl-explosion", "G-collapse") and event["step"] == stop
-    assert event["guard_id"] in proc.stderr
+    events = json.loads(q.stdout)  # both guards may fire at the stop step; the message names the first
+    assert events and {e["step"] for e in events} == {stop}
+    assert {e["guard_id"] for e in events} <= {"G-kl-explosion", "G-collapse"} and \
+        head.group(1) in {e["guard_id"] for e in events}
     q = rlvr(home, "warehouse", "query", "select max(step) as last from train_steps where run_id = "
              f"'{run['run_id']}'", "--json")
     assert json.loads(q.stdout) == [{"last": stop}]
