@@ -33,7 +33,8 @@ class Evaluated:
     source: EvalSource              # its samples and settings (`compare.from_tables`)
     links: dict[str, str] = field(default_factory=dict)  # label -> href, in the order shown
     new: bool = False               # evaluated by this flow run
-    note: str = ""                  # e.g. G-prompt-mismatch
+    trained_with: str | None = None  # the prompt template it was trained with (None: unknown)
+    template_mismatch: bool = False  # G-prompt-mismatch: trained on another template than the suite's
 
 
 def checkpoint_numbers(src: EvalSource) -> dict[str, Any]:
@@ -85,7 +86,8 @@ def build_report(suite: str, checkpoints: list[Evaluated], base: Evaluated | Non
     """The report's content: `checkpoints` in export order, each with its numbers and deltas."""
     rows, prev = [], None
     for c in checkpoints:
-        rows.append({"name": c.name, "new": c.new, "note": c.note, "links": c.links, **checkpoint_numbers(c.source),
+        rows.append({"name": c.name, "new": c.new, "links": c.links, "trained_with": c.trained_with,
+                     "template_mismatch": c.template_mismatch, **checkpoint_numbers(c.source),
                      "vs_previous": paired_delta(prev.source, c.source) | {"against": prev.name} if prev else None,
                      "vs_base": paired_delta(base.source, c.source) if base else None})
         prev = c
@@ -117,6 +119,15 @@ def _passk(r: dict) -> str:
     return ", ".join(f"@{k} {_pct(v)}" for k, v in r["passk"].items()) or "–"
 
 
+def _trained_with(r: dict) -> str:
+    t = r.get("trained_with")
+    return "unknown" if t is None else f"`{t}`" + (" ⚠ template mismatch" if r.get("template_mismatch") else "")
+
+
+MISMATCH_NOTE = ("**G-prompt-mismatch**: a checkpoint marked ⚠ was trained on another prompt template than this "
+                 "suite's; its score may understate what it learned.")
+
+
 def to_markdown(rep: dict[str, Any]) -> str:
     lines = [f"# Nightly evaluation — suite `{rep['suite']}`", "",
              f"{rep['n_in_store']} checkpoints in the store; {sum(r['new'] for r in rep['rows'])} evaluated in this run"
@@ -127,12 +138,14 @@ def to_markdown(rep: dict[str, Any]) -> str:
         lines += ["", f"{len(rep['pending'])} being evaluated by another run."]
     b = rep["base"]
     lines += ["", f"Base model: greedy accuracy {_acc(b)}; pass {_passk(b)}" if b else "No base-model evaluation.", ""]
-    lines += ["| checkpoint | greedy accuracy [95 %] | pass@k | Δ vs previous [95 %] | Δ vs base [95 %] | links |",
-              "|---|---|---|---|---|---|"]
+    lines += ["| checkpoint | greedy accuracy [95 %] | pass@k | Δ vs previous [95 %] | Δ vs base [95 %] | trained with "
+              "| links |", "|---|---|---|---|---|---|---|"]
     for r in rep["rows"]:
         links = " · ".join(f"[{label}]({href})" for label, href in r["links"].items())
-        lines.append(f"| {'★ ' if r['new'] else ''}`{r['name']}`{' ⚠ ' + r['note'] if r['note'] else ''} | {_acc(r)} "
-                     f"| {_passk(r)} | {_delta(r['vs_previous'])} | {_delta(r['vs_base'])} | {links} |")
+        lines.append(f"| {'★ ' if r['new'] else ''}`{r['name']}` | {_acc(r)} | {_passk(r)} | "
+                     f"{_delta(r['vs_previous'])} | {_delta(r['vs_base'])} | {_trained_with(r)} | {links} |")
+    if any(r["template_mismatch"] for r in rep["rows"]):
+        lines += ["", MISMATCH_NOTE]
     return "\n".join(lines) + "\n"
 
 
@@ -152,10 +165,10 @@ def to_html(rep: dict[str, Any]) -> str:
     for r in rep["rows"]:
         links = " · ".join(_a(href, label) for label, href in r["links"].items())
         rows.append(f'<tr data-checkpoint="{html.escape(r["name"], quote=True)}">'
-                    f'<td class="name">{"★ " if r["new"] else ""}<code>{html.escape(r["name"])}</code>'
-                    f'{" ⚠ " + html.escape(r["note"]) if r["note"] else ""}</td>'
+                    f'<td class="name">{"★ " if r["new"] else ""}<code>{html.escape(r["name"])}</code></td>'
                     + _td("accuracy", _acc(r)) + _td("passk", _passk(r)) + _td("delta-previous", _delta(r["vs_previous"]))
-                    + _td("delta-base", _delta(r["vs_base"])) + f'<td class="links">{links}</td></tr>')
+                    + _td("delta-base", _delta(r["vs_base"])) + _td("trained-with", _trained_with(r).replace("`", ""))
+                    + f'<td class="links">{links}</td></tr>')
     header = " · ".join(_a(href, label) for label, href in rep["header_links"].items())
     base = (f'<p class="base">Base model: greedy accuracy {html.escape(_acc(b))}; pass {html.escape(_passk(b))}</p>'
             if b else "<p>No base-model evaluation.</p>")
@@ -169,7 +182,8 @@ padding:4px 8px;vertical-align:top}}th{{background:#f4f4f4}}</style></head><body
 {len(rep['rows'])} evaluated for this suite, in export order. Numbers in points; {html.escape(rep['ci_method'])}.</p>
 <p>{header}</p>{pending}{base}
 <table><tr><th>checkpoint</th><th>greedy accuracy [95 %]</th><th>pass@k</th><th>Δ vs previous [95 %]</th>
-<th>Δ vs base [95 %]</th><th>links</th></tr>
+<th>Δ vs base [95 %]</th><th>trained with</th><th>links</th></tr>
 {chr(10).join(rows)}
-</table></body></html>
+</table>{"<p>" + html.escape(MISMATCH_NOTE.replace("**", "")) + "</p>" if any(r["template_mismatch"] for r in rep["rows"]) else ""}
+</body></html>
 """
