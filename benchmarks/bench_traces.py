@@ -71,9 +71,12 @@ def child(a: argparse.Namespace) -> None:
     res = train_grpo(a.base, rows, [r["id"] for r in rows], work / "train", cfg, template_id="qa",
                      reward=RewardConfig(verifier="gsm8k"), max_new_tokens=a.max_new_tokens, seed=0,
                      on_rollouts=on_rollouts if sink else None)
+    rows = pq.read_table(res.steps_path).to_pylist()
     out = {"steps": [{"step": r["step"], "step_s": r["t_rollout_s"] + r["t_reward_s"] + r["t_train_s"],
-                      "hook_ms": 1000 * hook_s[i] if hook_s else 0.0}
-                     for i, r in enumerate(pq.read_table(res.steps_path).to_pylist())]}
+                      "hook_ms": 1000 * hook_s[i] if hook_s else 0.0} for i, r in enumerate(rows)],
+           # what the policy traces: every step (--every 1), its first --groups trained groups
+           "expected": sum(min(int(r["dynamic/groups_kept"]), a.groups) for r in rows if r["step"] % a.every == 0
+                           or r["step"] == cfg.steps)}
     if sink is not None:
         t = time.perf_counter()
         sink.close()
@@ -129,6 +132,7 @@ def main() -> None:
            for arm, rs in runs.items()}
     hook = statistics.median(s["hook_ms"] for r in runs["on"] for s in r["steps"] if s["step"] > a.warmup_steps)
     traces = sum(r["traces"] for r in runs["on"])
+    expected = sum(r["expected"] for r in runs["on"])
     print(f"\nthreads={a.threads} rounds={a.rounds}, P={a.prompts_per_step} G={a.group_size}, {a.warmup_steps} "
           f"warm-up + {a.steps} measured steps per run, {a.groups} groups traced every {a.every} step(s); "
           f"loadavg(1m) {load0:.2f} before, {os.getloadavg()[0]:.2f} after; wall {time.perf_counter() - t0:.0f}s")
@@ -136,9 +140,10 @@ def main() -> None:
     print("|---|---|---|---|")
     print(f"| step time (s) | {med['off']:.3f} | {med['on']:.3f} | {med['on'] / med['off']:.3f} |")
     print(f"| time in the trace hook (ms) | - | {hook:.2f} | {hook / 1000 / med['off']:.4f} of a step |")
-    print(f"| traces written | 0 | {traces} | |")
+    print(f"| traces written | 0 | {traces} (expected {expected}) | |")
     if a.json:
-        Path(a.json).write_text(json.dumps({"median_step_s": med, "hook_ms": hook, "traces": traces, "runs": runs}))
+        Path(a.json).write_text(json.dumps({"median_step_s": med, "hook_ms": hook, "traces": traces, "expected": expected,
+                                             "runs": runs}))
 
 
 if __name__ == "__main__":

@@ -207,9 +207,11 @@ def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overri
     all_ckpts = find_checkpoints(store)
     done = set(store.list(join(INDEX, suite)))
     new = [p for p in all_ckpts if marker_key(suite, p) not in done]
-    results, elsewhere = [], []
+    results, elsewhere, base = [], [], None
     if new:
         log.info(f"suite {suite}: {len(all_ckpts)} checkpoints, {len(new)} without an evaluation")
+        # The base first: a run evaluating checkpoints beside this one finds it done when it writes its report.
+        base = _evaluate_base(store, cfg, suite) if compare_base else None
         results, elsewhere = _evaluate_unclaimed(store, cfg, suite, new, max_checkpoints)
     out = {"suite_version": suite, "n_checkpoints": len(all_ckpts), "evaluated": results,
            "claimed_elsewhere": elsewhere}
@@ -218,7 +220,7 @@ def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overri
         done_n = len(all_ckpts) - len(elsewhere)
         log.info(f"nothing new: {done_n} checkpoints already evaluated for suite {suite}{busy}")
         return out
-    base = _evaluate_base(store, cfg, suite) if compare_base else None
+    base = base if base and store.exists(join(base, "evals", "metrics.parquet")) else None
     key = join(EXPERIMENT, "reports", f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{suite}")
     md, page = _report(store, cfg, suite, all_ckpts, results, elsewhere, base, key + ".html")
     store.put_text(key + ".md", md)
@@ -258,15 +260,16 @@ BASE_EVALS = "nightly-eval/base"  # the suite's base-model evaluation: <suite>/<
 
 
 def _evaluate_base(store: ArtifactStore, cfg: ExperimentConfig, suite: str) -> str | None:
-    """The folder of the config's base model's evaluation for this suite (evaluated once, under a claim like a
-    checkpoint; the metrics table is written last and marks it done); None while another run holds the claim."""
+    """The folder of the config's base model's evaluation for this suite, evaluated here unless it is done or
+    another run holds its claim (once per suite, claimed like a checkpoint; the metrics table is written last and
+    marks it done)."""
     data = t.make_data(cfg, SILENT)
     model = t.warm_start_base(cfg, data)
     folder = join(BASE_EVALS, suite, model.model_hash[:20])
     if store.exists(join(folder, "evals", "metrics.parquet")):
         return folder
     if not claim_checkpoint(store, suite, f"base:{model.model_hash}"):
-        return None
+        return folder
     ev = t.evaluate(cfg, data, model, f"nightly-{suite}", "base")
     for name, table in (("samples", ev.samples), ("metrics", ev.metrics)):
         buf = io.BytesIO()
@@ -328,6 +331,7 @@ def _report(store: ArtifactStore, cfg: ExperimentConfig, suite: str, all_ckpts: 
                                  marker.get("train_template"), bool(marker.get("template_mismatch"))))
     base_eval = (Evaluated("base", _source(store, base, suite, "base"),
                            {"evaluation folder": _rel(report_key, join(base, "evals"))}) if base else None)
-    header = {"Prefect flow run": flow_run.ui_url} if flow_run.id and flow_run.ui_url else {}
+    ui = flow_run.ui_url if flow_run.id else None  # None outside Prefect; "None/…" without a server address
+    header = {"Prefect flow run": ui} if ui and ui.startswith(("http://", "https://")) else {}
     rep = build_report(suite, entries, base_eval, n_in_store=len(all_ckpts), header_links=header, pending=elsewhere)
     return to_markdown(rep), to_html(rep)
