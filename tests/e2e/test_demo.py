@@ -253,12 +253,12 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
         step = int(t.info.tags["step"])
         assert client.search_traces(locations=[t.info.experiment_id], run_id=run,
                                     filter_string=f"tags.step = '{step}'", max_results=100)
-        for c in next(s for s in t.data.spans if s.parent_id is None).outputs:
-            row = warehouse.get((step, t.info.tags["prompt_id"], c["sample_index"]))
+        for out in next(sp for sp in t.data.spans if sp.parent_id is None).outputs:
+            row = warehouse.get((step, t.info.tags["prompt_id"], out["sample_index"]))
             if row is not None:
-                assert {k: c[k] for k in ("completion", "reward", "status", "length", "finish_reason")} == {
+                assert {k: out[k] for k in ("completion", "reward", "status", "length", "finish_reason")} == {
                     k: row[k] for k in ("completion", "reward", "status", "length", "finish_reason")}
-                assert c["weight_version"] == step - 1
+                assert out["weight_version"] == step - 1
                 compared += 1
     assert compared == sum(1 for k in warehouse if k[0] in (2, 3)) > 0
     # ... the guard firings and per-step flag episodes from the trainer's summary, then the evaluations'
