@@ -142,8 +142,8 @@ def main() -> None:
     print(f"| time in the trace hook (ms) | - | {hook:.2f} | {hook / 1000 / med['off']:.4f} of a step |")
     print(f"| traces written | 0 | {traces} (expected {expected}) | |")
     if a.json:
-        Path(a.json).write_text(json.dumps({"median_step_s": med, "hook_ms": hook, "traces": traces, "expected": expected,
-                                             "runs": runs}))
+        Path(a.json).write_text(json.dumps({"median_step_s": med, "hook_ms": hook, "traces": traces,
+                                             "expected": expected, "runs": runs}))
 
 
 if __name__ == "__main__":
