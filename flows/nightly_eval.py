@@ -333,5 +333,6 @@ def _report(store: ArtifactStore, cfg: ExperimentConfig, suite: str, all_ckpts: 
                            {"evaluation folder": _rel(report_key, join(base, "evals"))}) if base else None)
     ui = flow_run.ui_url if flow_run.id else None  # None outside Prefect; "None/…" without a server address
     header = {"Prefect flow run": ui} if ui and ui.startswith(("http://", "https://")) else {}
-    rep = build_report(suite, entries, base_eval, n_in_store=len(all_ckpts), header_links=header, pending=elsewhere)
+    pending = [p for p in elsewhere if p not in done]  # claimed elsewhere and still without its marker
+    rep = build_report(suite, entries, base_eval, n_in_store=len(all_ckpts), header_links=header, pending=pending)
     return to_markdown(rep), to_html(rep)

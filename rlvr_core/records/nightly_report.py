@@ -137,7 +137,9 @@ def to_markdown(rep: dict[str, Any]) -> str:
     if rep["pending"]:
         lines += ["", f"{len(rep['pending'])} being evaluated by another run."]
     b = rep["base"]
-    lines += ["", f"Base model: greedy accuracy {_acc(b)}; pass {_passk(b)}" if b else "No base-model evaluation.", ""]
+    base_links = "".join(f" · [{label}]({href})" for label, href in b["links"].items()) if b else ""
+    lines += ["", f"Base model: greedy accuracy {_acc(b)}; pass {_passk(b)}{base_links}" if b
+              else "No base-model evaluation.", ""]
     lines += ["| checkpoint | greedy accuracy [95 %] | pass@k | Δ vs previous [95 %] | Δ vs base [95 %] | trained with "
               "| links |", "|---|---|---|---|---|---|---|"]
     for r in rep["rows"]:
@@ -170,7 +172,8 @@ def to_html(rep: dict[str, Any]) -> str:
                     + _td("delta-base", _delta(r["vs_base"])) + _td("trained-with", _trained_with(r).replace("`", ""))
                     + f'<td class="links">{links}</td></tr>')
     header = " · ".join(_a(href, label) for label, href in rep["header_links"].items())
-    base = (f'<p class="base">Base model: greedy accuracy {html.escape(_acc(b))}; pass {html.escape(_passk(b))}</p>'
+    base = (f'<p class="base">Base model: greedy accuracy {html.escape(_acc(b))}; pass {html.escape(_passk(b))}'
+            + "".join(" · " + _a(href, label) for label, href in b["links"].items()) + "</p>"
             if b else "<p>No base-model evaluation.</p>")
     pending = f"<p>{len(rep['pending'])} being evaluated by another run.</p>" if rep["pending"] else ""
     return f"""<!doctype html>

@@ -92,7 +92,8 @@ class _Cells(HTMLParser):
 def test_html_carries_the_numbers_and_links():
     rep = build_report("s", [Evaluated("a", C1, {"eval folder": "../eval_a/index.html"}),
                              Evaluated("b & c", C2, {"MLflow run": "http://h/#/experiments/1/runs/x?q=1&r=2"}, new=True)],
-                       Evaluated("base", BASE), n_in_store=2, header_links={"Prefect flow run": "http://p/runs/1"})
+                       Evaluated("base", BASE, {"base folder": "../base/evals"}), n_in_store=2,
+                       header_links={"Prefect flow run": "http://p/runs/1"})
     page = _Cells()
     page.feed(to_html(rep))
     assert set(page.cells) == {"a", "b & c"}
@@ -100,4 +101,5 @@ def test_html_carries_the_numbers_and_links():
     assert re.fullmatch(r"75\.0 \[\d+\.\d, \d+\.\d\] \(n = 4\)", row["accuracy"])
     assert row["passk"] == "@1 75.0, @2 100.0"
     assert row["delta-previous"].startswith("+25.0 [") and row["delta-base"].startswith("+50.0 [")
-    assert page.links == ["http://p/runs/1", "../eval_a/index.html", "http://h/#/experiments/1/runs/x?q=1&r=2"]
+    assert page.links == ["http://p/runs/1", "../base/evals", "../eval_a/index.html",
+                          "http://h/#/experiments/1/runs/x?q=1&r=2"]
