@@ -21,14 +21,17 @@ the server is taken over by the next run. One run at a time per deployment: pref
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import posixpath
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from prefect import get_client, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+import pyarrow.parquet as pq
 from prefect.runtime import flow_run
 
 from flows.pipeline import resolve_config
@@ -119,7 +122,10 @@ def fetch_checkpoint(store: ArtifactStore, prefix: str) -> stages.ModelArtifact:
 
 @task(name="record-nightly-eval", **t.RETRY)
 def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix: str, model: stages.ModelArtifact,
-                data: stages.DataArtifact, ev: stages.EvalArtifact) -> dict[str, Any]:
+                data: stages.DataArtifact, ev: stages.EvalArtifact, started_at: float | None = None) -> dict[str, Any]:
+    """`started_at`: when this checkpoint's fetch and evaluation began (epoch seconds), so the run's start and
+    finish show how long it took (the MLflow run and the run record; default: now)."""
+    started_at = time.time() if started_at is None else started_at
     tracker = Tracker(EXPERIMENT, cfg.tracking.tracking_uri)
     tags = {"kind": "eval", "suite_version": suite, "checkpoint": store.url(prefix), "checkpoint_key": prefix,
             "prefect_flow_run_id": str(flow_run.id) if flow_run.id else None,
@@ -129,11 +135,12 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
                                        f"tags.suite_version = '{suite}' and tags.checkpoint_key = '{prefix}'",
                                        max_results=1)
     run_id = (found[0].info.run_id if found
-              else tracker.start_run(layout.mlflow_run_name("eval", checkpoint=prefix), tags))
+              else tracker.start_run(layout.mlflow_run_name("eval", checkpoint=prefix), tags,
+                                     start_time_ms=int(started_at * 1000)))
     # nightly-eval/eval_<checkpoint's run folder>-<run id[:8]>/ (rlvr_core.artifacts.layout)
     run_prefix = layout.run_prefix(EXPERIMENT, "eval " + prefix.removesuffix("/checkpoints/final"), run_id)
     row = {"run_id": run_id, "experiment": EXPERIMENT, "name": f"eval {prefix}", "kind": "eval",
-           "status": "FINISHED", "started_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+           "status": "FINISHED", "started_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started_at)),
            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "duration_s": ev.summary["duration_s"],
            "config_hash": cfg.config_hash(), "model_id": model.model_id, "model_hash": model.model_hash,
            "tokenizer_hash": model.tokenizer_hash, "dataset_hash": data.dataset_hash,
@@ -165,6 +172,8 @@ def record_eval(store: ArtifactStore, cfg: ExperimentConfig, suite: str, prefix:
     store.put_text(marker_key(suite, prefix), json.dumps({"checkpoint": prefix, "suite_version": suite,
                                                           "mlflow_run_id": run_id, "run_prefix": run_prefix,
                                                           "accuracy_greedy": ev.summary["accuracy_greedy"],
+                                                          "train_template": ev.summary.get("train_template"),
+                                                          "template_mismatch": bool(ev.summary.get("template_mismatch")),
                                                           "evaluated_at": row["finished_at"]}))
     return {"checkpoint": prefix, "mlflow_run_id": run_id, "accuracy_greedy": ev.summary["accuracy_greedy"],
             "n": ev.summary["n"], "flags": len(events), "train_template": ev.summary.get("train_template"),
@@ -187,7 +196,9 @@ def _mismatch_note(cfg: ExperimentConfig, summary: dict[str, Any]) -> str:
 
 @sealed_flow(name="nightly-eval", log_prints=True, validate_parameters=False)
 def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overrides: dict[str, Any] | None = None,
-                      max_checkpoints: int | None = None) -> dict[str, Any]:
+                      max_checkpoints: int | None = None, compare_base: bool = True) -> dict[str, Any]:
+    """`compare_base`: evaluate the config's base model once per suite, so the report gives each checkpoint's
+    difference to it (paired)."""
     settings.configure_environment()
     log = get_run_logger()
     cfg = resolve_config(config, overrides)
@@ -196,9 +207,11 @@ def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overri
     all_ckpts = find_checkpoints(store)
     done = set(store.list(join(INDEX, suite)))
     new = [p for p in all_ckpts if marker_key(suite, p) not in done]
-    results, elsewhere = [], []
+    results, elsewhere, base = [], [], None
     if new:
         log.info(f"suite {suite}: {len(all_ckpts)} checkpoints, {len(new)} without an evaluation")
+        # The base first: a run evaluating checkpoints beside this one finds it done when it writes its report.
+        base = _evaluate_base(store, cfg, suite) if compare_base else None
         results, elsewhere = _evaluate_unclaimed(store, cfg, suite, new, max_checkpoints)
     out = {"suite_version": suite, "n_checkpoints": len(all_ckpts), "evaluated": results,
            "claimed_elsewhere": elsewhere}
@@ -207,10 +220,16 @@ def nightly_eval_flow(config: dict[str, Any] | str = "configs/demo.yaml", overri
         done_n = len(all_ckpts) - len(elsewhere)
         log.info(f"nothing new: {done_n} checkpoints already evaluated for suite {suite}{busy}")
         return out
-    report = _report(suite, all_ckpts, results, elsewhere)
-    store.put_text(join(EXPERIMENT, "reports", f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{suite}.md"), report)
-    create_markdown_artifact(report, key="nightly-eval-report", description=f"nightly evaluation, suite {suite}")
+    base = base if base and store.exists(join(base, "evals", "metrics.parquet")) else None
+    key = join(EXPERIMENT, "reports", f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{suite}")
+    md, page = _report(store, cfg, suite, all_ckpts, results, elsewhere, base, key + ".html")
+    store.put_text(key + ".md", md)
+    store.put_text(key + ".html", page)
+    create_markdown_artifact(md, key="nightly-eval-report", description=f"nightly evaluation, suite {suite}")
+    create_link_artifact(store.url(key + ".html"), link_text="the report as HTML", key="nightly-eval-report-html",
+                         description=f"nightly evaluation, suite {suite}: intervals, pass@k, deltas, links")
     create_table_artifact(results, key="nightly-eval-results", description=f"checkpoints evaluated ({suite})")
+    out["report"] = {"markdown": store.url(key + ".md"), "html": store.url(key + ".html")}
     return out
 
 
@@ -227,31 +246,93 @@ def _evaluate_unclaimed(store: ArtifactStore, cfg: ExperimentConfig, suite: str,
             elsewhere.append(prefix)
             continue
         data = data if data is not None else t.make_data(cfg, SILENT)
+        started_at = time.time()
         model = fetch_checkpoint(store, prefix)
         ev = t.evaluate(cfg, data, model, f"nightly-{suite}", store.url(prefix))
         if ev.summary.get("template_mismatch"):
             get_run_logger().warning(f"G-prompt-mismatch: {prefix} was trained with {ev.summary['train_template']}, "
                                      f"evaluated with {get_template(cfg.prompt.template).key}")
-        results.append(record_eval(store, cfg, suite, prefix, model, data, ev))
+        results.append(record_eval(store, cfg, suite, prefix, model, data, ev, started_at))
     return results, elsewhere
 
 
-def _report(suite: str, all_ckpts: list[str], results: list[dict[str, Any]], elsewhere: list[str] = ()) -> str:
-    lines = [f"# Nightly evaluation — suite `{suite}`", "",
-             f"{len(all_ckpts)} checkpoints in the store; {len(results)} evaluated in this run"
-             + (f"; {len(elsewhere)} being evaluated by another run." if elsewhere else "."), ""]
-    if results:
-        lines += ["| checkpoint | greedy accuracy | n | trained with | MLflow run |", "|---|---|---|---|---|"]
-        lines += [f"| `{r['checkpoint']}` | {r['accuracy_greedy']:.3f} | {r['n']} | {_trained_with(r)} | "
-                  f"`{r['mlflow_run_id']}` |" for r in results]
-        if any(r.get("template_mismatch") for r in results):
-            lines += ["", "**G-prompt-mismatch**: a checkpoint marked ⚠ was trained on another prompt template "
-                      "than this suite's; its score may understate what it learned."]
-    else:
-        lines.append("Nothing new: every checkpoint already has an evaluation for this suite version.")
-    return "\n".join(lines) + "\n"
+BASE_EVALS = "nightly-eval/base"  # the suite's base-model evaluation: <suite>/<model hash[:20]>/evals/*.parquet
 
 
-def _trained_with(r: dict[str, Any]) -> str:
-    t = r.get("train_template")
-    return "unknown" if t is None else f"`{t}`" + (" ⚠ template mismatch" if r.get("template_mismatch") else "")
+def _evaluate_base(store: ArtifactStore, cfg: ExperimentConfig, suite: str) -> str | None:
+    """The folder of the config's base model's evaluation for this suite, evaluated here unless it is done or
+    another run holds its claim (once per suite, claimed like a checkpoint; the metrics table is written last and
+    marks it done)."""
+    data = t.make_data(cfg, SILENT)
+    model = t.warm_start_base(cfg, data)
+    folder = join(BASE_EVALS, suite, model.model_hash[:20])
+    if store.exists(join(folder, "evals", "metrics.parquet")):
+        return folder
+    if not claim_checkpoint(store, suite, f"base:{model.model_hash}"):
+        return folder
+    ev = t.evaluate(cfg, data, model, f"nightly-{suite}", "base")
+    for name, table in (("samples", ev.samples), ("metrics", ev.metrics)):
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        store.put_bytes(join(folder, "evals", f"{name}.parquet"), buf.getvalue())
+    return folder
+
+
+def _source(store: ArtifactStore, folder: str, suite: str, label: str):
+    """One evaluation's samples and settings from its folder in the store (`compare.from_tables`)."""
+    from rlvr_core.eval.compare import from_tables
+
+    samples, metrics = (pq.read_table(io.BytesIO(store.get_bytes(join(folder, "evals", f"{n}.parquet"))))
+                        for n in ("samples", "metrics"))
+    return from_tables(samples, metrics, f"nightly-{suite}", label, store.url(folder))
+
+
+def _rel(report_key: str, key: str) -> str:
+    """A link from the report to another key of the store, relative, so it works wherever the store is browsed."""
+    return posixpath.relpath(key, posixpath.dirname(report_key))
+
+
+def _checkpoint_links(store: ArtifactStore, cfg: ExperimentConfig, prefix: str, marker: dict[str, Any],
+                      report_key: str, trackers: dict[str, Tracker]) -> dict[str, str]:
+    """The training run (its index page and MLflow run), the evaluation's MLflow run and folder, the checkpoint."""
+    run_folder = prefix.removesuffix("/checkpoints/final")
+    links = {}
+    if store.exists(join(run_folder, "index.html")):
+        links["training run"] = _rel(report_key, join(run_folder, "index.html"))
+    uri = settings.mlflow_tracking_uri(cfg.tracking.tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        run = json.loads(store.get_text(join(run_folder, layout.RUN_FILE))) if store.exists(
+            join(run_folder, layout.RUN_FILE)) else {}
+        for label, exp, run_id in (("training MLflow run", run.get("experiment"), run.get("mlflow_run_id")),
+                                   ("evaluation MLflow run", EXPERIMENT, marker["mlflow_run_id"])):
+            if exp and run_id:
+                tracker = trackers.setdefault(exp, Tracker(exp, cfg.tracking.tracking_uri))
+                links[label] = tracker.run_url(run_id)
+    links["evaluation folder"] = _rel(report_key, join(marker["run_prefix"], "index.html"))
+    links["checkpoint"] = _rel(report_key, join(prefix, MANIFEST_FILE))
+    return links
+
+
+def _report(store: ArtifactStore, cfg: ExperimentConfig, suite: str, all_ckpts: list[str],
+            results: list[dict[str, Any]], elsewhere: list[str], base: str | None, report_key: str) -> tuple[str, str]:
+    """(Markdown, HTML) of every checkpoint evaluated for the suite so far, in export order
+    (rlvr_core.records.nightly_report)."""
+    from rlvr_core.records.nightly_report import Evaluated, build_report, to_html, to_markdown
+
+    new = {r["checkpoint"] for r in results}
+    done = [p for p in all_ckpts if store.exists(marker_key(suite, p))]
+    exported = {p: json.loads(store.get_text(join(p, MANIFEST_FILE))).get("created_at") or "" for p in done}
+    trackers: dict[str, Tracker] = {}
+    entries = []
+    for p in sorted(done, key=lambda p: (exported[p], p)):
+        marker = json.loads(store.get_text(marker_key(suite, p)))
+        entries.append(Evaluated(p, _source(store, marker["run_prefix"], suite, p),
+                                 _checkpoint_links(store, cfg, p, marker, report_key, trackers), p in new,
+                                 marker.get("train_template"), bool(marker.get("template_mismatch"))))
+    base_eval = (Evaluated("base", _source(store, base, suite, "base"),
+                           {"evaluation folder": _rel(report_key, join(base, "evals"))}) if base else None)
+    ui = flow_run.ui_url if flow_run.id else None  # None outside Prefect; "None/…" without a server address
+    header = {"Prefect flow run": ui} if ui and ui.startswith(("http://", "https://")) else {}
+    pending = [p for p in elsewhere if p not in done]  # claimed elsewhere and still without its marker
+    rep = build_report(suite, entries, base_eval, n_in_store=len(all_ckpts), header_links=header, pending=pending)
+    return to_markdown(rep), to_html(rep)

@@ -642,9 +642,32 @@ class EvalConfig(_Scoring):
     _WORKERS: ClassVar[str] = "verifier_workers"
 
 
+class TracesConfig(_Strict):
+    """Which rollouts and evaluation samples reach MLflow as traces (docs/tracking.md, "Rollout traces")."""
+    enabled: bool = Field(True, description="log rollout traces to the run (nothing is logged without an MLflow run)")
+    groups_per_step: int = Field(4, ge=0, description="trained groups (all their completions) traced on a traced step; "
+                                 "the first ones in sampling order")
+    every: int | Literal["eval"] = Field("eval", description="which steps are traced: 'eval' = the steps the periodic "
+                                         "evaluation runs at (grpo.eval_every, and the last step); N = every N steps "
+                                         "and the last; 0 = only steps a guard flagged")
+    flagged: bool = Field(True, description="every group of a step where a guard flagged (health/* set) is traced")
+    eval_wrong: int = Field(8, ge=0, description="wrong greedy completions of each periodic evaluation traced (the "
+                            "first ones in problem order); 0 = none")
+    max_chars: int = Field(20000, ge=100, description="prompts and completions longer than this are cut in the trace "
+                           "(the warehouse keeps them whole)")
+
+    @field_validator("every")
+    @classmethod
+    def _every_count(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError(f"must be 'eval' or an integer >= 0, got {v}")
+        return v
+
+
 class TrackingConfig(_Strict):
     experiment: str = Field("rlvr-demo", min_length=1, description="MLflow experiment name")
     tracking_uri: str | None = Field(None, description="MLflow URI; None = MLFLOW_TRACKING_URI or the embedded sqlite store")
+    traces: TracesConfig = Field(default_factory=TracesConfig, description="rollouts as MLflow traces")
 
 
 class StorageConfig(_Strict):

@@ -153,7 +153,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                evaluate: Callable[[Any, Any], dict[str, float]] | None = None, engine: str = "hf",
                engine_options: dict | None = None, on_step: Callable[[dict], None] | None = None,
                base_eval: dict[str, float] | None = None,
-               base_rollouts: Mapping[str, Mapping[str, float]] | None = None) -> GRPOResult:
+               base_rollouts: Mapping[str, Mapping[str, float]] | None = None,
+               on_rollouts: Callable[[dict, RolloutBatch], None] | None = None) -> GRPOResult:
     """Train the policy in `base_model_dir` with GRPO on the curriculum; see the module docstring.
 
     Resumes from `out_dir/checkpoints` when it holds a checkpoint. `stop_after_steps` ends this call
@@ -163,7 +164,9 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     `eval/<name>`. `engine` names the rollout engine (rollout_engine.py: "hf" or "vllm"), `engine_options`
     its settings (vllm: `vllm.LLM` overrides, see `rlvr_core.sampling.vllm.llm_options`). `on_step(row)` gets
     each finished step's row of steps.parquet on rank 0 (guard flags set), e.g. a
-    `rlvr_core.records.tracking.StepMetricsSink` that sends it to MLflow while training runs. Returns a GRPOResult;
+    `rlvr_core.records.tracking.StepMetricsSink` that sends it to MLflow while training runs; `on_rollouts(row,
+    rollouts)` gets the same row with the step's RolloutBatch (rank 0's groups), e.g. a
+    `rlvr_core.records.traces.TraceSink` that writes sampled groups as MLflow traces. Returns a GRPOResult;
     `final_model_dir` exists only when all `cfg.steps` steps are done. `reward` says how completions are scored
     (verifier, mode, worker processes, time limit, what a timeout scores, the G-verifier-hang threshold).
     `base_eval` ({name: value} of the base model, on what `evaluate` scores) is G-reward-hacking's reference
@@ -231,6 +234,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             serious = run.guards.check(state.step_rows, say)
             if on_step is not None and dp.is_main:
                 on_step(row)  # the row is final now (guard flags set): live metrics (docs/tracking.md)
+            if on_rollouts is not None and dp.is_main:
+                on_rollouts(row, rollouts)  # rollout traces (docs/tracking.md); copies what it keeps, sends later
             if dp.max([float(bool(serious))])[0] > 0:
                 _stop_collapsed(run, serious, step)  # before the data position moves and any checkpoint
             state.data_pos += rollouts.n_groups  # every prompt sampled is consumed, kept or not

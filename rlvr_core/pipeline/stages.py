@@ -464,12 +464,28 @@ def train_here(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, c
     from rlvr_core.grpo.trainer import train_grpo
 
     ids = pq.read_table(curriculum.path, columns=["problem_id"]).column("problem_id").to_pylist()
-    with _live_metrics(cfg, mlflow_run_id) as on_step:
+    with _live_metrics(cfg, mlflow_run_id) as on_step, _live_traces(cfg, mlflow_run_id) as traces:
         return train_grpo(base.path, data.train_rows(), ids, folder, cfg.grpo, template_id=cfg.prompt.template,
                           reward=cfg.reward, max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed,
-                          progress=lambda msg: progress("grpo", msg), evaluate=held_out_eval(cfg, data),
+                          progress=lambda msg: progress("grpo", msg),
+                          evaluate=held_out_eval(cfg, data, on_samples=traces and traces.on_samples),
                           engine=cfg.sampling.engine, engine_options=_rollout_options(cfg), on_step=on_step,
-                          base_eval=base_eval, base_rollouts=base_rollouts(curriculum))
+                          base_eval=base_eval, base_rollouts=base_rollouts(curriculum), on_rollouts=traces)
+
+
+@contextlib.contextmanager
+def _live_traces(cfg: ExperimentConfig, run_ids: str | Sequence[str] | None):
+    """The trainer's `on_rollouts`: a TraceSink on the run a person opens (the last of `run_ids`: the pipeline or
+    trial run above the train stage run), or None without a run or with `tracking.traces.enabled` off."""
+    ids = [run_ids] if isinstance(run_ids, str) else [r for r in run_ids or () if r]
+    if not ids or not cfg.tracking.traces.enabled:
+        yield None
+        return
+    from rlvr_core.records.traces import TraceSink
+
+    with TraceSink(ids[-1], cfg.tracking.tracking_uri, cfg.tracking.traces, last_step=cfg.grpo.steps,
+                   eval_interval=cfg.grpo.eval_interval()) as sink:
+        yield sink
 
 
 def _eval_limits(cfg: ExperimentConfig) -> EvalLimits:
@@ -562,14 +578,17 @@ def export_stage(trained: TrainArtifact, base: ModelArtifact, store: Any, prefix
                           store.url(prefix), int(manifest["step"]), dtype, file_sha256(local / MANIFEST_FILE))
 
 
-def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, Any], dict[str, float]]:
+def held_out_eval(cfg: ExperimentConfig, data: DataArtifact,
+                  on_samples: Callable[[list[dict], list[dict], int], None] | None = None
+                  ) -> Callable[[Any, Any], dict[str, float]]:
     """The trainer's periodic evaluation (every `grpo.eval_every` steps and after the last; G-no-eval,
     G-reward-hacking): the evaluator (`rlvr_core.eval.evaluate`) on the same held-out benchmark as
     `evaluate_stage`, so the curve's last point is the trained model's `accuracy_greedy`. Greedy accuracy
     always; pass@k from `grpo.eval_samples` sampled completions per problem at `eval.temperature` when
     both are > 0, on the first `grpo.eval_max_problems` held-out problems (`periodic_problems`). Always the
     hf engine on the trainer's own module: a vLLM engine would need a weight push for a handful of greedy
-    problems (docs/engines.md)."""
+    problems (docs/engines.md). `on_samples(samples, problems, start_ns)` gets each evaluation's sample rows (the
+    rollout traces' wrong evaluation samples)."""
     from rlvr_core.sampling.hf import HFEngine
 
     n = cfg.grpo.eval_samples
@@ -580,7 +599,10 @@ def held_out_eval(cfg: ExperimentConfig, data: DataArtifact) -> Callable[[Any, A
     def evaluate(model: Any, tokenizer: Any) -> dict[str, float]:
         # the trained module itself, DeepSpeed's hooks on it: graphed only when asked for (docs/engines.md)
         engine = HFEngine(model, tokenizer, batch_size=cfg.sampling.batch_size, compile=bool(cfg.sampling.hf_compile))
+        t0 = time.time_ns()
         res = evaluate_spec(engine, tokenizer, spec, run=run, problems=problems, eval_id="periodic")
+        if on_samples is not None:
+            on_samples(res.samples, problems, t0)
         # `<name>_n` lets the G-reward-hacking guard tell a real drop from binomial noise.
         out = {"greedy_pass_at_1": res.summary["accuracy_greedy"], "greedy_pass_at_1_n": float(len(problems))}
         if n:

@@ -470,11 +470,13 @@ class Tracker:
         """The tracking URI without any password in it: safe to print and record."""
         return redact_url(self.tracking_uri)
 
-    def start_run(self, name: str, tags: dict[str, Any], parent_run_id: str | None = None) -> str:
+    def start_run(self, name: str, tags: dict[str, Any], parent_run_id: str | None = None,
+                  start_time_ms: int | None = None) -> str:
+        """A run with the common tags (and `tags`); `start_time_ms`: when its work began, if before now."""
         t = {**self.common, **{k: str(v) for k, v in tags.items() if v is not None}}
         if parent_run_id:
             t["mlflow.parentRunId"] = parent_run_id
-        run_id = self.client.create_run(self.experiment_id, run_name=name, tags=t).info.run_id
+        run_id = self.client.create_run(self.experiment_id, run_name=name, tags=t, start_time=start_time_ms).info.run_id
         self._runs.append(run_id)
         return run_id
 

@@ -249,6 +249,28 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     assert n_rollouts > 0
     q = rlvr(home, "warehouse", "query", f"select count(*) as n from rollout_samples where run_id = '{run}'", "--json")
     assert json.loads(q.stdout) == [{"n": n_rollouts}]
+    # ... and the traced groups on the run (tracking.traces: the evaluation steps 2 and 3, both groups of each)
+    # hold the warehouse's completions and rewards for the same steps.
+    q = rlvr(home, "warehouse", "query", "select step, prompt_id, sample_index, completion, reward, status, length, "
+             f"finish_reason from rollout_samples where run_id = '{run}'", "--json")
+    warehouse = {(r["step"], r["prompt_id"], r["sample_index"]): r for r in json.loads(q.stdout)}
+    traces = client.search_traces(locations=[client.get_run(run).info.experiment_id], run_id=run,
+                                  filter_string="tags.`rlvr.kind` = 'rollout'", max_results=100)
+    assert sorted((t.info.tags["step"], t.info.tags["prompt_id"]) for t in traces) == sorted(
+        (str(st), p) for st in (2, 3) for p in {k[1] for k in warehouse if k[0] == st})
+    compared = 0
+    for t in traces:
+        step = int(t.info.tags["step"])
+        assert client.search_traces(locations=[t.info.experiment_id], run_id=run,
+                                    filter_string=f"tags.step = '{step}'", max_results=100)
+        for out in next(sp for sp in t.data.spans if sp.parent_id is None).outputs:
+            row = warehouse.get((step, t.info.tags["prompt_id"], out["sample_index"]))
+            if row is not None:
+                assert {k: out[k] for k in ("completion", "reward", "status", "length", "finish_reason")} == {
+                    k: row[k] for k in ("completion", "reward", "status", "length", "finish_reason")}
+                assert out["weight_version"] == step - 1
+                compared += 1
+    assert compared == sum(1 for k in warehouse if k[0] in (2, 3)) > 0
     # ... the guard firings and per-step flag episodes from the trainer's summary, then the evaluations'
     # flags (the file is authoritative, even when empty) ...
     firings = json.loads((train_folder / "grpo_summary.json").read_text())["health_firings"]

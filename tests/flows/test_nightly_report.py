@@ -1,22 +1,26 @@
 """The nightly-eval report says which template each checkpoint was trained with and marks a mismatch with the
 suite's (G-prompt-mismatch; the flag itself comes from `evaluate_stage`, tests/test_export.py)."""
 
-from flows.nightly_eval import _mismatch_note, _report
+from flows.nightly_eval import _mismatch_note
 from rlvr_core.experiment.config import parse_config
+from rlvr_core.eval.compare import EvalSource
+from rlvr_core.records.nightly_report import Evaluated, build_report, to_markdown
+
+C1 = EvalSource("c1", "<test>", [{"benchmark": "synthetic", "problem_id": "p0", "side_by_side": {}, "greedy": True,
+                                  "sample_index": 0, "status": "correct"}], {"synthetic": {"verifier": "gsm8k"}})
 
 
 def test_report_marks_a_checkpoint_trained_on_another_template():
-    row = {"checkpoint": "exp/run-1/checkpoints/final", "accuracy_greedy": 0.5, "n": 10, "mlflow_run_id": "r1"}
-    results = [{**row, "train_template": "minerva@1", "template_mismatch": True},
-               {**row, "checkpoint": "exp/run-2/checkpoints/final", "train_template": "qa@1",
-                "template_mismatch": False},
-               {**row, "checkpoint": "hub/model", "train_template": None, "template_mismatch": False}]
-    lines = _report("synthetic@2-x", [r["checkpoint"] for r in results], results).splitlines()
-    assert "| trained with |" in lines[4]
-    assert lines[6].startswith("| `exp/run-1/checkpoints/final` |") and "`minerva@1` ⚠ template mismatch" in lines[6]
-    assert "`qa@1` |" in lines[7] and "⚠" not in lines[7] and "| unknown |" in lines[8]
+    ckpts = [Evaluated("exp/run-1/checkpoints/final", C1, trained_with="minerva@1", template_mismatch=True),
+             Evaluated("exp/run-2/checkpoints/final", C1, trained_with="qa@1"), Evaluated("hub/model", C1)]
+    lines = to_markdown(build_report("synthetic@2-x", ckpts, None, n_in_store=3)).splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| checkpoint |"))
+    assert "| trained with |" in lines[head]
+    assert lines[head + 2].startswith("| `exp/run-1/checkpoints/final` |")
+    assert "`minerva@1` ⚠ template mismatch" in lines[head + 2]
+    assert "`qa@1` |" in lines[head + 3] and "⚠" not in lines[head + 3] and "| unknown |" in lines[head + 4]
     assert "**G-prompt-mismatch**" in lines[-1]
-    assert "G-prompt-mismatch" not in _report("s", ["a"], results[1:])
+    assert "G-prompt-mismatch" not in to_markdown(build_report("s", ckpts[1:], None, n_in_store=2))
 
     cfg = parse_config({})
     note = _mismatch_note(cfg, {"train_template": "minerva@1", "template_mismatch": True})

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from datetime import datetime
+from html.parser import HTMLParser
 import uuid
 from pathlib import Path
 
@@ -168,6 +170,24 @@ def test_sweep_through_the_cli_shows_the_lr_effect(stack):
     assert len(tables) == 1
     assert len(list((Path(stack["home"]) / "cache" / "pass_rate_table").glob("[0-9a-f]*"))) == 1
     assert wh(stack, "select count(*) as n from runs where kind = 'trial'") == [{"n": 4}]
+    # Each trial's run holds its rollout traces, read through the tracking server (tracking.traces: the evaluation
+    # steps 5 and 10, the first 4 groups of each), with the warehouse's rewards for the same completions.
+    from mlflow.tracking import MlflowClient
+
+    server = MlflowClient(stack["mlflow_url"])
+    for c in children:
+        traces = server.search_traces(locations=[c.info.experiment_id], run_id=c.info.run_id,
+                                      filter_string="tags.`rlvr.kind` = 'rollout'", max_results=100)
+        steps = sorted(int(t.info.tags["step"]) for t in traces)
+        # 4 groups of each evaluation step; a step a guard flagged has all its 16 groups
+        assert steps.count(5) in (4, 16) and steps.count(10) in (4, 16), steps
+        rows = {(r["step"], r["prompt_id"], r["sample_index"]): r["reward"] for r in wh(
+            stack, "select step, prompt_id, sample_index, reward from rollout_samples where run_id = ?",
+            [c.info.run_id])}
+        roots = [(t, next(s for s in t.data.spans if s.parent_id is None)) for t in traces]
+        seen = [(rows[k], out["reward"]) for t, root in roots for out in root.outputs
+                if (k := (int(t.info.tags["step"]), t.info.tags["prompt_id"], out["sample_index"])) in rows]
+        assert seen and all(a == b for a, b in seen)
 
 
 def test_artifacts_open_takes_what_the_sweep_printed(stack):
@@ -256,6 +276,26 @@ def test_the_sweep_in_a_browser(stack):
         assert pg.locator("svg").count() >= 1 and pg.locator("svg").first.bounding_box()["height"] > 50
         screenshot(pg, "trial_index.png")
         assert own == [], own  # our pages, opened on their own, load nothing that fails
+
+
+def test_a_rollout_trace_in_the_browser(stack):
+    """A trial's rollout traces in MLflow's UI (Debian's chromium): the run's Traces tab lists them, and a trace
+    opens on its group: the prompt, each completion with its reward and verdict, the sample and verify spans."""
+    from rlvr_core.records.tracking import Tracker
+    from tests.dashboards.browser import page, screenshot
+
+    _, children = sweep_runs(stack, "demo-lr")
+    trial = next(c for c in children if c.data.tags["trial_id"] == "t01")
+    tracker = Tracker("rlvr-sweeps", tracking_uri=stack["mlflow_url"])
+    with page(width=1600, height=1000) as (pg, errors):
+        pg.goto(tracker.run_url(trial.info.run_id).replace(f"/runs/{trial.info.run_id}",
+                                                           f"/runs/{trial.info.run_id}/traces"))
+        pg.get_by_text("Question:").first.click(timeout=90_000)  # a trace's request: its prompt
+        pg.get_by_text("verify", exact=True).first.wait_for(timeout=60_000)
+        assert pg.get_by_text("sample", exact=True).count() >= 1
+        pg.get_by_text("reward").first.wait_for(timeout=30_000)
+        assert pg.get_by_text("finish_reason").count() >= 1 and pg.get_by_text("weight_version").count() >= 1
+        screenshot(pg, "mlflow_rollout_trace.png")
 
 
 def _wilson(k: float, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -372,6 +412,83 @@ def _completed_tasks(state, flow_run_ids: list[str], names: tuple[str, ...], exp
         time.sleep(1)
 
 
+class _ReportPage(HTMLParser):
+    """The nightly report's HTML: {checkpoint: {cell class: text}}, the base paragraph and every link."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.cells, self.links, self.base, self._cls, self._row = {}, [], "", None, None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self._row = a["data-checkpoint"] if tag == "tr" and "data-checkpoint" in a else self._row
+        self._cls = a.get("class") if tag in ("td", "p") else self._cls
+        if tag == "a":
+            self.links.append(a["href"])
+
+    def handle_data(self, data):
+        if self._cls == "base":
+            self.base += data
+        elif self._row and self._cls:
+            self.cells.setdefault(self._row, {}).setdefault(self._cls, "")
+            self.cells[self._row][self._cls] += data
+
+    def handle_endtag(self, tag):
+        self._cls = None if tag in ("td", "p") else self._cls
+
+
+def _points(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"[-+]?\d+\.\d", text)]
+
+
+def _check_nightly_report(state, store, runs) -> None:
+    """The HTML report of the run that wrote last lists the four checkpoints in export order with accuracy, n and
+    interval, pass@k, paired deltas to the previous checkpoint and to the base, and links that lead somewhere."""
+    reports = sorted(k for k in store.list("nightly-eval/reports") if k.endswith(".html"))
+    assert len(reports) in (1, 2) and all(store.exists(k[:-5] + ".md") for k in reports)
+    pages = [(k, _ReportPage(store.get_text(k))) for k in reports]
+    key, page = [(k, p) for k, p in pages if len(p.cells) == 4][-1]
+    acc = {r["name"].removeprefix("eval "): r["value"] for r in wh(state, """select r.name, m.value from eval_metrics m
+             join runs r using (run_id) where r.kind = 'eval' and m.metric = 'accuracy_greedy'""")}
+    base_acc, base_lo, base_hi = _points(page.base)[:3]
+    assert base_lo <= base_acc <= base_hi
+    previous = None
+    for name, row in page.cells.items():
+        a, lo, hi = _points(row["accuracy"])
+        assert a == pytest.approx(100 * acc[name], abs=0.05) and lo <= a <= hi and "(n = 200)" in row["accuracy"]
+        assert re.fullmatch(r"@1 \d+\.\d, @2 \d+\.\d", row["passk"]), row["passk"]
+        # Same 200 problems on both sides: the paired mean difference is the difference of the accuracies.
+        d, dlo, dhi = _points(row["delta-base"])
+        assert d == pytest.approx(a - base_acc, abs=0.11) and dlo <= d <= dhi and "(n = 200)" in row["delta-base"]
+        if previous is None:
+            assert row["delta-previous"] == "–"
+        else:
+            d, dlo, dhi = _points(row["delta-previous"])
+            assert d == pytest.approx(a - previous, abs=0.11) and dlo <= d <= dhi
+        previous = a
+    # Every link works: relative ones reach files of the store, MLflow's name runs it holds, Prefect's the flow run.
+    client, root = mlflow_client(state), Path(state["home"]) / "artifacts"
+    kinds = {"store": 0, "mlflow": 0, "prefect": 0}
+    for href in page.links:
+        if href.startswith(state["mlflow_url"]):
+            assert client.get_run(href.split("/runs/")[1].split("?")[0]).info.status == "FINISHED"
+            assert urllib.request.urlopen(href, timeout=30).status == 200
+            kinds["mlflow"] += 1
+        elif href.startswith("http"):
+            assert href.split("/")[-1] in {r["id"] for r in runs}, href
+            kinds["prefect"] += 1
+        else:
+            assert (root / key).parent.joinpath(href).resolve().exists(), href
+            kinds["store"] += 1
+    assert kinds == {"store": 4 * 3 + 1, "mlflow": 4 * 2, "prefect": 1}, kinds
+    # The flow run links the page; the evaluation runs start when their work began, not when they were recorded.
+    arts = _api(state, "/artifacts/filter", {"artifacts": {"key": {"any_": ["nightly-eval-report-html"]}}})
+    assert any(store.url(key) in a["data"] for a in arts), arts
+    evals = wh(state, "select started_at, finished_at, duration_s from runs where kind = 'eval'")
+    assert all(r["started_at"] < r["finished_at"] for r in evals), evals
+
+
 def test_nightly_eval_evaluates_each_checkpoint_once(stack):
     from flows.nightly_eval import claim_folder, find_checkpoints, suite_version
     from flows.pipeline import resolve_config
@@ -397,8 +514,9 @@ def test_nightly_eval_evaluates_each_checkpoint_once(stack):
             if r["state_type"] != "SCHEDULED"]  # the cron's future runs are already on the server
     assert len(runs) == 2 and all(r["state_type"] == "COMPLETED" for r in runs), [r["state_type"] for r in runs]
     # Each checkpoint evaluated and recorded once, by one of the two runs; the warehouse holds one row each.
+    # (evaluate: the four checkpoints and, once for the suite, the base model the report compares them with)
     completed = _completed_tasks(stack, [r["id"] for r in runs], ("evaluate", "record-nightly-eval"), 4)
-    assert completed == {"evaluate": 4, "record-nightly-eval": 4}, completed
+    assert completed == {"evaluate": 5, "record-nightly-eval": 4}, completed
     evals = wh(stack, "select name from runs where kind = 'eval' order by name")
     assert [e["name"] for e in evals] == [f"eval {p}" for p in ckpts]
     taken = claims.current(store, claim_folder(suite, ckpts[0]))
@@ -409,6 +527,7 @@ def test_nightly_eval_evaluates_each_checkpoint_once(stack):
                         where a.eval_id = 'trained' and b.eval_id like 'nightly-%' and a.metric = 'accuracy_greedy'
                         and abs(a.value - b.value) < 1e-12""")
     assert same == [{"n": 4}]
+    _check_nightly_report(stack, store, runs)
 
     # The deployment runs one at a time: of two runs created together one is cancelled by the concurrency
     # limit, the other finds nothing new and says so in one line, in seconds.
