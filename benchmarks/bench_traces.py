@@ -55,7 +55,7 @@ def child(a: argparse.Namespace) -> None:
     if a.child == "on":
         from mlflow.tracking import MlflowClient
 
-        from rlvr_core.records.traces import TraceSink
+        from rlvr_core.pipeline.traces import TraceSink
 
         uri = f"sqlite:///{work / 'mlflow.db'}"
         client = MlflowClient(uri)

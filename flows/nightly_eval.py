@@ -43,6 +43,8 @@ from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core import settings
 from rlvr_core.core.progress import SILENT
 from rlvr_core.data.templates import get_template
+from rlvr_core.eval.compare import from_tables
+from rlvr_core.eval.nightly_report import Evaluated, build_report, to_html, to_markdown
 from rlvr_core.experiment.config import ExperimentConfig, config_hash
 from rlvr_core.pipeline import stages
 from rlvr_core.records import warehouse
@@ -280,8 +282,6 @@ def _evaluate_base(store: ArtifactStore, cfg: ExperimentConfig, suite: str) -> s
 
 def _source(store: ArtifactStore, folder: str, suite: str, label: str):
     """One evaluation's samples and settings from its folder in the store (`compare.from_tables`)."""
-    from rlvr_core.eval.compare import from_tables
-
     samples, metrics = (pq.read_table(io.BytesIO(store.get_bytes(join(folder, "evals", f"{n}.parquet"))))
                         for n in ("samples", "metrics"))
     return from_tables(samples, metrics, f"nightly-{suite}", label, store.url(folder))
@@ -316,9 +316,7 @@ def _checkpoint_links(store: ArtifactStore, cfg: ExperimentConfig, prefix: str, 
 def _report(store: ArtifactStore, cfg: ExperimentConfig, suite: str, all_ckpts: list[str],
             results: list[dict[str, Any]], elsewhere: list[str], base: str | None, report_key: str) -> tuple[str, str]:
     """(Markdown, HTML) of every checkpoint evaluated for the suite so far, in export order
-    (rlvr_core.records.nightly_report)."""
-    from rlvr_core.records.nightly_report import Evaluated, build_report, to_html, to_markdown
-
+    (rlvr_core.eval.nightly_report)."""
     new = {r["checkpoint"] for r in results}
     done = [p for p in all_ckpts if store.exists(marker_key(suite, p))]
     exported = {p: json.loads(store.get_text(join(p, MANIFEST_FILE))).get("created_at") or "" for p in done}

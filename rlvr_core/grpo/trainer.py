@@ -166,7 +166,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     each finished step's row of steps.parquet on rank 0 (guard flags set), e.g. a
     `rlvr_core.records.tracking.StepMetricsSink` that sends it to MLflow while training runs; `on_rollouts(row,
     rollouts)` gets the same row with the step's RolloutBatch (rank 0's groups), e.g. a
-    `rlvr_core.records.traces.TraceSink` that writes sampled groups as MLflow traces. Returns a GRPOResult;
+    `rlvr_core.pipeline.traces.TraceSink` that writes sampled groups as MLflow traces. Returns a GRPOResult;
     `final_model_dir` exists only when all `cfg.steps` steps are done. `reward` says how completions are scored
     (verifier, mode, worker processes, time limit, what a timeout scores, the G-verifier-hang threshold).
     `base_eval` ({name: value} of the base model, on what `evaluate` scores) is G-reward-hacking's reference

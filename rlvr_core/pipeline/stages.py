@@ -40,6 +40,7 @@ from rlvr_core.core import hub
 from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark, split_problems
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.experiment.guard_coverage import guard_coverage
+from rlvr_core.pipeline.traces import TraceSink
 from rlvr_core.pipeline.cache import cached_dir, localize, mark_done, resumable_dir, resumable_path
 from rlvr_core.pipeline.launch import train_group
 from rlvr_core.records.tracking import StepMetricsSink
@@ -481,8 +482,6 @@ def _live_traces(cfg: ExperimentConfig, run_ids: str | Sequence[str] | None):
     if not ids or not cfg.tracking.traces.enabled:
         yield None
         return
-    from rlvr_core.records.traces import TraceSink
-
     with TraceSink(ids[-1], cfg.tracking.tracking_uri, cfg.tracking.traces, last_step=cfg.grpo.steps,
                    eval_interval=cfg.grpo.eval_interval()) as sink:
         yield sink

@@ -1,4 +1,4 @@
-"""The nightly report's numbers and pages (rlvr_core/records/nightly_report.py), on hand-made evaluations whose
+"""The nightly report's numbers and pages (rlvr_core/eval/nightly_report.py), on hand-made evaluations whose
 intervals are computed here independently."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 import pytest
 
 from rlvr_core.eval.compare import EvalSource
-from rlvr_core.records.nightly_report import Evaluated, build_report, checkpoint_numbers, to_html, to_markdown
+from rlvr_core.eval.nightly_report import Evaluated, build_report, checkpoint_numbers, to_html, to_markdown
 
 SETTINGS = {"verifier": "gsm8k", "verifier_mode": None, "temperature": 1.0, "template": "qa"}
 

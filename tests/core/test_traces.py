@@ -1,4 +1,4 @@
-"""Rollout traces (rlvr_core/records/traces.py): which steps are traced, and what a trace holds once written to a
+"""Rollout traces (rlvr_core/pipeline/traces.py): which steps are traced, and what a trace holds once written to a
 real MLflow sqlite store and read back with `MlflowClient().search_traces`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from rlvr_core.experiment.config import ConfigError, TracesConfig, parse_config
 from rlvr_core.grpo.rollouts import GroupStats, RolloutBatch, RolloutGroup
-from rlvr_core.records.traces import TraceSink, traced_reason
+from rlvr_core.pipeline.traces import TraceSink, traced_reason
 from rlvr_core.sampling.base import Sample
 from rlvr_core.verifiers.base import Outcome, Status
 

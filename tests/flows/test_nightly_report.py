@@ -4,7 +4,7 @@ suite's (G-prompt-mismatch; the flag itself comes from `evaluate_stage`, tests/t
 from flows.nightly_eval import _mismatch_note
 from rlvr_core.experiment.config import parse_config
 from rlvr_core.eval.compare import EvalSource
-from rlvr_core.records.nightly_report import Evaluated, build_report, to_markdown
+from rlvr_core.eval.nightly_report import Evaluated, build_report, to_markdown
 
 C1 = EvalSource("c1", "<test>", [{"benchmark": "synthetic", "problem_id": "p0", "side_by_side": {}, "greedy": True,
                                   "sample_index": 0, "status": "correct"}], {"synthetic": {"verifier": "gsm8k"}})
