@@ -117,7 +117,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.child:
         return child(a)
-    peer._ensure_base(argparse.Namespace(base=a.base, threads=a.threads))
+    peer._ensure_base(argparse.Namespace(base=a.base, threads=a.threads, smoke_base=False))
     work = Path(tempfile.mkdtemp(prefix="bench-traces-"))
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     runs: dict[str, list[dict]] = {"off": [], "on": []}

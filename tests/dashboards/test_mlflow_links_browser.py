@@ -4,8 +4,7 @@ opens MLflow 3's model-training view (runs, charts, "Model registry" in the navi
 the parent run and a trial (their pages), the parallel-coordinates compare page, and the links inside the parent
 run's description. MLflow 3.17 decides the view from the link's `workflowType` (else its GenAI/Model training
 switch, kept in the browser, default GenAI): a link MLflow itself draws (a run's name in a table) has no
-`workflowType`, so the last part shows the one click docs/tracking.md asks for: after the switch is set to "Model
-training" once, plain links open in that view too. Screenshots go to tests/artifacts/ (copied to docs/screenshots/)."""
+`workflowType`, and docs/tracking.md asks for the one click on that switch. Screenshots go to tests/artifacts/ (copied to docs/screenshots/)."""
 
 from __future__ import annotations
 
@@ -112,20 +111,3 @@ def test_every_link_rlvr_prints_for_a_sweep_opens_the_model_training_view(sweep_
                 target.wait_for_url(f"**/runs/{trial.info.run_id}**", timeout=60_000, wait_until="commit")
                 _assert_model_training(target, "a trial link in the parent's description", "Model metrics")
             new.close()
-
-
-def test_after_one_click_on_the_switch_mlflows_own_links_stay_in_model_training(sweep_runs):
-    """What docs/tracking.md asks a person to do once: MLflow's own links (no `workflowType`) open GenAI until the
-    switch says "Model training"; the browser keeps that choice."""
-    t = sweep_runs["tracker"]
-    plain = t.experiment_url().split("?", 1)[0]  # a link as MLflow draws it
-    with page(width=1600, height=1000) as (pg, _errors):
-        pg.goto(plain)
-        pg.get_by_text("Sessions").first.wait_for(timeout=60_000)  # GenAI: the default of a fresh browser
-        screenshot(pg, "mlflow_genai_default.png")
-        pg.keyboard.press("Escape")  # the GenAI page's "Detect Issues" pop-over covers the page
-        pg.get_by_text("Model training", exact=True).first.click(force=True)
-        _assert_model_training(pg, "after the click", "matching runs")  # the experiment's runs table
-        screenshot(pg, "mlflow_model_training_switch.png")
-        pg.goto(t.run_url(sweep_runs["children"][1].info.run_id).split("?", 1)[0])
-        _assert_model_training(pg, "a plain run link after the click", "Model metrics")
