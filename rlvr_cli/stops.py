@@ -72,7 +72,7 @@ class _NoTracebacks(logging.Filter):
     """Keeps Prefect's failure records (the task's and flow's tracebacks) off the terminal; they stay in the log."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info or record.levelno >= logging.ERROR and record.name.startswith("prefect."))
+        return not (record.name.startswith("prefect.") and (record.exc_info or record.levelno >= logging.ERROR))
 
 
 def route_logs(home: Path, command: str, verbose: bool) -> Path:
