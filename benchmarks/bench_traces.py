@@ -68,21 +68,37 @@ def child(a: argparse.Namespace) -> None:
             t = time.perf_counter()
             sink(row, rollouts)
             hook_s.append(time.perf_counter() - t)
+    cpu0 = time.process_time()
     res = train_grpo(a.base, rows, [r["id"] for r in rows], work / "train", cfg, template_id="qa",
                      reward=RewardConfig(verifier="gsm8k"), max_new_tokens=a.max_new_tokens, seed=0,
                      on_rollouts=on_rollouts if sink else None)
+    cpu_s = time.process_time() - cpu0  # the training process's CPU time, every thread (the sink's too)
     rows = pq.read_table(res.steps_path).to_pylist()
     out = {"steps": [{"step": r["step"], "step_s": r["t_rollout_s"] + r["t_reward_s"] + r["t_train_s"],
                       "hook_ms": 1000 * hook_s[i] if hook_s else 0.0} for i, r in enumerate(rows)],
-           # what the policy traces: every step (--every 1), its first --groups trained groups
-           "expected": sum(min(int(r["dynamic/groups_kept"]), a.groups) for r in rows if r["step"] % a.every == 0
-                           or r["step"] == cfg.steps)}
+           "expected": _expected_traces(rows, a, cfg.steps), "cpu_s": cpu_s}
     if sink is not None:
         t = time.perf_counter()
         sink.close()
         traces = client.search_traces(locations=[exp], run_id=run_id, max_results=10_000, include_spans=False)
-        out.update(drain_s=time.perf_counter() - t, traces=len(traces), sent=sink.sent, dropped=sink.dropped)
+        out.update(drain_s=time.perf_counter() - t, traces=len(traces), sent=sink.sent, dropped=sink.dropped,
+                   sink_cpu_s=sink.cpu_s)
     Path(a.child_out).write_text(json.dumps(out))
+
+
+def _expected_traces(rows: list[dict], a: argparse.Namespace, last_step: int) -> int:
+    """Traces the policy asks for: on a traced step its first --groups trained groups, on a step a guard flagged
+    every group it trained (`tracking.traces.flagged`)."""
+    from rlvr_core.experiment.config import TracesConfig
+    from rlvr_core.pipeline.traces import traced_reason
+
+    policy, n = TracesConfig(every=a.every, groups_per_step=a.groups), 0
+    for r in rows:
+        flagged = [k for k, v in r.items() if k.startswith("health/") and v]
+        reason = traced_reason(policy, int(r["step"]), last_step, 0, flagged)
+        kept = int(r["dynamic/groups_kept"])
+        n += 0 if reason is None else kept if reason == "flagged" else min(kept, a.groups)
+    return n
 
 
 def run_arm(a: argparse.Namespace, arm: str, work: Path) -> dict:
@@ -128,23 +144,29 @@ def main() -> None:
             print(f"round {rnd + 1} {arm}: median step {statistics.median(s['step_s'] for s in res['steps']):.3f}s"
                   + (f", {res['traces']} traces ({res['dropped']} dropped), drain {res['drain_s']:.2f}s"
                      if arm == "on" else ""), flush=True)
-    med = {arm: statistics.median(s["step_s"] for r in rs for s in r["steps"] if s["step"] > a.warmup_steps)
-           for arm, rs in runs.items()}
+    measured = {arm: [s["step_s"] for r in rs for s in r["steps"] if s["step"] > a.warmup_steps]
+                for arm, rs in runs.items()}
+    med = {arm: statistics.median(v) for arm, v in measured.items()}
+    mean = {arm: statistics.fmean(v) for arm, v in measured.items()}
     hook = statistics.median(s["hook_ms"] for r in runs["on"] for s in r["steps"] if s["step"] > a.warmup_steps)
     traces = sum(r["traces"] for r in runs["on"])
     expected = sum(r["expected"] for r in runs["on"])
+    sink_share = sum(r["sink_cpu_s"] for r in runs["on"]) / sum(r["cpu_s"] for r in runs["on"])
     print(f"\nthreads={a.threads} rounds={a.rounds}, P={a.prompts_per_step} G={a.group_size}, {a.warmup_steps} "
-          f"warm-up + {a.steps} measured steps per run, {a.groups} groups traced every {a.every} step(s); "
-          f"loadavg(1m) {load0:.2f} before, {os.getloadavg()[0]:.2f} after; wall {time.perf_counter() - t0:.0f}s")
-    print("| per-step median | traces off | traces on | on / off |")
+          f"warm-up + {a.steps} measured steps per run, {a.groups} groups traced every {a.every} step(s) "
+          f"(and every group of a flagged step); loadavg(1m) {load0:.2f} before, {os.getloadavg()[0]:.2f} after; "
+          f"wall {time.perf_counter() - t0:.0f}s")
+    print("| per step | traces off | traces on | on / off |")
     print("|---|---|---|---|")
-    print(f"| step time (s) | {med['off']:.3f} | {med['on']:.3f} | {med['on'] / med['off']:.3f} |")
+    print(f"| step time, median (s) | {med['off']:.3f} | {med['on']:.3f} | {med['on'] / med['off']:.3f} |")
+    print(f"| step time, mean (s) | {mean['off']:.3f} | {mean['on']:.3f} | {mean['on'] / mean['off']:.3f} |")
     print(f"| time in the trace hook (ms) | - | {hook:.2f} | {hook / 1000 / med['off']:.4f} of a step |")
+    print(f"| the sink thread's CPU time, share of the run's | - | {100 * sink_share:.2f} % | |")
     print(f"| traces written | 0 | {traces} (expected {expected}) | |")
     if a.json:
-        Path(a.json).write_text(json.dumps({"median_step_s": med, "hook_ms": hook, "traces": traces,
+        Path(a.json).write_text(json.dumps({"median_step_s": med, "mean_step_s": mean, "hook_ms": hook,
+                                             "sink_cpu_share": sink_share, "traces": traces,
                                              "expected": expected, "runs": runs}))
-
 
 if __name__ == "__main__":
     main()

@@ -180,6 +180,7 @@ class TraceSink:
         self.tracking_uri = settings.mlflow_tracking_uri(tracking_uri)
         self.close_timeout_s = close_timeout_s
         self.sent = self.dropped = 0
+        self.cpu_s = 0.0  # CPU time the sink's thread spent building and writing traces (what it takes from training)
         self._eval: list[tuple[list[dict], list[dict], int, int]] = []  # evaluations waiting for their step's row
         self._queue: queue.Queue = queue.Queue()
         self._warned = False
@@ -214,6 +215,7 @@ class TraceSink:
         client = experiment_id = None
         while (item := self._queue.get()) is not None:
             recs, phases, flagged = item
+            cpu0 = time.thread_time()
             try:
                 if client is None:
                     from mlflow.tracing.client import TracingClient
@@ -232,6 +234,7 @@ class TraceSink:
                     _log.warning("rollout traces for MLflow run %s not written (%s); training goes on",
                                  self.run_id, _text_without_credentials(str(e))[:300])
                     self._warned = True
+            self.cpu_s += time.thread_time() - cpu0
 
     def __enter__(self) -> "TraceSink":
         return self
