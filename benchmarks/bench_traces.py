@@ -90,11 +90,12 @@ def _expected_traces(rows: list[dict], a: argparse.Namespace, last_step: int) ->
     """Traces the policy asks for: on a traced step its first --groups trained groups, on a step a guard flagged
     every group it trained (`tracking.traces.flagged`)."""
     from rlvr_core.experiment.config import TracesConfig
-    from rlvr_core.pipeline.traces import traced_reason
+    from rlvr_core.pipeline.traces import fresh_flags, traced_reason
 
-    policy, n = TracesConfig(every=a.every, groups_per_step=a.groups), 0
+    policy, n, last_traced = TracesConfig(every=a.every, groups_per_step=a.groups), 0, {}
     for r in rows:
-        flagged = [k for k, v in r.items() if k.startswith("health/") and v]
+        flagged = fresh_flags(last_traced, int(r["step"]), [k for k, v in r.items() if k.startswith("health/") and v],
+                              policy)
         reason = traced_reason(policy, int(r["step"]), last_step, 0, flagged)
         kept = int(r["dynamic/groups_kept"])
         n += 0 if reason is None else kept if reason == "flagged" else min(kept, a.groups)

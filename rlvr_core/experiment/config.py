@@ -651,6 +651,9 @@ class TracesConfig(_Strict):
                                          "evaluation runs at (grpo.eval_every, and the last step); N = every N steps "
                                          "and the last; 0 = only steps a guard flagged")
     flagged: bool = Field(True, description="every group of a step where a guard flagged (health/* set) is traced")
+    flagged_cooldown: int = Field(20, ge=0, description="after a guard's flagged step is traced, that guard's flags "
+                                  "in the next N steps are not traced again (a guard that flags on many steps in a "
+                                  "row would trace every group of each); 0 = every flagged step")
     eval_wrong: int = Field(8, ge=0, description="wrong greedy completions of each periodic evaluation traced (the "
                             "first ones in problem order); 0 = none")
     max_chars: int = Field(20000, ge=100, description="prompts and completions longer than this are cut in the trace "

@@ -2,10 +2,10 @@
 
 A researcher reads samples at step N with their rewards and verdicts; MLflow's Traces tab is where its UI shows
 such records. `TraceSink` is the trainer's `on_rollouts` hook (and the periodic evaluation's `on_samples`): on a
-traced step (`traced_reason`: the evaluation steps by default, every step a guard flagged) it copies the first
-`tracking.traces.groups_per_step` trained groups into plain records (prompt, each completion with its reward,
-verifier status and detail, length, finish reason, weight version) and hands them to a background thread that
-writes one trace per group:
+traced step (`traced_reason`: the evaluation steps by default, and a step a guard flagged, at most once per guard
+per `flagged_cooldown` steps) it copies the first `tracking.traces.groups_per_step` trained groups into plain
+records (prompt, each completion with its reward, verifier status and detail, length, finish reason, weight
+version) and hands them to a background thread that writes one trace per group:
 
     rollout group (CHAIN)   inputs: prompt, prompt id, gold   outputs: one row per completion
       ├ sample (LLM)        the step's generation phase        outputs: completions, lengths, finish reasons
@@ -34,7 +34,7 @@ from rlvr_core.core import settings
 from rlvr_core.data import gold_of
 from rlvr_core.records.tracking import _text_without_credentials, redact, redact_text
 
-__all__ = ["TraceSink", "traced_reason", "group_records", "eval_records", "trace_entities"]
+__all__ = ["TraceSink", "traced_reason", "fresh_flags", "group_records", "eval_records", "trace_entities"]
 
 _log = logging.getLogger("rlvr.tracking")
 KIND_TAG = "rlvr.kind"  # rollout | eval
@@ -51,6 +51,17 @@ def traced_reason(policy: Any, step: int, last_step: int, eval_interval: int, fl
         return "eval" if (eval_interval and step % eval_interval == 0) or step == last_step else None
     n = int(policy.every)
     return "every" if n and (step % n == 0 or step == last_step) else None
+
+
+def fresh_flags(last_traced: dict[str, int], step: int, flagged: list[str], policy: Any) -> list[str]:
+    """The guards among `flagged` whose last fully traced step (`last_traced`, updated here) lies
+    `policy.flagged_cooldown` or more steps back: the step is traced in full for them. A guard that flags many
+    steps in a row (G-kl-explosion's per-step flag on a drifting policy) would otherwise trace every group of each."""
+    cooldown = policy.flagged_cooldown
+    fresh = [g for g in flagged if not cooldown or step - last_traced.get(g, -cooldown) >= cooldown]
+    if policy.enabled and policy.flagged:
+        last_traced.update((g, step) for g in fresh)
+    return fresh
 
 
 def _cut(text: str, limit: int) -> str:
@@ -184,6 +195,7 @@ class TraceSink:
         self._eval: list[tuple[list[dict], list[dict], int, int]] = []  # evaluations waiting for their step's row
         self._queue: queue.Queue = queue.Queue()
         self._warned = False
+        self._flag_traced: dict[str, int] = {}  # guard -> the last step traced in full for its flag
         self._thread = threading.Thread(target=self._loop, name="mlflow-traces", daemon=True)
         self._thread.start()
 
@@ -200,7 +212,8 @@ class TraceSink:
             recs = eval_records(samples, problems, step=step, limit=self.policy.eval_wrong,
                                 max_chars=self.policy.max_chars)
             self._queue.put((recs, {"step": (t0, t1), "sample": (t0, t1), "verify": (t1, t1)}, ""))
-        reason = traced_reason(self.policy, step, self.last_step, self.eval_interval, flagged)
+        fresh = fresh_flags(self._flag_traced, step, flagged, self.policy)
+        reason = traced_reason(self.policy, step, self.last_step, self.eval_interval, fresh)
         if reason is None:
             return
         recs = group_records(row, rollouts, n_groups=None if reason == "flagged" else self.policy.groups_per_step,

@@ -9,7 +9,7 @@ import pytest
 
 from rlvr_core.experiment.config import ConfigError, TracesConfig, parse_config
 from rlvr_core.grpo.rollouts import GroupStats, RolloutBatch, RolloutGroup
-from rlvr_core.pipeline.traces import TraceSink, traced_reason
+from rlvr_core.pipeline.traces import TraceSink, fresh_flags, traced_reason
 from rlvr_core.sampling.base import Sample
 from rlvr_core.verifiers.base import Outcome, Status
 
@@ -24,6 +24,18 @@ def test_traced_steps_follow_the_policy():
     assert [s for s in range(1, 11) if traced_reason(TracesConfig(every=3), s, 10, 0, [])] == [3, 6, 9, 10]
     assert not [s for s in range(1, 11) if traced_reason(TracesConfig(every=0), s, 10, 4, [])]
     assert traced_reason(TracesConfig(enabled=False), 7, 120, 40, ["G-kl-explosion"]) is None
+
+
+def test_a_guard_flagging_step_after_step_is_traced_once_per_cooldown():
+    """A guard that flags steps 3-12 in a row traces its steps 3 and 8 in full (cooldown 5); another guard's first
+    flag (step 6) is traced at once; cooldown 0 traces every flagged step."""
+    policy, last = TracesConfig(flagged_cooldown=5), {}
+    flags = {s: ["G-kl-explosion"] + (["G-entropy"] if s == 6 else []) for s in range(3, 13)}
+    full = {s: fresh_flags(last, s, flags.get(s, []), policy) for s in range(1, 15)}
+    assert {s: f for s, f in full.items() if f} == {3: ["G-kl-explosion"], 6: ["G-entropy"], 8: ["G-kl-explosion"]}
+    assert [s for s in range(1, 15) if traced_reason(policy, s, 14, 0, full[s])] == [3, 6, 8, 14]
+    every, last = TracesConfig(flagged_cooldown=0), {}
+    assert all(fresh_flags(last, s, flags[s], every) for s in flags)
 
 
 @pytest.mark.parametrize("value, why", [({"every": -2}, "tracking.traces.every: must be 'eval' or an integer >= 0"),
