@@ -631,11 +631,11 @@ class ConfigDeprecation(FutureWarning):
     with this one-line warning naming the new place. A FutureWarning, so users see it by default."""
 
 
-def undeclared_key_fields() -> list[str]:
+def undeclared_key_fields(model: type[GRPOConfig] = GRPOConfig) -> list[str]:
     """Top-level GRPOConfig fields that are neither a section nor declared with `InKey`: each must say whether
     it names the training folder (tests/core/test_config_sections.py fails while one does not)."""
-    sections = GRPOConfig.sections()
-    return [name for name, f in GRPOConfig.model_fields.items()
+    sections = model.sections()
+    return [name for name, f in model.model_fields.items()
             if name not in sections and (f.json_schema_extra or {}).get("in_key") is not True]
 
 
@@ -643,11 +643,11 @@ def grpo_key_dump(grpo: GRPOConfig) -> dict[str, Any]:
     """The GRPO settings that name the training folder (`rlvr_core.pipeline.stages`): every `InKey` field and the
     fields of every section declared `IN_KEY`, flat by their pre-section names, so the key (and the folder of
     every run trained before the sections existed) is unchanged. Sections declared out of the key are left out."""
-    undeclared = undeclared_key_fields()
+    undeclared = undeclared_key_fields(type(grpo))
     if undeclared:
         raise TypeError(f"GRPOConfig fields {undeclared} declare neither InKey nor a section: the training "
                         "folder's key cannot tell whether they change the trained weights")
-    sections = GRPOConfig.sections()
+    sections = type(grpo).sections()
     out = grpo.model_dump(mode="json", exclude=set(sections))
     for name, sec in sections.items():
         if sec.IN_KEY:
@@ -658,7 +658,7 @@ def grpo_key_dump(grpo: GRPOConfig) -> dict[str, Any]:
 def grpo_unkeyed_dump(grpo: GRPOConfig) -> dict[str, Any]:
     """The settings of the sections declared out of the key, flat by their pre-section names (`micro_batch_size`,
     `launch`): what a training folder records and compares on resume (`_track_numerics`)."""
-    return {k: v for name, sec in GRPOConfig.sections().items() if not sec.IN_KEY
+    return {k: v for name, sec in type(grpo).sections().items() if not sec.IN_KEY
             for k, v in getattr(grpo, name).flat().items()}
 
 
