@@ -375,13 +375,12 @@ class GRPOLaunchConfig(_Section):
         """deepspeed: the hostfile names the nodes (read here, before any work); torchrun: hosts does."""
         if self.mode != "deepspeed":
             if self.hostfile or self.include or self.exclude:
-                raise ValueError(f"hostfile / include / exclude are for launch.mode: deepspeed, not {self.mode}")
+                raise ValueError(f"hostfile / include / exclude are for mode deepspeed, not {self.mode}")
             return
         if not self.hostfile:
-            raise ValueError("launch.mode: deepspeed needs grpo.launch.hostfile (one 'HOST slots=N' line per node)")
+            raise ValueError("mode deepspeed needs a hostfile (one 'HOST slots=N' line per node)")
         if self.hosts:
-            raise ValueError("launch.mode: deepspeed takes the nodes' hosts from grpo.launch.hostfile; leave "
-                             "grpo.launch.hosts empty")
+            raise ValueError("mode deepspeed takes the nodes' hosts from the hostfile; leave hosts empty")
         read_hostfile(self.hostfile, self.include, self.exclude, nnodes=self.nnodes,
                       nproc_per_node=self.nproc_per_node)
 

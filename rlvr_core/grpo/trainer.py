@@ -72,7 +72,7 @@ from rlvr_core.core.settings import paths
 from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pass_rate_table
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import get_template
-from rlvr_core.experiment.config import GRPOConfig, RewardConfig
+from rlvr_core.experiment.config import GRPOConfig, RewardConfig, apply_overrides
 from rlvr_core.experiment.guards import GuardError, HealthConfig, health_config
 from rlvr_core.grpo.advantages import get_advantage, weight_negative_advantages
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE, RunState,
@@ -462,8 +462,9 @@ def _main() -> None:
     torch.set_num_threads(a.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)}
-    cfg = GRPOConfig(**{**GRPOConfig().model_dump(), **overrides})
+    # --set memory.micro_batch_size=4: dotted keys under grpo, the pre-section names (micro_batch_size) moved.
+    overrides = {f"grpo.{k}": yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)}
+    cfg = GRPOConfig(**apply_overrides({"grpo": GRPOConfig().model_dump(mode="json")}, overrides)["grpo"])
     ds = make_synthetic_dataset(SyntheticSpec())
     kw = dict(template_id="qa", top_p=1.0, max_new_tokens=48, seed=0, batch_size=128, verifier="gsm8k",
               verifier_mode=None, verifier_workers=0, verifier_timeout_s=5.0)
