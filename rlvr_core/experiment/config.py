@@ -546,7 +546,7 @@ class GRPOConfig(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _moved_into_sections(cls, data: Any) -> Any:
+    def _moved_into_sections(cls, data: Any, info: ValidationInfo) -> Any:
         """Pre-section keys (`grpo.micro_batch_size: 4`, `grpo.launch: torchrun`) still work: each moves into its
         section with a one-line ConfigDeprecation naming the new place; giving both places is an error."""
         if not isinstance(data, dict):
@@ -566,7 +566,7 @@ class GRPOConfig(_Strict):
             if field in (section or {}):
                 raise ValueError(f"grpo.{old} and grpo.{name}.{field} are both set: grpo.{old} is the old name, "
                                  f"keep grpo.{name}.{field}")
-            warnings.warn(f"grpo.{old} is now grpo.{name}.{field}", ConfigDeprecation, stacklevel=2)
+            say_moved(f"grpo.{old}", f"grpo.{name}.{field}", (info.context or {}).get("source", "<config>"))
             data[name] = {**(section or {}), field: value}
         return data
 
@@ -630,6 +630,14 @@ class ConfigDeprecation(FutureWarning):
     with this one-line warning naming the new place. A FutureWarning, so users see it by default."""
 
 
+_MOVED_SAID: dict = {}  # the warnings registry of `say_moved`: each line once per process (a sweep validates many)
+
+
+def say_moved(old: str, new: str, source: str) -> None:
+    """The one line `<source>:0: ConfigDeprecation: <old> is now <new>` (no source line under it: line 0)."""
+    warnings.warn_explicit(f"{old} is now {new}", ConfigDeprecation, source, 0, registry=_MOVED_SAID)
+
+
 def undeclared_key_fields(model: type[GRPOConfig] = GRPOConfig) -> list[str]:
     """Top-level GRPOConfig fields that are neither a section nor declared with `InKey`: each must say whether
     it names the training folder (tests/core/test_config_sections.py fails while one does not)."""
@@ -661,7 +669,7 @@ def grpo_unkeyed_dump(grpo: GRPOConfig) -> dict[str, Any]:
             for k, v in getattr(grpo, name).flat().items()}
 
 
-def moved_override(dotted: str, value: Any = None) -> str:
+def moved_override(dotted: str, value: Any = None, source: str = "<overrides>") -> str:
     """A `--set` / sweep key by its current path: `grpo.micro_batch_size` -> `grpo.memory.micro_batch_size`
     (with the ConfigDeprecation line); any other key, and a whole section (`grpo.launch={...}`), as it is."""
     head, _, old = dotted.partition(".")
@@ -669,7 +677,7 @@ def moved_override(dotted: str, value: Any = None) -> str:
     if moved is None or (old == moved[0] and isinstance(value, dict)):
         return dotted
     new = f"grpo.{moved[0]}.{moved[1]}"
-    warnings.warn(f"{dotted} is now {new}", ConfigDeprecation, stacklevel=2)
+    say_moved(dotted, new, source)
     return new
 
 
@@ -891,7 +899,7 @@ def parse_config(data: Any, source: str = "<config>") -> ExperimentConfig:
     if not isinstance(data, dict):
         raise ConfigError(source, [("", f"top level must be a mapping, got {type(data).__name__}")])
     try:
-        return ExperimentConfig.model_validate(data)
+        return ExperimentConfig.model_validate(data, context={"source": source})
     except ValidationError as e:
         raise ConfigError(source, [(_field_path(err["loc"]), _why(err)) for err in e.errors()]) from None
 

@@ -87,8 +87,9 @@ def test_a_top_level_field_without_a_key_declaration_fails():
 def test_pre_section_keys_still_work_with_one_line_naming_the_new_place(tmp_path):
     flat = {**KEYED, **MEMORY, **{k: v for k, v in LAUNCH.items() if k != "mode"}, "launch": "torchrun"}
     with pytest.warns(ConfigDeprecation) as said:
-        old = parse_config({"grpo": flat}).grpo
+        old = parse_config({"grpo": flat}, "exp.yaml").grpo
     lines = {str(w.message) for w in said}
+    assert {(w.filename, w.lineno) for w in said} == {("exp.yaml", 0)}  # shown as `exp.yaml:0: ConfigDeprecation: …`
     assert "grpo.micro_batch_size is now grpo.memory.micro_batch_size" in lines
     assert "grpo.launch is now grpo.launch.mode" in lines and "grpo.nnodes is now grpo.launch.nnodes" in lines
     assert all("\n" not in line for line in lines)
