@@ -385,6 +385,48 @@ class GRPOLaunchConfig(_Section):
                       nproc_per_node=self.nproc_per_node)
 
 
+class GRPOGuardsConfig(_Section):
+    """The training guards' thresholds and the drift signal they read (docs/guards_training.md). In the key, as
+    they were before the sections: a guard that stops a run decides which weights the folder holds."""
+
+    IN_KEY: ClassVar[bool] = True
+
+    logprob_guard_tol: float | None = Field(None, gt=0, description="G-logprob-temp: max mean |trainer - rollout| "
+                                            "log-prob at step 1; None = 1e-3 (fp32) / 5e-2 (bf16, fp16)")
+    ratio_guard_tol: float = Field(0.05, gt=0, description="G-onpolicy-ratio: flag a step whose first-epoch "
+                                   "|ratio_mean - 1| or clip fraction exceeds this")
+    kl_spike_max: float = Field(10.0, gt=0, description="G-kl-explosion: flag a step whose max token KL to the reference exceeds this")
+    zero_var_guard_share: float = Field(0.9, gt=0, le=1, description="G-verifier-format: flag a step when the "
+                                        "mean share of zero-reward-variance groups over the last "
+                                        "zero_var_guard_window steps is at least this (0.9: 9 groups in 10 carry no "
+                                        "learning signal; with G = 8 a healthy model would need a mean pass rate "
+                                        "under ~1.3 % or over ~98.7 % to get there)")
+    zero_var_guard_window: int = Field(5, ge=1, description="G-verifier-format: steps averaged (this one and the "
+                                       "ones before it; fewer at the start of a run), so one unlucky step does not "
+                                       "fire and a run with no signal fires within this many steps")
+    drift_every: int = Field(4, ge=0, description="beta 0 only (no reference model): every N steps, after the "
+                             "update, one no-grad forward over the step's trained completions gives the per-token "
+                             "KL from the policy that sampled them to the updated one (k3), recorded as "
+                             "drift/kl_mean and drift/kl_max, which G-kl-explosion and G-entropy's stop watch "
+                             "when kl_ref_* are missing (docs/guards_training.md). Costs one forward pass "
+                             "(no backward) on the measured steps, hence every 4th by default. 0 = off (those "
+                             "guards are blind at beta 0). Skipped with beta > 0, where the KL to the reference "
+                             "is measured every step")
+    health: dict[str, Any] = Field(default_factory=dict, description="settings of the run-level training guards "
+                                   "(docs/guards_training.md): per detector (collapse, entropy, reward_hacking, "
+                                   "kl_explosion) a mapping of its thresholds, and `enabled`, the guard ids to run; "
+                                   "e.g. {collapse: {grad_norm_factor: 8}, kl_explosion: {serious: true}} makes "
+                                   "collapse need a larger grad-norm jump and a KL blow-up stop the run. Unset = defaults")
+
+    @field_validator("health")
+    @classmethod
+    def _health_settings(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if v:  # the defaults need no check
+            health_config(v)
+        return v
+
+
+
 class GRPOConfig(_Strict):
     """Policy optimisation settings for `rlvr_core.grpo.trainer.train_grpo` (docs/grpo_training.md).
 
@@ -449,27 +491,8 @@ class GRPOConfig(_Strict):
     eval_samples: int = InKey(0, ge=0, description="periodic evaluation: sampled completions per held-out problem "
                               "for pass@k at eval.temperature (0 = greedy accuracy only)")
     checkpoint_every: int = InKey(25, ge=1, description="DeepSpeed checkpoint every N steps (and always at the end)")
-    logprob_guard_tol: float | None = InKey(None, gt=0, description="G-logprob-temp: max mean |trainer - rollout| "
-                                            "log-prob at step 1; None = 1e-3 (fp32) / 5e-2 (bf16, fp16)")
-    ratio_guard_tol: float = InKey(0.05, gt=0, description="G-onpolicy-ratio: flag a step whose first-epoch "
-                                   "|ratio_mean - 1| or clip fraction exceeds this")
-    kl_spike_max: float = InKey(10.0, gt=0, description="G-kl-explosion: flag a step whose max token KL to the reference exceeds this")
-    zero_var_guard_share: float = InKey(0.9, gt=0, le=1, description="G-verifier-format: flag a step when the "
-                                        "mean share of zero-reward-variance groups over the last "
-                                        "zero_var_guard_window steps is at least this (0.9: 9 groups in 10 carry no "
-                                        "learning signal; with G = 8 a healthy model would need a mean pass rate "
-                                        "under ~1.3 % or over ~98.7 % to get there)")
-    zero_var_guard_window: int = InKey(5, ge=1, description="G-verifier-format: steps averaged (this one and the "
-                                       "ones before it; fewer at the start of a run), so one unlucky step does not "
-                                       "fire and a run with no signal fires within this many steps")
-    drift_every: int = InKey(4, ge=0, description="beta 0 only (no reference model): every N steps, after the "
-                             "update, one no-grad forward over the step's trained completions gives the per-token "
-                             "KL from the policy that sampled them to the updated one (k3), recorded as "
-                             "drift/kl_mean and drift/kl_max, which G-kl-explosion and G-entropy's stop watch "
-                             "when kl_ref_* are missing (docs/guards_training.md). Costs one forward pass "
-                             "(no backward) on the measured steps, hence every 4th by default. 0 = off (those "
-                             "guards are blind at beta 0). Skipped with beta > 0, where the KL to the reference "
-                             "is measured every step")
+    guards: GRPOGuardsConfig = Field(default_factory=GRPOGuardsConfig, description="the training guards' thresholds "
+                                     "and the drift signal (docs/guards_training.md); in the training folder's key")
     logprob_temperature: float = InKey(1.0, gt=0, description="temperature the trainer divides logits by before "
                                        "log_softmax. Must stay 1 (rollout log-probs are raw); exists to plant "
                                        "the G-logprob-temp bug in tests")
@@ -516,11 +539,6 @@ class GRPOConfig(_Strict):
     rollout_samples_per_step: int = InKey(4, ge=0, description="completions per step written to "
                                           "out_dir/rollouts.parquet (text, reward, status, length; taken "
                                           "round-robin over the trained groups; 0 = none)")
-    health: dict[str, Any] = InKey(default_factory=dict, description="settings of the run-level training guards "
-                                   "(docs/guards_training.md): per detector (collapse, entropy, reward_hacking, "
-                                   "kl_explosion) a mapping of its thresholds, and `enabled`, the guard ids to run; "
-                                   "e.g. {collapse: {grad_norm_factor: 8}, kl_explosion: {serious: true}} makes "
-                                   "collapse need a larger grad-norm jump and a KL blow-up stop the run. Unset = defaults")
     # ---- LoRA (peft): train low-rank adapters instead of every weight ----
     lora_rank: int = InKey(0, ge=0, description="LoRA adapter rank (peft) on the policy's linear layers; 0 = full "
                            "fine-tuning. With LoRA the KL reference is the base model itself (adapters switched "
@@ -570,13 +588,6 @@ class GRPOConfig(_Strict):
             data[name] = {**(section or {}), field: value}
         return data
 
-    @field_validator("health")
-    @classmethod
-    def _health_settings(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if v:  # the defaults need no check
-            health_config(v)
-        return v
-
     # Fields that name an implementation, checked against its registry (rlvr_core/core/registry.py, which imports
     # no torch): a name registered at runtime is accepted, an unknown one fails listing the registered ones.
     _REGISTRIES: ClassVar[dict[str, Registry]] = {"advantage": ADVANTAGES, "kl_estimator": KL_ESTIMATORS,
@@ -608,7 +619,7 @@ class GRPOConfig(_Strict):
 
     def drift_active(self) -> bool:
         """Whether the beta-0 drift signal is measured (drift/kl_* columns)."""
-        return self.beta == 0 and self.drift_every > 0
+        return self.beta == 0 and self.guards.drift_every > 0
 
     @model_validator(mode="after")
     def _lora_fits(self) -> "GRPOConfig":

@@ -342,13 +342,13 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                 StepGuards(state.step_rows, health, cfg),
                 cfg.steps if stop_after_steps is None else min(cfg.steps, state.start_step + stop_after_steps),
                 max_new_tokens if cfg.loss_agg == "seq-mean-token-sum-norm" else None,
-                cfg.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)
+                cfg.guards.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)
 
 
 def run_health(cfg: GRPOConfig, base_eval: dict[str, float] | None) -> HealthConfig:
-    """The run-level detectors' settings: `grpo.health`, with the base model's evaluation as G-reward-hacking's
+    """The run-level detectors' settings: `grpo.guards.health`, with the base model's evaluation as G-reward-hacking's
     reference unless the config names one itself."""
-    health = health_config(cfg.health)
+    health = health_config(cfg.guards.health)
     if base_eval and health.reward_hacking.base_eval is None:
         health = dataclasses.replace(health, reward_hacking=dataclasses.replace(
             health.reward_hacking, base_eval={k: float(v) for k, v in base_eval.items()}))

@@ -579,7 +579,7 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
 
 def measure_drift(cfg: GRPOConfig, step: int) -> bool:
     """Whether step `step` (0-based) measures the beta-0 drift signal: every `drift_every` steps, the first included."""
-    return cfg.drift_active() and step % cfg.drift_every == 0
+    return cfg.drift_active() and step % cfg.guards.drift_every == 0
 
 
 def drift_kl(policy: Policy, cfg: GRPOConfig, parts: list[TrainInputs], sampled: list[torch.Tensor]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""GRPO config sections (`grpo.memory`, `grpo.launch`) and the training folder's key (`grpo_key_dump`).
+"""GRPO config sections (`grpo.memory`, `grpo.launch`, `grpo.guards`) and the training folder's key (`grpo_key_dump`).
 
 The key is decided by declaration next to the config: each section says whether it is in the key (`IN_KEY`),
 every other top-level field is declared with `InKey`. A field declared neither way fails here, and the key of a
@@ -24,9 +24,9 @@ MEMORY = {"micro_batch_size": 4, "max_tokens_per_micro_batch": 64, "logprob_chun
           "gradient_checkpointing": True}
 LAUNCH = {"mode": "torchrun", "nnodes": 2, "nproc_per_node": 2, "rdzv_endpoint": "10.0.0.5:29500",
           "node_command": "ssh {host}", "hosts": ["b"]}
+GUARDS = {"kl_spike_max": 5.0, "ratio_guard_tol": 0.1, "drift_every": 0, "health": {"collapse": {"grad_norm_factor": 8}}}
 KEYED = {"enabled": True, "steps": 7, "lr": 1e-4, "beta": 0.1, "kl_estimator": "k2", "clip_low": 0.1,
-         "advantage": "rloo", "eval_every": 3, "kl_spike_max": 5.0, "ratio_guard_tol": 0.1, "drift_every": 0,
-         "health": {"collapse": {"grad_norm_factor": 8}}, "lora_rank": 4, "lora_target_modules": ["q_proj"]}
+         "advantage": "rloo", "eval_every": 3, "lora_rank": 4, "lora_target_modules": ["q_proj"], "guards": GUARDS}
 
 # Written out by hand: the key the training stage computed for KEYED before the sections existed (the flat
 # GRPOConfig dumped without GRPO_MEMORY_FIELDS and GRPO_LAUNCH_FIELDS), and its hash.
@@ -73,6 +73,7 @@ def test_every_grpo_field_is_in_the_key_or_in_a_section_declared_out_of_it():
     leaves |= {sec.FLAT.get(f, f) for sec in sections.values() for f in sec.model_fields}
     assert keyed | unkeyed == leaves
     assert {n for n, sec in sections.items() if not sec.IN_KEY} == {"memory", "launch"}
+    assert sections["guards"].IN_KEY  # in the key, flat, as before the sections
 
 
 def test_a_top_level_field_without_a_key_declaration_fails():
@@ -85,13 +86,15 @@ def test_a_top_level_field_without_a_key_declaration_fails():
 
 
 def test_pre_section_keys_still_work_with_one_line_naming_the_new_place(tmp_path):
-    flat = {**KEYED, **MEMORY, **{k: v for k, v in LAUNCH.items() if k != "mode"}, "launch": "torchrun"}
+    flat = {**{k: v for k, v in KEYED.items() if k != "guards"}, **GUARDS, **MEMORY,
+            **{k: v for k, v in LAUNCH.items() if k != "mode"}, "launch": "torchrun"}
     with pytest.warns(ConfigDeprecation) as said:
         old = parse_config({"grpo": flat}, "exp.yaml").grpo
     lines = {str(w.message) for w in said}
     assert {(w.filename, w.lineno) for w in said} == {("exp.yaml", 0)}  # shown as `exp.yaml:0: ConfigDeprecation: …`
     assert "grpo.micro_batch_size is now grpo.memory.micro_batch_size" in lines
     assert "grpo.launch is now grpo.launch.mode" in lines and "grpo.nnodes is now grpo.launch.nnodes" in lines
+    assert "grpo.kl_spike_max is now grpo.guards.kl_spike_max" in lines
     assert all("\n" not in line for line in lines)
     assert old == parse_config({"grpo": {**KEYED, "memory": MEMORY, "launch": LAUNCH}}).grpo
     # --set and sweep keys by their old names too.
