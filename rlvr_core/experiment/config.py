@@ -465,7 +465,8 @@ class GRPOConfig(_Strict):
                           "seq-mean-token-sum-norm (docs/grpo_algorithms.md; sum-norm uses max_new_tokens); any "
                           "name registered in rlvr_core.core.registry.LOSS_AGGS")
     epochs_per_step: int = InKey(1, ge=1, description="optimisation epochs over each rollout batch (1 = on-policy)")
-    memory: GRPOMemoryConfig = Field(default_factory=GRPOMemoryConfig, description="how the update fits in memory (docs/grpo_training.md, \"Memory of the update\"); out of the training folder's key")
+    memory: GRPOMemoryConfig = Field(default_factory=GRPOMemoryConfig, description="how the update fits in memory "
+                                     "(docs/grpo_training.md, \"Memory of the update\"); out of the training folder's key")
     zero_stage: Literal[0, 1, 2, 3] = InKey(2, description="DeepSpeed ZeRO stage: 2 shards optimizer state and "
                                             "gradients; 3 also shards the weights (for models that do not fit one device)")
     zero3_sampling_replica: bool = InKey(False, description="ZeRO-3 only: keep a full plain copy of the policy on "
@@ -549,7 +550,8 @@ class GRPOConfig(_Strict):
                                                   "[q_proj, v_proj]; None = every linear layer except the "
                                                   "output head (peft's 'all-linear')")
 
-    launch: GRPOLaunchConfig = Field(default_factory=GRPOLaunchConfig, description="how the stage starts its ranks (docs/gpu.md, \"Multi-node\"); out of the training folder's key")
+    launch: GRPOLaunchConfig = Field(default_factory=GRPOLaunchConfig, description="how the stage starts its ranks "
+                                     "(docs/gpu.md, \"Multi-node\"); out of the training folder's key")
 
     @classmethod
     def sections(cls) -> dict[str, type[_Section]]:

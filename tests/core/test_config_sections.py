@@ -24,7 +24,8 @@ MEMORY = {"micro_batch_size": 4, "max_tokens_per_micro_batch": 64, "logprob_chun
           "gradient_checkpointing": True}
 LAUNCH = {"mode": "torchrun", "nnodes": 2, "nproc_per_node": 2, "rdzv_endpoint": "10.0.0.5:29500",
           "node_command": "ssh {host}", "hosts": ["b"]}
-GUARDS = {"kl_spike_max": 5.0, "ratio_guard_tol": 0.1, "drift_every": 0, "health": {"collapse": {"grad_norm_factor": 8}}}
+GUARDS = {"kl_spike_max": 5.0, "ratio_guard_tol": 0.1, "drift_every": 0,
+          "health": {"collapse": {"grad_norm_factor": 8}}}
 KEYED = {"enabled": True, "steps": 7, "lr": 1e-4, "beta": 0.1, "kl_estimator": "k2", "clip_low": 0.1,
          "advantage": "rloo", "eval_every": 3, "lora_rank": 4, "lora_target_modules": ["q_proj"], "guards": GUARDS}
 

@@ -79,8 +79,9 @@ def test_two_nodes_train_like_one_process(tiny, rlvr_home, tmp_path, monkeypatch
 
 def test_node_commands_start_remote_nodes_through_the_prefix(tmp_path):
     cfg = parse_config({"grpo": {"launch": {**TWO_NODES, "nnodes": 3, "nproc_per_node": 8,
-                                            "rdzv_endpoint": "10.0.0.5:29500", "node_command": "ssh -o BatchMode=yes {host}",
-                                            "hosts": ["gpu-b", "gpu-c"]}}}, "<t>")
+                                            "rdzv_endpoint": "10.0.0.5:29500",
+                                            "node_command": "ssh -o BatchMode=yes {host}", "hosts": ["gpu-b", "gpu-c"]}}},
+                       "<t>")
     cmds = node_commands(cfg.grpo, tmp_path / "request.json", 29500)
     assert cmds[0][1:4] == ["-m", "torch.distributed.run", "--nnodes"]  # node 0 runs here, no prefix
     assert [c[:4] for c in cmds[1:]] == [["ssh", "-o", "BatchMode=yes", "gpu-b"], ["ssh", "-o", "BatchMode=yes", "gpu-c"]]
