@@ -280,7 +280,7 @@ PASS_THROUGH = {"micro_batch_size": "--micro-batch-size", "max_tokens_per_micro_
 
 
 def config_extras(a: argparse.Namespace) -> dict[str, Any]:
-    """The GRPOConfig fields the command line sets."""
+    """The grpo.memory settings the command line sets."""
     return {f: getattr(a, f) for f in PASS_THROUGH if getattr(a, f) not in (None, False)}
 
 
@@ -596,15 +596,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--rollout-batch-size", type=int, default=None, help="default P*G (one decode batch)")
     ap.add_argument("--micro-batch-size", dest="micro_batch_size", type=int, default=None,
-                    help="GRPOConfig.micro_batch_size: sequences per forward/backward per rank")
+                    help="grpo.memory.micro_batch_size: sequences per forward/backward per rank")
     ap.add_argument("--max-tokens-per-micro-batch", dest="max_tokens_per_micro_batch", type=int, default=None,
-                    help="GRPOConfig.max_tokens_per_micro_batch: token budget of a micro-batch")
+                    help="grpo.memory.max_tokens_per_micro_batch: token budget of a micro-batch")
     ap.add_argument("--logprob-chunk-size", dest="logprob_chunk_size", type=int, default=None,
-                    help="GRPOConfig.logprob_chunk_size: rows per chunk of the log-prob computation (0 = full)")
+                    help="grpo.memory.logprob_chunk_size: rows per chunk of the log-prob computation (0 = full)")
     ap.add_argument("--gradient-checkpointing", dest="gradient_checkpointing", action="store_true",
-                    help="GRPOConfig.gradient_checkpointing (the MFU is then also reported counting the recompute)")
+                    help="grpo.memory.gradient_checkpointing (the MFU is then also reported counting the recompute)")
     ap.add_argument("--pack-sequences", dest="pack_sequences", action="store_true",
-                    help="GRPOConfig.pack_sequences: several sequences per row, no padding between them")
+                    help="grpo.memory.pack_sequences: several sequences per row, no padding between them")
     ap.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 dense TFLOP/s (overrides detection)")
     ap.add_argument("--device-check", dest="device_check", action="store_true", default=True,
                     help="(default) refuse the real shapes without CUDA")
@@ -676,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = GRPOConfig(enabled=True, steps=a.steps, prompts_per_step=a.prompts_per_step, group_size=a.group_size,
                      temperature=1.0, top_p=1.0, lr=a.lr, warmup_steps=0, beta=a.beta, zero_stage=a.zero_stage,
                      precision="bf16", rollout_batch_size=a.rollout_batch_size or a.prompts_per_step * a.group_size,
-                     checkpoint_every=10**6, rollout_samples_per_step=0, **extras)
+                     checkpoint_every=10**6, rollout_samples_per_step=0, memory=extras)
     ctx = {"cuda": cuda, "rank": rank, "world": world, "rows": rows, "cfg": cfg, "extras": extras,
            "device_name": device_name, "peak": peak, "peak_source": peak_source,
            "out_json": a.out or Path(tempfile.gettempdir()) / f"bench_gpu_grpo_{a.shape}.json"}

@@ -1,9 +1,9 @@
 """False stops of the training guards on healthy runs: replay the run-level detectors over recorded GRPO runs.
 
 Every finished GRPO run in the given RLVR homes (`<home>/cache/grpo/<key>/steps.parquet` with `summary.json`
-done) is replayed through `check_health` with the settings it ran with (`grpo.health` from its cache key),
-after giving its rows the base model's numbers on the prompts each step drew (`base/*`, as the trainer writes
-them since the pass-rate table travels with the curriculum) when the rows predate them: the curriculum and its
+done) is replayed through `check_health` with the settings it ran with (`grpo.guards.health`, flat as `health` in
+its cache key), after giving its rows the base model's numbers on the prompts each step drew (`base/*`, as the
+trainer writes them since the pass-rate table travels with the curriculum) when the rows predate them: the curriculum and its
 pass-rate table are in the same home's cache. The detectors are pure functions of the rows, so a replay gives
 the firings a run would have had; runs trained before the guards changed need no re-training.
 

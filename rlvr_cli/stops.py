@@ -28,9 +28,9 @@ def _advice(guard: str, message: str, grpo: Any) -> str:
     if "non-finite" in message:
         return f"lower {lr}; with bf16/fp16 also check grpo.adam_eps (now {grpo.adam_eps:g})"
     advice = {
-        "G-collapse": f"lower {lr}; the thresholds are grpo.health.collapse",
-        "G-kl-explosion": f"lower {lr} or raise {beta}; the thresholds are grpo.health.kl_explosion",
-        "G-entropy": f"lower {lr} or raise {beta}; the thresholds are grpo.health.entropy",
+        "G-collapse": f"lower {lr}; the thresholds are grpo.guards.health.collapse",
+        "G-kl-explosion": f"lower {lr} or raise {beta}; the thresholds are grpo.guards.health.kl_explosion",
+        "G-entropy": f"lower {lr} or raise {beta}; the thresholds are grpo.guards.health.entropy",
         "G-logprob-temp": f"set grpo.logprob_temperature to 1 (now {grpo.logprob_temperature:g}): the rollout "
                           "engine's log-probs are at temperature 1",
     }

@@ -76,12 +76,13 @@ def killed_by_signal(returncode: int | None) -> bool:
     return returncode - 128 in KILL_SIGNALS
 
 
-# What to lower when a stage runs out of memory: training's micro-batches and activations (memory settings that
-# leave the training folder's key alone: rlvr_core.pipeline.stages.GRPO_MEMORY_FIELDS), its rollout batches and
+# What to lower when a stage runs out of memory: training's micro-batches and activations (grpo.memory, a section
+# declared out of the training folder's key: rlvr_core.experiment.config.grpo_key_dump), its rollout batches and
 # lengths; evaluation's generation batches.
 _OOM_ADVICE = {
-    "train": "lower grpo.micro_batch_size or grpo.max_tokens_per_micro_batch, or set grpo.gradient_checkpointing=true "
-             "(training then resumes from its last checkpoint), else lower grpo.rollout_batch_size or shorten "
+    "train": "lower grpo.memory.micro_batch_size or grpo.memory.max_tokens_per_micro_batch, or set "
+             "grpo.memory.gradient_checkpointing=true (training then resumes from its last checkpoint), else lower "
+             "grpo.rollout_batch_size or shorten "
              "sampling.max_new_tokens (training starts over)",
     "evaluate": "lower sampling.batch_size or shorten sampling.max_new_tokens",
 }

@@ -652,9 +652,9 @@ def test_gpu_check_driver_helpers():
     bench = importlib.util.spec_from_file_location("bench_gpu_grpo", ROOT / "benchmarks" / "bench_gpu_grpo.py")
     bmod = importlib.util.module_from_spec(bench)
     bench.loader.exec_module(bmod)
-    from rlvr_core.experiment.config import GRPOConfig
+    from rlvr_core.experiment.config import GRPOMemoryConfig
 
-    assert set(bmod.PASS_THROUGH) <= set(GRPOConfig.model_fields)
+    assert set(bmod.PASS_THROUGH) <= set(GRPOMemoryConfig.model_fields)
     assert bmod.config_extras(bmod.parse_args(["--micro-batch-size", "4"])) == {"micro_batch_size": 4}
     assert bmod.config_extras(bmod.parse_args([])) == {}
 

@@ -36,7 +36,7 @@ _TRAINING = {"G-logprob-temp", "G-fixed-seed", "G-verifier-format", "G-stale-buf
 
 def _enabled(health: HealthConfig, guard: str) -> str | None:
     """None when the run-level detector runs, else what it needs."""
-    return None if guard in health.enabled else f"{NEEDS}{guard} in grpo.health.enabled"
+    return None if guard in health.enabled else f"{NEEDS}{guard} in grpo.guards.health.enabled"
 
 
 def _kl_explosion(cfg: ExperimentConfig, health: HealthConfig) -> str:
@@ -44,16 +44,16 @@ def _kl_explosion(cfg: ExperimentConfig, health: HealthConfig) -> str:
     if g.beta > 0:
         return ACTIVE
     if g.drift_active():
-        return (f"{ACTIVE}: beta 0, the drift signal every {g.drift_every} steps feeds the episode detector; "
+        return (f"{ACTIVE}: beta 0, the drift signal every {g.guards.drift_every} steps feeds the episode detector; "
                 "the per-step kl_spike_max flag needs grpo.beta > 0")
-    return f"{NEEDS}grpo.beta > 0 or grpo.drift_every > 0 (no reference model and no drift signal)"
+    return f"{NEEDS}grpo.beta > 0 or grpo.guards.drift_every > 0 (no reference model and no drift signal)"
 
 
 def _entropy(cfg: ExperimentConfig, health: HealthConfig) -> str:
     g = cfg.grpo
     if g.beta > 0 or g.drift_active():
         return ACTIVE
-    return f"{NEEDS}grpo.beta > 0 or grpo.drift_every > 0 for its stop (the entropy-floor flag is active)"
+    return f"{NEEDS}grpo.beta > 0 or grpo.guards.drift_every > 0 for its stop (the entropy-floor flag is active)"
 
 
 def _no_eval(cfg: ExperimentConfig, health: HealthConfig) -> str:
@@ -115,7 +115,7 @@ _DETECTOR_OF = {GUARD_COLLAPSE: GUARD_COLLAPSE, GUARD_ENTROPY: GUARD_ENTROPY,
 
 def guard_coverage(cfg: ExperimentConfig) -> dict[str, str]:
     """{guard id: "active" | "active: <how>" | "needs <what>"} for every guard of docs/guards.md."""
-    health = health_config(cfg.grpo.health)
+    health = health_config(cfg.grpo.guards.health)
     out: dict[str, str] = {}
     for g in GUARDS:
         if g in _TRAINING and not cfg.grpo.enabled:

@@ -169,7 +169,7 @@ class RewardHackingConfig:
 
 @dataclass(frozen=True)
 class KLExplosionConfig:
-    """G-kl-explosion (episode detector; the trainer also flags single steps above `grpo.kl_spike_max`):
+    """G-kl-explosion (episode detector; the trainer also flags single steps above `grpo.guards.kl_spike_max`):
     window median kl_ref_mean >= mean_limit or window max kl_ref_max >= max_limit. A window without a
     reference model (kl NaN) watches the beta-0 drift columns instead (drift_*_limit); without those
     either, nothing fires."""
@@ -206,7 +206,7 @@ _DETECTORS = {"collapse": CollapseConfig, "entropy": EntropyConfig, "reward_hack
 
 
 def health_config(settings: Mapping[str, Any] | None) -> HealthConfig:
-    """A HealthConfig from YAML-style settings (`grpo.health`): `{detector: {setting: value}, enabled: [ids]}`,
+    """A HealthConfig from YAML-style settings (`grpo.guards.health`): `{detector: {setting: value}, enabled: [ids]}`,
     e.g. `{"collapse": {"grad_norm_factor": 8}, "kl_explosion": {"serious": True}}`; what is not given keeps its
     default. Unknown detectors, settings and guard ids, and values of the wrong kind, raise ValueError naming them."""
     kw: dict[str, Any] = {}

@@ -1,4 +1,4 @@
-"""A DeepSpeed hostfile for `grpo.launch: deepspeed` (docs/gpu.md, "Multi-node"): `HOST slots=N` lines, `#`
+"""A DeepSpeed hostfile for `grpo.launch.mode: deepspeed` (docs/gpu.md, "Multi-node"): `HOST slots=N` lines, `#`
 comments and blank lines, read with DeepSpeed's own parser (`deepspeed.launcher.runner`) line by line, so the
 semantics are DeepSpeed's and an error names the file and line; `include`/`exclude` are DeepSpeed's
 `--include`/`--exclude` filters (`host1@host2:0,1`)."""
@@ -19,7 +19,7 @@ def read_hostfile(path: str, include: str = "", exclude: str = "", *, nnodes: in
 
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ValueError(f"grpo.hostfile {path}: no such file")
+        raise ValueError(f"grpo.launch.hostfile {path}: no such file")
     pool, where = {}, {}
     quiet = logging.getLogger("DeepSpeed")
     level = quiet.level
@@ -40,7 +40,7 @@ def read_hostfile(path: str, include: str = "", exclude: str = "", *, nnodes: in
         try:
             world = dict(parse_inclusion_exclusion(pool, include, exclude))
         except ValueError as e:
-            raise ValueError(f"{path}: grpo.include/exclude: {e}") from None
+            raise ValueError(f"{path}: grpo.launch.include/exclude: {e}") from None
     finally:
         quiet.setLevel(level)
     _check_shape(path, world, where, nnodes, nproc_per_node)
@@ -50,11 +50,11 @@ def read_hostfile(path: str, include: str = "", exclude: str = "", *, nnodes: in
 def _check_shape(path: str, world: dict[str, list[int]], where: dict[str, int], nnodes: int, nproc: int) -> None:
     if len(world) != nnodes:
         raise ValueError(f"{path}: {len(world)} host(s) after include/exclude ({', '.join(world)}), but "
-                         f"grpo.nnodes is {nnodes}")
+                         f"grpo.launch.nnodes is {nnodes}")
     for host, slots in world.items():
         if len(slots) != nproc:
             raise ValueError(f"{path}:{where[host]}: host {host} has {len(slots)} slot(s) in use, but "
-                             f"grpo.nproc_per_node is {nproc} (every node runs the same number of ranks)")
+                             f"grpo.launch.nproc_per_node is {nproc} (every node runs the same number of ranks)")
 
 
 def encode_world_info(world: dict[str, list[int]]) -> str:

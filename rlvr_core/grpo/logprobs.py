@@ -137,12 +137,12 @@ def output_head(model) -> torch.nn.Module:
     head = inner.get_output_embeddings()
     if head is None:
         raise ValueError(f"{type(inner).__name__} has no output head (get_output_embeddings() is None); "
-                         "set grpo.logprob_chunk_size: 0")
+                         "set grpo.memory.logprob_chunk_size: 0")
     cfg = getattr(inner, "config", None)
     post = [a for a in _LOGIT_POSTPROCESSING if getattr(cfg, a, None) not in (None, 1, 1.0)]
     if post:
         raise ValueError(f"{type(inner).__name__} post-processes its logits ({', '.join(post)}), which the "
-                         "chunked log-prob path does not reproduce; set grpo.logprob_chunk_size: 0")
+                         "chunked log-prob path does not reproduce; set grpo.memory.logprob_chunk_size: 0")
     return head
 
 

@@ -72,10 +72,10 @@ def staleness(step: int, rollouts: "RolloutBatch") -> int:
 
 def zero_var_flag(cfg: GRPOConfig, share: float, history: list[dict]) -> int:
     """G-verifier-format: 1 when the mean zero-variance group share of this step (`share`) and the up to
-    window - 1 steps before it (`history`: earlier step rows) reaches `cfg.zero_var_guard_share`."""
-    earlier = history[max(0, len(history) - cfg.zero_var_guard_window + 1):]
+    window - 1 steps before it (`history`: earlier step rows) reaches `cfg.guards.zero_var_guard_share`."""
+    earlier = history[max(0, len(history) - cfg.guards.zero_var_guard_window + 1):]
     shares = [r["zero_var_group_share"] for r in earlier] + [share]
-    return int(sum(shares) / len(shares) >= cfg.zero_var_guard_share)
+    return int(sum(shares) / len(shares) >= cfg.guards.zero_var_guard_share)
 
 
 def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "UpdateResult",
@@ -90,10 +90,10 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
         # Only rollouts of the very weights being trained must give ratio 1 and the trainer's log-probs:
         # stale ones differ by design.
         "G-onpolicy-ratio": int(staleness(step, rollouts) == 0
-                                and (abs(first["ratio_mean"] - 1) > cfg.ratio_guard_tol
-                                     or first["clip_frac"] > cfg.ratio_guard_tol
+                                and (abs(first["ratio_mean"] - 1) > cfg.guards.ratio_guard_tol
+                                     or first["clip_frac"] > cfg.guards.ratio_guard_tol
                                      or first["logprob_mismatch/mean_abs"] > guard_tol)),
-        "G-kl-explosion": int(upd.has_reference and first.get("kl_ref_max", 0.0) > cfg.kl_spike_max),
+        "G-kl-explosion": int(upd.has_reference and first.get("kl_ref_max", 0.0) > cfg.guards.kl_spike_max),
         "G-fixed-seed": int(cfg.temperature > 0 and sum(round(u * n) == 1 for u, n in
                                                         zip(uniq, rollouts.sizes.tolist())) > rollouts.n_groups // 2),
         "G-verifier-format": zero_var_flag(cfg, rollouts.zero_var_share(), history or []),
@@ -209,9 +209,9 @@ def rollout_sample_rows(cfg: GRPOConfig, dp: DataParallel, *, step: int, data_po
 # What each per-step flag says, for the reason of its episodes (step_flags has the exact rules).
 FLAG_MEANING = {
     "G-onpolicy-ratio": "on-policy ratio off 1, clipping or rollout/trainer log-prob mismatch",
-    "G-kl-explosion": "max token KL to the reference above grpo.kl_spike_max",
+    "G-kl-explosion": "max token KL to the reference above grpo.guards.kl_spike_max",
     "G-fixed-seed": "more than half the groups sampled one distinct completion at temperature > 0",
-    "G-verifier-format": "zero-reward-variance groups at or above grpo.zero_var_guard_share over the window",
+    "G-verifier-format": "zero-reward-variance groups at or above grpo.guards.zero_var_guard_share over the window",
     "G-verifier-hang": "verifier timeouts above reward.max_timeout_share of the completions",
     "G-verifier-error": "verifier errors (the checker raised) above reward.max_error_share of the completions",
 }
@@ -222,7 +222,7 @@ def replayed_flags(row: dict, cfg: GRPOConfig | None) -> dict[str, int]:
     mark, so that flag is recomputed from kl_ref_max (NaN without a reference: never)."""
     flags = {g: int(row.get(f"health/{g}", 0)) for g in STEP_FLAGS}
     if cfg is not None:
-        flags["G-kl-explosion"] = int(row.get("kl_ref_max", float("nan")) > cfg.kl_spike_max)
+        flags["G-kl-explosion"] = int(row.get("kl_ref_max", float("nan")) > cfg.guards.kl_spike_max)
     return flags
 
 

@@ -72,7 +72,7 @@ from rlvr_core.core.settings import paths
 from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pass_rate_table
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import get_template
-from rlvr_core.experiment.config import GRPOConfig, RewardConfig
+from rlvr_core.experiment.config import GRPOConfig, RewardConfig, apply_overrides
 from rlvr_core.experiment.guards import GuardError, HealthConfig, health_config
 from rlvr_core.grpo.advantages import get_advantage, weight_negative_advantages
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE, RunState,
@@ -342,13 +342,13 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                 StepGuards(state.step_rows, health, cfg),
                 cfg.steps if stop_after_steps is None else min(cfg.steps, state.start_step + stop_after_steps),
                 max_new_tokens if cfg.loss_agg == "seq-mean-token-sum-norm" else None,
-                cfg.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)
+                cfg.guards.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)
 
 
 def run_health(cfg: GRPOConfig, base_eval: dict[str, float] | None) -> HealthConfig:
-    """The run-level detectors' settings: `grpo.health`, with the base model's evaluation as G-reward-hacking's
+    """The run-level detectors' settings: `grpo.guards.health`, with the base model's evaluation as G-reward-hacking's
     reference unless the config names one itself."""
-    health = health_config(cfg.health)
+    health = health_config(cfg.guards.health)
     if base_eval and health.reward_hacking.base_eval is None:
         health = dataclasses.replace(health, reward_hacking=dataclasses.replace(
             health.reward_hacking, base_eval={k: float(v) for k, v in base_eval.items()}))
@@ -462,8 +462,9 @@ def _main() -> None:
     torch.set_num_threads(a.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)}
-    cfg = GRPOConfig(**{**GRPOConfig().model_dump(), **overrides})
+    # --set memory.micro_batch_size=4: dotted keys under grpo, the pre-section names (micro_batch_size) moved.
+    overrides = {f"grpo.{k}": yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)}
+    cfg = GRPOConfig(**apply_overrides({"grpo": GRPOConfig().model_dump(mode="json")}, overrides)["grpo"])
     ds = make_synthetic_dataset(SyntheticSpec())
     kw = dict(template_id="qa", top_p=1.0, max_new_tokens=48, seed=0, batch_size=128, verifier="gsm8k",
               verifier_mode=None, verifier_workers=0, verifier_timeout_s=5.0)

@@ -167,7 +167,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     drops = {k: v for k, v in base.config.to_dict().items()
              if ("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and v > 0}
     if drops:
-        raise ValueError(f"grpo.gradient_checkpointing needs a model without dropout; {type(base).__name__}'s "
+        raise ValueError(f"grpo.memory.gradient_checkpointing needs a model without dropout; {type(base).__name__}'s "
                          f"config has {drops}")
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
@@ -296,7 +296,7 @@ def build_policy(base_model_dir, cfg: GRPOConfig, seed: int, *, batch_size: int,
     the copies that must exist before DeepSpeed partitions it. `added_env`: the launcher variables
     `_ensure_launch_env` invented (MASTER_PORT is dropped once the process group exists)."""
     model = load_policy_model(base_model_dir, cfg, seed)
-    if cfg.gradient_checkpointing:
+    if cfg.memory.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     ref_model = None
     if not cfg.lora_rank and cfg.beta > 0:
@@ -429,13 +429,13 @@ def sampled_kl(policy: "Policy", cfg: GRPOConfig, rollouts: "RolloutBatch", *, t
 # ------------------------------------------------------------------------------------------- the update
 def reference_logprobs(policy: Policy, cfg: GRPOConfig, batch: dict) -> torch.Tensor | None:
     """Log-probs of the sampled tokens under the reference (the base model), or None without one."""
-    chunk = cfg.logprob_chunk_size
+    chunk = cfg.memory.logprob_chunk_size
     if policy.ref_model is not None:
         with torch.no_grad():
-            return sequence_logprobs(policy.ref_model, batch, chunk_size=chunk, pack=cfg.pack_sequences)[0]
+            return sequence_logprobs(policy.ref_model, batch, chunk_size=chunk, pack=cfg.memory.pack_sequences)[0]
     if cfg.lora_rank and cfg.beta > 0:
         with torch.no_grad(), policy.module.disable_adapter():  # the base model, exactly
-            return sequence_logprobs(policy.module, batch, chunk_size=chunk, pack=cfg.pack_sequences)[0]
+            return sequence_logprobs(policy.module, batch, chunk_size=chunk, pack=cfg.memory.pack_sequences)[0]
     return None
 
 
@@ -483,11 +483,11 @@ def micro_batches(cfg: GRPOConfig, dp: DataParallel, inputs: TrainInputs) -> tup
     """This rank's micro-batches: (plan, inputs of each). A plan entry is None for the whole unsplit batch,
     the list of rows a micro-batch holds, or [] for an empty one. Collective when a limit is set: every rank
     ends up with the same count (the largest), the short ones padded with empty micro-batches."""
-    if not cfg.micro_batch_size and not cfg.max_tokens_per_micro_batch:
+    if not cfg.memory.micro_batch_size and not cfg.memory.max_tokens_per_micro_batch:
         return [None], [inputs]
     lens = [int(x) for x in inputs.batch["attention_mask"].sum(1).tolist()]
-    plan: list = plan_micro_batches(lens, micro_batch_size=cfg.micro_batch_size,
-                                    max_tokens=cfg.max_tokens_per_micro_batch)
+    plan: list = plan_micro_batches(lens, micro_batch_size=cfg.memory.micro_batch_size,
+                                    max_tokens=cfg.memory.max_tokens_per_micro_batch)
     n = int(dp.max([float(len(plan))])[0])
     plan += [[] for _ in range(n - len(plan))]
     return plan, [take_rows(inputs, rows) if rows else empty_like(inputs) for rows in plan]
@@ -538,15 +538,15 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
     olds, extras = [p.rollout_logp for p in parts], [{} for _ in parts]
     first: dict[str, float] = {}
     sampled: list[torch.Tensor] = []  # the first epoch's log-probs: the weights that sampled (on-policy)
-    with _checkpointing_active(policy.module, cfg.gradient_checkpointing):
+    with _checkpointing_active(policy.module, cfg.memory.gradient_checkpointing):
         for ep in range(cfg.epochs_per_step):
             loss_sum, seen = None, []  # on the device: one device->host copy per update, not per micro-batch
             for i, part in enumerate(parts):
                 if len(parts) > 1:  # gradients accumulate until the last micro-batch (module docstring)
                     engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
                 logp, ent = sequence_logprobs(engine, part.batch, temperature=cfg.logprob_temperature,
-                                              with_entropy=(ep == 0), chunk_size=cfg.logprob_chunk_size,
-                                              pack=cfg.pack_sequences)
+                                              with_entropy=(ep == 0), chunk_size=cfg.memory.logprob_chunk_size,
+                                              pack=cfg.memory.pack_sequences)
                 if ep == 0 and cfg.tis_cap is not None:
                     # TIS: the ratio's old log-probs are the trainer's own (the weights that sampled, before any
                     # update of this step); the engine-vs-trainer gap goes into capped per-token weights instead.
@@ -579,7 +579,7 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
 
 def measure_drift(cfg: GRPOConfig, step: int) -> bool:
     """Whether step `step` (0-based) measures the beta-0 drift signal: every `drift_every` steps, the first included."""
-    return cfg.drift_active() and step % cfg.drift_every == 0
+    return cfg.drift_active() and step % cfg.guards.drift_every == 0
 
 
 def drift_kl(policy: Policy, cfg: GRPOConfig, parts: list[TrainInputs], sampled: list[torch.Tensor]) -> dict[str, float]:
@@ -590,7 +590,7 @@ def drift_kl(policy: Policy, cfg: GRPOConfig, parts: list[TrainInputs], sampled:
     with torch.no_grad():
         for part, before in zip(parts, sampled):
             after = sequence_logprobs(policy.engine, part.batch, temperature=cfg.logprob_temperature,
-                                      chunk_size=cfg.logprob_chunk_size, pack=cfg.pack_sequences)[0]
+                                      chunk_size=cfg.memory.logprob_chunk_size, pack=cfg.memory.pack_sequences)[0]
             kl = token_kl(before, after, "k3")
             m = part.mask
             total += float(torch.where(m, kl, torch.zeros_like(kl)).sum())

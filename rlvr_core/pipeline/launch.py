@@ -1,9 +1,9 @@
-"""The training stage as a group of ranks: `grpo.launch: torchrun` or `deepspeed` (docs/gpu.md, "Multi-node").
+"""The training stage as a group of ranks: `grpo.launch.mode: torchrun` or `deepspeed` (docs/gpu.md, "Multi-node").
 
 The stage process (`train_stage`) keeps what it always does (the folder keyed by the inputs, the recorded
 numerics, the summary and `.done`) and hands only the training itself to `train_group`: one
 `torch.distributed.run` per node (`--nnodes N --node_rank i --nproc_per_node K`, static rendezvous at
-`grpo.rdzv_endpoint`), or one `deepspeed.launcher.launch` per hostfile host (`--world_info --node_rank i`,
+`grpo.launch.rdzv_endpoint`), or one `deepspeed.launcher.launch` per hostfile host (`--world_info --node_rank i`,
 the same endpoint as --master_addr/--master_port); either way every rank runs
 `python -m rlvr_core.pipeline.rank REQUEST`, which calls `stages.train_here` with the same arguments (N ranks
 train like one process: rlvr_core/grpo/distributed.py).
@@ -56,20 +56,21 @@ class GroupFailure(RuntimeError):
 
 def node_commands(grpo, request: Path, port: int) -> list[list[str]]:
     """The command of each node, node 0 first (it runs where the stage runs); nodes >= 1 behind node_command."""
-    addr, rank = grpo.rdzv_endpoint.rpartition(":")[0], ["rlvr_core.pipeline.rank", str(request)]
-    if grpo.launch == "deepspeed":
-        world = read_hostfile(grpo.hostfile, grpo.include, grpo.exclude, nnodes=grpo.nnodes,
-                              nproc_per_node=grpo.nproc_per_node)
+    launch = grpo.launch
+    addr, rank = launch.rdzv_endpoint.rpartition(":")[0], ["rlvr_core.pipeline.rank", str(request)]
+    if launch.mode == "deepspeed":
+        world = read_hostfile(launch.hostfile, launch.include, launch.exclude, nnodes=launch.nnodes,
+                              nproc_per_node=launch.nproc_per_node)
         hosts, info = list(world), encode_world_info(world)
         # --no_local_rank: the rank reads LOCAL_RANK from its environment; --module: rank.py is a module.
         agents = [["deepspeed.launcher.launch", f"--world_info={info}", f"--node_rank={i}", f"--master_addr={addr}",
-                   f"--master_port={port}", "--no_local_rank", "--module", *rank] for i in range(grpo.nnodes)]
+                   f"--master_port={port}", "--no_local_rank", "--module", *rank] for i in range(launch.nnodes)]
     else:
-        hosts = [""] + list(grpo.hosts) if grpo.hosts else [""] * grpo.nnodes
-        agents = [["torch.distributed.run", "--nnodes", str(grpo.nnodes), "--node_rank", str(i), "--nproc_per_node",
-                   str(grpo.nproc_per_node), "--master_addr", addr, "--master_port", str(port), "-m", *rank]
-                  for i in range(grpo.nnodes)]
-    return [(shlex.split(grpo.node_command.format(host=hosts[i])) if i else []) + [sys.executable, "-m", *agent]
+        hosts = [""] + list(launch.hosts) if launch.hosts else [""] * launch.nnodes
+        agents = [["torch.distributed.run", "--nnodes", str(launch.nnodes), "--node_rank", str(i), "--nproc_per_node",
+                   str(launch.nproc_per_node), "--master_addr", addr, "--master_port", str(port), "-m", *rank]
+                  for i in range(launch.nnodes)]
+    return [(shlex.split(launch.node_command.format(host=hosts[i])) if i else []) + [sys.executable, "-m", *agent]
             for i, agent in enumerate(agents)]
 
 
@@ -98,14 +99,14 @@ def train_group(cfg, data, base, curriculum, folder: Path, progress: Progress = 
     req = work / "request.json"
     with os.fdopen(os.open(req, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         f.write(json.dumps(sealed, default=str))
-    port = int(cfg.grpo.rdzv_endpoint.rpartition(":")[2]) or _free_port()
+    port = int(cfg.grpo.launch.rdzv_endpoint.rpartition(":")[2]) or _free_port()
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS} | secrets
     env.update(OMP_NUM_THREADS=str(request["threads"]), TOKENIZERS_PARALLELISM="false")
-    g = cfg.grpo
-    progress("grpo", f"launching {g.nnodes} node(s) x {g.nproc_per_node} rank(s) ({g.launch}, rendezvous "
+    g = cfg.grpo.launch
+    progress("grpo", f"launching {g.nnodes} node(s) x {g.nproc_per_node} rank(s) ({g.mode}, rendezvous "
                      f"{g.rdzv_endpoint.rpartition(':')[0]}:{port})")
     procs = []
-    for i, cmd in enumerate(node_commands(g, req, port)):
+    for i, cmd in enumerate(node_commands(cfg.grpo, req, port)):
         out = None if i == 0 else open(work / f"node{i}.log", "w")  # node 0's lines join the stage's log
         procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
                                       start_new_session=True))

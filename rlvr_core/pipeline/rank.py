@@ -31,8 +31,9 @@ def rank_main(argv: list[str]) -> int:
     torch.set_num_threads(req["threads"])
     try:
         # The stage checked the launch settings; the hostfile they name may exist only on its host.
-        cfg = parse_config({**req["config"], "grpo": {**req["config"]["grpo"], "launch": "local", "hostfile": "",
-                                                      "include": "", "exclude": ""}}, str(path))
+        grpo = req["config"]["grpo"]
+        launch = {**grpo["launch"], "mode": "local", "hostfile": "", "include": "", "exclude": ""}
+        cfg = parse_config({**req["config"], "grpo": {**grpo, "launch": launch}}, str(path))
         data, base = stages.DataArtifact(**req["data"]), stages.ModelArtifact(**req["base"])
         cur = stages.CurriculumArtifact(**req["curriculum"])
         main = rank == 0

@@ -38,7 +38,7 @@ from rlvr_core.eval.evaluate import (EvalLimits, RunSettings, curves_table, eval
                                      samples_table)
 from rlvr_core.core import hub
 from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark, split_problems
-from rlvr_core.experiment.config import ExperimentConfig
+from rlvr_core.experiment.config import ExperimentConfig, grpo_key_dump, grpo_unkeyed_dump
 from rlvr_core.experiment.guard_coverage import guard_coverage
 from rlvr_core.pipeline.traces import TraceSink
 from rlvr_core.pipeline.cache import cached_dir, localize, mark_done, resumable_dir, resumable_path
@@ -57,15 +57,6 @@ PASSRATE_STAGE_VERSION = "1"
 CURRICULUM_STAGE_VERSION = "2"  # 2: the base model's mean_length and truncation_share per prompt
 GRPO_STAGE_VERSION = "1"
 SYNTHETIC_BENCHMARK_VERSION = "2"  # 2: 32 samples per problem (pass@k to 32); 1 had 8
-# GRPO settings that bound the update's memory without changing its maths (docs/grpo_training.md, "Memory of the
-# update"): like the thread count they only reorder sums, so they stay out of the training folder's key and a run
-# that ran out of memory resumes from its checkpoint once they are lowered (the G-oom line, tasks/retry.py).
-GRPO_MEMORY_FIELDS = frozenset({"micro_batch_size", "max_tokens_per_micro_batch", "logprob_chunk_size",
-                                "gradient_checkpointing", "pack_sequences"})
-# How the stage starts its ranks (docs/gpu.md, "Multi-node"): N ranks train like one process, so these stay out of
-# the key too, and a run started on one node resumes on two (the change is recorded like the thread count).
-GRPO_LAUNCH_FIELDS = frozenset({"launch", "nnodes", "nproc_per_node", "rdzv_endpoint", "node_command", "hosts",
-                                "hostfile", "include", "exclude"})
 
 
 _PATH_FIELDS = frozenset({"path", "train_path", "test_path", "table_path", "samples_path", "steps_path", "folder"})
@@ -410,17 +401,17 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     verifier, seed) and used in place, so a killed or retried run resumes from its last checkpoint
     there; finished runs with the same inputs are reused. The thread count and CPU instruction set
     (`numerics`) are recorded, not keyed: a retry on another host or at another thread count resumes
-    instead of starting over, and says so (`_track_numerics`). So do the memory settings
-    (`GRPO_MEMORY_FIELDS`): a run that ran out of memory resumes with smaller micro-batches; and so do the
-    launch settings (`GRPO_LAUNCH_FIELDS`): with `grpo.launch: torchrun` or `deepspeed` the training runs in a
+    instead of starting over, and says so (`_track_numerics`). So do the sections of `grpo` declared out of the
+    key (`grpo_key_dump`): `grpo.memory`, so a run that ran out of memory resumes with smaller micro-batches, and
+    `grpo.launch`: with `grpo.launch.mode: torchrun` or `deepspeed` the training runs in a
     group of ranks the stage starts (`rlvr_core.pipeline.launch.train_group`) instead of this process.
     """
     template_warnings = check_template_at_start(cfg, base.path, progress, "grpo")
     folder, done = resumable_dir("grpo", _train_key(cfg, base, curriculum))
     if not done:
-        recorded = cfg.grpo.model_dump(mode="json", include=set(GRPO_MEMORY_FIELDS | GRPO_LAUNCH_FIELDS))
+        recorded = grpo_unkeyed_dump(cfg.grpo)
         run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(recorded.items())})
-        if cfg.grpo.launch in ("torchrun", "deepspeed"):
+        if cfg.grpo.launch.mode in ("torchrun", "deepspeed"):
             result = train_group(cfg, data, base, curriculum, folder, progress, mlflow_run_id=mlflow_run_id,
                                  base_eval=base_eval)
         else:
@@ -496,7 +487,7 @@ def _eval_limits(cfg: ExperimentConfig) -> EvalLimits:
 def _train_key(cfg: ExperimentConfig, base: ModelArtifact, curriculum: CurriculumArtifact) -> dict[str, Any]:
     """What names a training folder (see `train_stage`): every input that changes the trained weights."""
     return {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
-            "grpo": cfg.grpo.model_dump(mode="json", exclude=set(GRPO_MEMORY_FIELDS | GRPO_LAUNCH_FIELDS)),
+            "grpo": grpo_key_dump(cfg.grpo),
             "template": get_template(cfg.prompt.template).key,
             "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
             "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),

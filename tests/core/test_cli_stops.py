@@ -28,7 +28,7 @@ def test_a_recorded_stop_names_guard_step_setting_and_details(tmp_path):
                         "report": "/a/report.md", "mlflow_run_url": "http://m/#/runs/1", "train_folder": "/c/grpo/k"}
     first, why, details = stops.stop_lines(err, cfg, "demo", tmp_path / "x.log")
     assert first == (f"rlvr demo: stopped by G-collapse at step 6 of {cfg.grpo.steps}; lower grpo.lr (now 0.0003); "
-                     "the thresholds are grpo.health.collapse")
+                     "the thresholds are grpo.guards.health.collapse")
     assert why == "  why: G-collapse at step 6: ..."
     assert details.startswith("  details: report /a/report.md; MLflow http://m/#/runs/1; training summary "
                               "/c/grpo/k/summary.json; log ")

@@ -114,8 +114,8 @@ def test_out_of_memory_is_deterministic_and_says_what_to_lower():
         assert report["transient"] is False, repr(exc)
         last = report["traceback"].strip().splitlines()[-1]
         assert last.startswith("G-oom: the train stage ran out of memory"), last
-        for setting in ("grpo.micro_batch_size", "grpo.max_tokens_per_micro_batch", "sampling.max_new_tokens",
-                        "grpo.gradient_checkpointing"):
+        for setting in ("grpo.memory.micro_batch_size", "grpo.memory.max_tokens_per_micro_batch",
+                        "sampling.max_new_tokens", "grpo.memory.gradient_checkpointing"):
             assert setting in last
     assert "G-oom" not in failure_report("train", KeyError("answer"))["traceback"]
     evaluation = failure_report("evaluate", cpu.value)["traceback"].strip().splitlines()[-1]

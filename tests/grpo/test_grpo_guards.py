@@ -681,19 +681,20 @@ def test_health_settings_come_from_the_yaml_config():
     rows = healthy_rows(160, 1, reward=0.65, grad=0.45)
     for r in rows[150:]:
         r["grad_norm"], r["reward_mean"] = 46.75, 0.0  # the v5 collapse above: grad spike x ~100, reward to 0
-    cfg = parse_config({"grpo": {"health": {"collapse": {"grad_norm_factor": 200.0}, "kl_explosion": {"serious": True}}}})
+    cfg = parse_config({"grpo": {"guards": {"health": {"collapse": {"grad_norm_factor": 200.0},
+                                                  "kl_explosion": {"serious": True}}}}})
     assert only(check_health(rows), GUARD_COLLAPSE)  # the defaults catch it
     # A factor above the spike leaves one signal (reward), which alone is not a collapse.
-    assert only(check_health(rows, health_config(cfg.grpo.health)), GUARD_COLLAPSE) == []
-    guards = StepGuards([], health_config(cfg.grpo.health))  # what the trainer builds from the config
+    assert only(check_health(rows, health_config(cfg.grpo.guards.health)), GUARD_COLLAPSE) == []
+    guards = StepGuards([], health_config(cfg.grpo.guards.health))  # what the trainer builds from the config
     assert health_config({"entropy": {"serious_kl_max": None}}).entropy.serious_kl_max is None  # "never serious"
     assert guards.health.cfg.collapse.grad_norm_factor == 200.0 and guards.health.cfg.kl_explosion.serious
     for bad, why in (({"collapse": {"grad_norm_factr": 8}}, "collapse.grad_norm_factr: unknown setting"),
                      ({"entropy": {"serious_kl_max": "big"}}, "entropy.serious_kl_max: expected float"),
                      ({"enabled": ["G-nope"]}, "unknown guard id")):
         with pytest.raises(ConfigError, match=why) as e:
-            parse_config({"grpo": {"health": bad}}, "exp.yaml")
-        assert "exp.yaml: grpo.health" in str(e.value)
+            parse_config({"grpo": {"guards": {"health": bad}}}, "exp.yaml")
+        assert "exp.yaml: grpo.guards.health" in str(e.value)
 
 
 # ----------------------------------------------------------------------------------------- real trainer rows

@@ -64,14 +64,15 @@ def test_guard_coverage_lists_every_guard_for_the_shipped_configs():
 
 
 def test_guard_coverage_names_the_setting_a_blind_guard_needs():
-    blind = parse_config({"grpo": {"enabled": True, "steps": 30, "drift_every": 0,
-                                   "health": {"enabled": ["G-collapse", "G-entropy", "G-kl-explosion"]}},
+    blind = parse_config({"grpo": {"enabled": True, "steps": 30,
+                                   "guards": {"drift_every": 0,
+                                              "health": {"enabled": ["G-collapse", "G-entropy", "G-kl-explosion"]}}},
                           "reward": {"max_timeout_share": 1.0}})
     assert _needs(guard_coverage(blind)) == {
-        "G-kl-explosion": "needs grpo.beta > 0 or grpo.drift_every > 0 (no reference model and no drift signal)",
-        "G-entropy": "needs grpo.beta > 0 or grpo.drift_every > 0 for its stop (the entropy-floor flag is active)",
+        "G-kl-explosion": "needs grpo.beta > 0 or grpo.guards.drift_every > 0 (no reference model and no drift signal)",
+        "G-entropy": "needs grpo.beta > 0 or grpo.guards.drift_every > 0 for its stop (the entropy-floor flag is active)",
         "G-no-eval": "needs grpo.eval_every > 0 (or auto with grpo.steps > 40); now only the last step is evaluated",
-        "G-reward-hacking": "needs G-reward-hacking in grpo.health.enabled",
+        "G-reward-hacking": "needs G-reward-hacking in grpo.guards.health.enabled",
         "G-verifier-hang": "needs reward.max_timeout_share < 1 (a share above 1 can never be exceeded)",
     }
     few = guard_coverage(parse_config({"grpo": {"enabled": True, "steps": 100, "eval_every": 50}}))
@@ -130,7 +131,7 @@ def test_base_eval_is_the_reward_hacking_reference_in_a_real_run(tiny, tmp_path)
 
 
 def test_drift_signal_at_beta_0_is_measured_every_n_steps_and_not_with_a_reference(tiny, tmp_path):
-    rows = pq.read_table(_train(tiny, tmp_path / "b0", _cfg(steps=5, drift_every=2)).steps_path).to_pylist()
+    rows = pq.read_table(_train(tiny, tmp_path / "b0", _cfg(steps=5, guards={"drift_every": 2})).steps_path).to_pylist()
     measured = [r["step"] for r in rows if not math.isnan(r["drift/kl_mean"])]
     assert measured == [1, 3, 5]
     # Sampled at T 0.8 and trained at lr 1e-2: the update moves the policy, by a bounded amount.
@@ -147,7 +148,7 @@ def test_drift_signal_catches_the_lr_blowup_without_a_reference(tiny, tmp_path):
 
     out = tmp_path / "hot"
     with pytest.raises(GuardError, match="G-collapse"):
-        _train(tiny, out, _cfg(steps=12, lr=0.5, warmup_steps=2, drift_every=1))
+        _train(tiny, out, _cfg(steps=12, lr=0.5, warmup_steps=2, guards={"drift_every": 1}))
     rows = pq.read_table(out / "steps.parquet").to_pylist()
     assert all(math.isnan(r["kl_ref_max"]) for r in rows)
     kl = [f for f in check_health(rows) if f.guard_id == GUARD_KL_EXPLOSION]

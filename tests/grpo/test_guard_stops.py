@@ -6,7 +6,7 @@ guard, at the step where the detector (run again on the recorded rows) first fin
 rows up to that step and a summary tagged `collapsed` with `stopped_at_step` and the firings, which
 the warehouse's `health_events` table takes as they are; no final model, and no checkpoint at or after the
 stop step (every checkpoint before it is kept, `latest` names the last good one). Thresholds that the tiny model
-cannot reach in a few steps are lowered through `grpo.health`, the public config, and each test says which.
+cannot reach in a few steps are lowered through `grpo.guards.health`, the public config, and each test says which.
 The detectors' numbers against the reported incidents are in test_grpo_guards.py.
 """
 
@@ -78,7 +78,7 @@ def _assert_stopped(out: Path, cfg, summary: dict, rows: list[dict], guard: str,
 
 def _first_serious(rows: list[dict], cfg) -> tuple[str, int]:
     """The detectors' first serious firing on the recorded rows (the step the run must stop at)."""
-    f = next(f for f in check_health(rows, health_config(cfg.health)) if f.serious)
+    f = next(f for f in check_health(rows, health_config(cfg.guards.health)) if f.serious)
     return f.guard_id, f.step
 
 
@@ -117,15 +117,15 @@ def test_kl_blow_up_made_serious_stops_the_run(tiny, tmp_path):
     # beta 0.1 and lr 0.5: the mean token KL to the reference passes the detector's 0.25 within 2 steps. Default
     # thresholds; `kl_explosion: {serious: true}` is what makes the episode a stop (by default it is a flag).
     # kl_spike_max lowered from 10 to 5 so that the per-step flag is seen on single steps before the stop.
-    cfg = _cfg(steps=10, lr=0.5, warmup_steps=2, beta=0.1, kl_spike_max=5.0, checkpoint_every=2,
-               health={"kl_explosion": {"serious": True}})
+    cfg = _cfg(steps=10, lr=0.5, warmup_steps=2, beta=0.1, checkpoint_every=2,
+               guards={"kl_spike_max": 5.0, "health": {"kl_explosion": {"serious": True}}})
     summary, rows, msg = _stopped_run(tiny, tmp_path / "run", cfg, GUARD_KL_EXPLOSION)
     step = summary["stopped_at_step"]
     assert 5 <= step < cfg.steps and _first_serious(rows, cfg) == (GUARD_KL_EXPLOSION, step)
     assert f"{GUARD_KL_EXPLOSION} at step {step}" in msg
     _assert_stopped(tmp_path / "run", cfg, summary, rows, GUARD_KL_EXPLOSION, step)
     # The per-step flag (G-kl-explosion, kl_ref_max > kl_spike_max) on the steps before the stop.
-    spikes = [int(r["kl_ref_max"] > cfg.kl_spike_max) for r in rows[:-1]]
+    spikes = [int(r["kl_ref_max"] > cfg.guards.kl_spike_max) for r in rows[:-1]]
     assert any(spikes) and [r[f"health/{GUARD_KL_EXPLOSION}"] for r in rows[:-1]] == spikes
 
 

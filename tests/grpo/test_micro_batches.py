@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from rlvr_core.experiment.config import ConfigError, GRPOConfig, parse_config  # noqa: E402
+from rlvr_core.experiment.config import ConfigError, GRPOConfig, GRPOMemoryConfig, parse_config  # noqa: E402
 from rlvr_core.grpo import update as U  # noqa: E402
 from rlvr_core.grpo.distributed import DataParallel  # noqa: E402
 from rlvr_core.grpo.logprobs import output_head, sequence_logprobs  # noqa: E402
@@ -92,7 +92,10 @@ def _policy(model_dir: Path, cfg: GRPOConfig, world: int = 1) -> U.Policy:
 
 
 def _cfg(**kw) -> GRPOConfig:
-    return GRPOConfig(**{**dict(lr=1e-3, warmup_steps=0, zero_stage=2, prompts_per_step=2, group_size=4), **kw})
+    """The tests' GRPOConfig; the memory settings among `kw` go to its `memory` section."""
+    memory = {k: kw.pop(k) for k in list(kw) if k in GRPOMemoryConfig.model_fields}
+    return GRPOConfig(**{**dict(lr=1e-3, warmup_steps=0, zero_stage=2, prompts_per_step=2, group_size=4), **kw},
+                      memory=memory)
 
 
 def run_update(model_dir: Path, cfg: GRPOConfig, inputs: U.TrainInputs, world: int = 1, *,
@@ -162,12 +165,12 @@ def test_a_micro_batch_is_re_padded_to_its_own_rows(model_dir):
 def test_config_rejects_bad_values_naming_the_field():
     for field, bad in (("micro_batch_size", 0), ("micro_batch_size", -2), ("max_tokens_per_micro_batch", 0),
                        ("max_tokens_per_micro_batch", -1), ("logprob_chunk_size", -1)):
-        with pytest.raises(ConfigError, match=rf"grpo\.{field}"):
-            parse_config({"grpo": {field: bad}})
-    ok = parse_config({"grpo": {"micro_batch_size": 4, "max_tokens_per_micro_batch": 1, "logprob_chunk_size": 0,
-                                "gradient_checkpointing": True}}).grpo
+        with pytest.raises(ConfigError, match=rf"grpo\.memory\.{field}"):
+            parse_config({"grpo": {"memory": {field: bad}}})
+    ok = parse_config({"grpo": {"memory": {"micro_batch_size": 4, "max_tokens_per_micro_batch": 1,
+                                           "logprob_chunk_size": 0, "gradient_checkpointing": True}}}).grpo.memory
     assert (ok.micro_batch_size, ok.max_tokens_per_micro_batch, ok.logprob_chunk_size) == (4, 1, 0)
-    d = GRPOConfig()
+    d = GRPOConfig().memory
     assert (d.micro_batch_size, d.max_tokens_per_micro_batch, d.logprob_chunk_size, d.gradient_checkpointing) == \
         (None, None, 1024, False)
 
@@ -412,8 +415,8 @@ def _two_rank_worker(spec_path: str) -> None:
         cfg = _cfg(**kw)
         got = run_update(model_dir, cfg, mine, world=2)
         lens = [int(x) for x in mine.batch["attention_mask"].sum(1)]
-        planned = len(plan_micro_batches(lens, micro_batch_size=cfg.micro_batch_size,
-                                         max_tokens=cfg.max_tokens_per_micro_batch))
+        planned = len(plan_micro_batches(lens, micro_batch_size=cfg.memory.micro_batch_size,
+                                         max_tokens=cfg.memory.max_tokens_per_micro_batch))
         n = len(U.micro_batches(cfg, got["policy"].dp, mine)[0])
         (out / f"{name}_rank{rank}_plan.json").write_text(json.dumps({"planned": planned, "n": n}))
         if rank == 0:

@@ -1,4 +1,4 @@
-"""The training stage as a group of "nodes" (`grpo.launch: torchrun`, rlvr_core/pipeline/launch.py): two
+"""The training stage as a group of "nodes" (`grpo.launch.mode: torchrun`, rlvr_core/pipeline/launch.py): two
 `torch.distributed.run --nnodes 2 --node_rank i --nproc_per_node 1` processes on 127.0.0.1 (static rendezvous
 on loopback, gloo), each the agent of one rank.
 
@@ -7,7 +7,7 @@ on loopback, gloo), each the agent of one rank.
 * SIGKILLing one node's agent fails the stage as transient (the Prefect retry rule's verdict); the real
   `grpo-train` task's retry relaunches both nodes at another thread count, and they resume from the checkpoint:
   every step once in steps.parquet, the thread change recorded from that step.
-* `grpo.launch: deepspeed`: a hostfile of two loopback hosts, one `deepspeed.launcher.launch` per node, trains
+* `grpo.launch.mode: deepspeed`: a hostfile of two loopback hosts, one `deepspeed.launcher.launch` per node, trains
   the same weights under ZeRO-2; a SIGKILLed node 1 fails the group naming it; a bad hostfile is one error
   naming the file and line.
 """
@@ -35,7 +35,8 @@ from rlvr_core.pipeline.launch import GroupFailure, node_commands
 from tasks.retry import is_transient
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-TWO_NODES = {"launch": "torchrun", "nnodes": 2, "nproc_per_node": 1, "rdzv_endpoint": "127.0.0.1:0"}
+# grpo.launch of a two-node torchrun group on this host.
+TWO_NODES = {"mode": "torchrun", "nnodes": 2, "nproc_per_node": 1, "rdzv_endpoint": "127.0.0.1:0"}
 
 
 def _with(cfg, **grpo):
@@ -44,10 +45,10 @@ def _with(cfg, **grpo):
 
 
 def _two_hosts(tmp_path: Path) -> dict:
-    """`grpo.launch: deepspeed` over a hostfile of two loopback "hosts"; node 1 starts here (no node_command)."""
+    """`grpo.launch.mode: deepspeed` over a hostfile of two loopback "hosts"; node 1 starts here (no node_command)."""
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# two loopback nodes\n127.0.0.1 slots=1\n\nlocalhost slots=1\n")
-    return {**TWO_NODES, "launch": "deepspeed", "hostfile": str(hostfile)}
+    return {**TWO_NODES, "mode": "deepspeed", "hostfile": str(hostfile)}
 
 
 @pytest.mark.slow
@@ -55,7 +56,7 @@ def _two_hosts(tmp_path: Path) -> dict:
 def test_two_nodes_train_like_one_process(tiny, rlvr_home, tmp_path, monkeypatch, launch, zero):
     cfg, data, base, cur = _inputs(tiny, tmp_path)
     cfg = _with(cfg, steps=2, lr=1e-3, checkpoint_every=1, zero_stage=zero)
-    group = stages.train_stage(_with(cfg, **(TWO_NODES if launch == "torchrun" else _two_hosts(tmp_path))),
+    group = stages.train_stage(_with(cfg, launch=TWO_NODES if launch == "torchrun" else _two_hosts(tmp_path)),
                                data, base, cur)
     if launch == "deepspeed":  # node 1 ran under DeepSpeed's per-node launcher as global rank 1
         assert "'localhost': [1]" in (Path(group.folder) / "launch" / "node1.log").read_text()
@@ -77,8 +78,10 @@ def test_two_nodes_train_like_one_process(tiny, rlvr_home, tmp_path, monkeypatch
 
 
 def test_node_commands_start_remote_nodes_through_the_prefix(tmp_path):
-    cfg = parse_config({"grpo": {**TWO_NODES, "nnodes": 3, "nproc_per_node": 8, "rdzv_endpoint": "10.0.0.5:29500",
-                                 "node_command": "ssh -o BatchMode=yes {host}", "hosts": ["gpu-b", "gpu-c"]}}, "<t>")
+    cfg = parse_config({"grpo": {"launch": {**TWO_NODES, "nnodes": 3, "nproc_per_node": 8,
+                                            "rdzv_endpoint": "10.0.0.5:29500",
+                                            "node_command": "ssh -o BatchMode=yes {host}", "hosts": ["gpu-b", "gpu-c"]}}},
+                       "<t>")
     cmds = node_commands(cfg.grpo, tmp_path / "request.json", 29500)
     assert cmds[0][1:4] == ["-m", "torch.distributed.run", "--nnodes"]  # node 0 runs here, no prefix
     assert [c[:4] for c in cmds[1:]] == [["ssh", "-o", "BatchMode=yes", "gpu-b"], ["ssh", "-o", "BatchMode=yes", "gpu-c"]]
@@ -87,7 +90,8 @@ def test_node_commands_start_remote_nodes_through_the_prefix(tmp_path):
         assert flags == {"--nnodes": "3", "--node_rank": str(i), "--nproc_per_node": "8",
                          "--master_addr": "10.0.0.5", "--master_port": "29500"}
     with pytest.raises(ValueError, match="hosts needs nnodes - 1 = 2 entries"):
-        parse_config({"grpo": {**TWO_NODES, "nnodes": 3, "node_command": "ssh {host}", "hosts": ["a"]}}, "<t>")
+        parse_config({"grpo": {"launch": {**TWO_NODES, "nnodes": 3, "node_command": "ssh {host}", "hosts": ["a"]}}},
+                     "<t>")
 
 
 def _kill_node_one_after_a_checkpoint(home: Path, stop: threading.Event, killed: list) -> None:
@@ -111,7 +115,7 @@ def test_a_killed_node_fails_the_stage_and_the_retry_resumes_both(tiny, rlvr_hom
 
     steps = 20  # ~0.1 s each: the kill lands a few steps after the first checkpoint
     cfg, data, base, cur = _inputs(tiny, tmp_path)
-    cfg = _with(cfg, steps=steps, lr=1e-3, checkpoint_every=2, zero_stage=2, **TWO_NODES)
+    cfg = _with(cfg, steps=steps, lr=1e-3, checkpoint_every=2, zero_stage=2, launch=TWO_NODES)
     monkeypatch.setenv("RLVR_STAGE_THREADS", "1")
     counter = tmp_path / "memory.events"
     counter.write_text("oom_kill 0\n")  # the kill below is a lost node, not the OOM killer
@@ -154,9 +158,9 @@ def test_a_lost_node_is_transient_and_a_ranks_own_error_is_not():
 def test_deepspeed_nodes_are_the_hostfiles_hosts_in_its_order(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("gpu-a slots=8\ngpu-b slots=8  # DeepSpeed ignores what follows the slots\ngpu-c slots=8\n")
-    cfg = parse_config({"grpo": {"launch": "deepspeed", "hostfile": str(hostfile), "nnodes": 2, "nproc_per_node": 8,
-                                 "exclude": "gpu-b", "rdzv_endpoint": "10.0.0.5:29500",
-                                 "node_command": "ssh -o BatchMode=yes {host}"}}, "<t>")
+    cfg = parse_config({"grpo": {"launch": {"mode": "deepspeed", "hostfile": str(hostfile), "nnodes": 2,
+                                            "nproc_per_node": 8, "exclude": "gpu-b", "rdzv_endpoint": "10.0.0.5:29500",
+                                            "node_command": "ssh -o BatchMode=yes {host}"}}}, "<t>")
     cmds = node_commands(cfg.grpo, tmp_path / "request.json", 29500)
     assert cmds[0][1:3] == ["-m", "deepspeed.launcher.launch"]  # node 0 runs here, no prefix
     assert cmds[1][:4] == ["ssh", "-o", "BatchMode=yes", "gpu-c"]  # gpu-b excluded: node 1 is gpu-c
@@ -172,9 +176,9 @@ def test_deepspeed_nodes_are_the_hostfiles_hosts_in_its_order(tmp_path):
     (None, {}, r"hostfile .*/hostfile: no such file"),
     ("a slots=1\n\nb slot=1\n", {}, r"/hostfile:3: not 'HOST slots=N': 'b slot=1'"),
     ("a slots=1\na slots=1\n", {}, r"/hostfile:2: host a is already on line 1"),
-    ("a slots=1\nb slots=2\n", {}, r"/hostfile:2: host b has 2 slot\(s\) in use, but grpo.nproc_per_node is 1"),
-    ("a slots=1\n", {}, r"/hostfile: 1 host\(s\) after include/exclude \(a\), but grpo.nnodes is 2"),
-    ("a slots=1\nb slots=1\n", {"include": "c"}, r"/hostfile: grpo.include/exclude: Hostname 'c' not found"),
+    ("a slots=1\nb slots=2\n", {}, r"/hostfile:2: host b has 2 slot\(s\) in use, but grpo.launch.nproc_per_node is 1"),
+    ("a slots=1\n", {}, r"/hostfile: 1 host\(s\) after include/exclude \(a\), but grpo.launch.nnodes is 2"),
+    ("a slots=1\nb slots=1\n", {"include": "c"}, r"/hostfile: grpo.launch.include/exclude: Hostname 'c' not found"),
 ])
 def test_a_bad_hostfile_is_one_error_naming_file_and_line(tmp_path, text, grpo, error):
     from rlvr_core.experiment.config import ConfigError
@@ -182,15 +186,15 @@ def test_a_bad_hostfile_is_one_error_naming_file_and_line(tmp_path, text, grpo, 
     if text is not None:
         (tmp_path / "hostfile").write_text(text)
     with pytest.raises(ConfigError, match=error) as e:
-        parse_config({"grpo": {**TWO_NODES, "launch": "deepspeed", "hostfile": str(tmp_path / "hostfile"), **grpo}},
-                     "exp.yaml")
-    assert "exp.yaml: grpo:" in str(e.value) and "Traceback" not in str(e.value)
+        parse_config({"grpo": {"launch": {**TWO_NODES, "mode": "deepspeed", "hostfile": str(tmp_path / "hostfile"),
+                                          **grpo}}}, "exp.yaml")
+    assert "exp.yaml: grpo.launch:" in str(e.value) and "Traceback" not in str(e.value)
 
 
 @pytest.mark.slow
 def test_a_killed_deepspeed_node_fails_the_group_naming_it(tiny, rlvr_home, tmp_path, monkeypatch):
     cfg, data, base, cur = _inputs(tiny, tmp_path)
-    cfg = _with(cfg, steps=20, lr=1e-3, checkpoint_every=2, zero_stage=2, **_two_hosts(tmp_path))
+    cfg = _with(cfg, steps=20, lr=1e-3, checkpoint_every=2, zero_stage=2, launch=_two_hosts(tmp_path))
     monkeypatch.setenv("RLVR_STAGE_THREADS", "1")  # restored after the killer's change for a retry
     stop, killed = threading.Event(), []
     threading.Thread(target=_kill_node_one_after_a_checkpoint, args=(rlvr_home, stop, killed), daemon=True).start()

@@ -1,6 +1,6 @@
 """The training stage resumes from its checkpoint on another host: its folder is keyed by its inputs, not by
-the thread count or CPU instruction set (`numerics`) or the memory settings (`GRPO_MEMORY_FIELDS`), which it
-records instead (rlvr_core.pipeline.stages).
+the thread count or CPU instruction set (`numerics`) or the memory settings (`grpo.memory`, a section declared
+out of the key: `grpo_key_dump`), which it records instead (rlvr_core.pipeline.stages).
 
 A real `train` stage child (tasks.stage_runner, one torch thread) is SIGKILLed after its first checkpoint,
 as a pre-emption would; the same stage then runs in this process at two threads and with smaller
@@ -85,7 +85,9 @@ def test_a_killed_training_resumes_from_its_checkpoint_at_another_thread_count(t
 
     lines = io.StringIO()
     threads = torch.get_num_threads()
-    smaller = parse_config({**cfg.resolved(), "grpo": {**cfg.resolved()["grpo"], "micro_batch_size": 4}}, "<resume>")
+    grpo = cfg.resolved()["grpo"]
+    smaller = parse_config({**cfg.resolved(), "grpo": {**grpo, "memory": {**grpo["memory"], "micro_batch_size": 4}}},
+                           "<resume>")
     try:
         torch.set_num_threads(2)  # the retry's host: another thread count; and micro-batches, as G-oom advises
         trained = stages.train_stage(smaller, data, base, cur, Progress(True, lines))

@@ -143,7 +143,7 @@ def test_verifier_format_fires_on_a_large_share_over_the_window(tiny, healthy, t
     _OnePerStep.golds = frozenset(golds[j] for j in (0, 4, 8))
     signal = [j for j, g in enumerate(golds) if g in _OnePerStep.golds]
     assert len(signal) <= 4, "too many prompts share the chosen golds: the plant would not be a large share"
-    cfg = _cfg(steps=4, zero_var_guard_share=0.7, zero_var_guard_window=3)
+    cfg = _cfg(steps=4, guards={"zero_var_guard_share": 0.7, "zero_var_guard_window": 3})
     res = _train(tiny, tmp_path / "sparse", cfg, verifier=_OnePerStep.name)
     steps = _rows(res.steps_path)
     shares = [r["zero_var_group_share"] for r in steps]

@@ -174,7 +174,7 @@ def test_train_grpo_with_tis_reweights_a_disagreeing_engine(tiny, tmp_path):
     # Every reported log-prob SHIFT too high (tolerance raised so step 1's G-logprob-temp lets it through):
     # w = exp(trainer - rollout) = exp(-SHIFT) on every token; the same rollouts without the plant give the
     # reference loss, so the policy loss is exp(-SHIFT) times it.
-    cfg = dict(steps=1, logprob_guard_tol=1.0)
+    cfg = dict(steps=1, guards={"logprob_guard_tol": 1.0})
     with _planted_engine(from_step=0):
         (r,) = _run(tiny, tmp_path / "tis", _cfg(tis_cap=2.0, **cfg))
         (capped,) = _run(tiny, tmp_path / "capped", _cfg(tis_cap=0.5, **cfg))
