@@ -532,8 +532,8 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
     # The whole step's token and sequence counts: the micro-batches' and ranks' losses add up to the
     # 1-process, 1-pass loss, and so do their gradients.
     norm = global_normalisers(dp, int(mask.sum()), max(inputs.n_seqs, 1))
-    kw = dict(beta=cfg.beta, kl_estimator=cfg.kl_estimator, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-              agg_mode=cfg.loss_agg, norm_len=norm_len, lowprob_c=cfg.dlogp_reweight_c,
+    kw = dict(beta=cfg.beta, kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss, clip_low=cfg.clip_low,
+              clip_high=cfg.clip_high, agg_mode=cfg.loss_agg, norm_len=norm_len, lowprob_c=cfg.dlogp_reweight_c,
               num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"])
     olds, extras = [p.rollout_logp for p in parts], [{} for _ in parts]
     first: dict[str, float] = {}

@@ -144,6 +144,21 @@ def test_algorithm_names_are_checked_against_their_registries(tmp_path):
         assert f"exp.yaml: grpo.{field}: unknown {registry.kind} 'nope'" in str(e.value)
 
 
+def test_the_policy_loss_is_chosen_in_yaml_and_checked_against_its_registry(tmp_path):
+    """grpo.policy_loss: ppo_clip by default (the loss the update always used), every registered name accepted,
+    an unknown one refused naming the file, the field and the registered names."""
+    from rlvr_core.core.registry import POLICY_LOSSES
+
+    assert parse_config({}).grpo.policy_loss == "ppo_clip"
+    for name in POLICY_LOSSES.names():
+        assert load_config(write(tmp_path, f"grpo:\n  policy_loss: {name}\n")).grpo.policy_loss == name
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, "grpo:\n  policy_loss: nope\n"))
+    assert e.value.problems == [("grpo.policy_loss", "unknown policy loss 'nope'; known: "
+                                 + ", ".join(POLICY_LOSSES.names()))]
+    assert "exp.yaml: grpo.policy_loss: unknown policy loss 'nope'" in str(e.value)
+
+
 def test_a_name_registered_at_runtime_is_accepted_by_the_config(monkeypatch):
     from rlvr_core.core.registry import ADVANTAGES
 
