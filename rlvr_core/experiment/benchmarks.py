@@ -43,6 +43,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from rlvr_core.core import hub
 from rlvr_core.core.manifest import rows_sha256
+from rlvr_core.data.gold import gold_of
 from rlvr_core.data.loaders import (DEFAULT_FILES, DataFormatError, known_datasets, load_problem_files,
                                     load_problems, packaged_file)
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
@@ -531,13 +532,9 @@ def _check_rows_hash(spec: BenchmarkSpec, split: str, rows: list[dict], where: s
 
 
 def gold_for(spec: BenchmarkSpec, problem: dict) -> Any:
-    """What the benchmark's verifiers get as gold for one problem (same for headline and side-by-side)."""
-    if spec.verifier.name == "ifeval":
-        m = problem["meta"]
-        return {"instruction_id_list": m["instruction_id_list"], "kwargs": m["kwargs"], "prompt": problem["question"]}
-    if spec.verifier.name == "code":
-        return problem["meta"]["tests"]
-    return problem["answer"]
+    """What the benchmark's verifiers get as gold for one problem (same for headline and side-by-side;
+    rlvr_core/data/gold.py decides it)."""
+    return gold_of(problem, spec.verifier.name)
 
 
 def problem_issue(spec: BenchmarkSpec, problem: dict) -> str | None:
