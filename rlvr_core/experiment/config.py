@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, ValidationInfo,
+                      field_validator, model_serializer, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from rlvr_core.core import hub
@@ -313,7 +314,9 @@ class GRPOConfig(_Strict):
                           "name registered as a loss_agg (rlvr_core/core/registry.py)")
     policy_loss: str = Field("ppo_clip", description="policy-gradient loss: ppo_clip (PPO clipped surrogate with "
                              "clip_low / clip_high, DAPO clip-higher; docs/grpo_algorithms.md); any name "
-                             "registered as a policy_loss (rlvr_core/core/registry.py)")
+                             "registered as a policy_loss (rlvr_core/core/registry.py). Left out of the resolved "
+                             "config, its hash and the training key while it is ppo_clip, so runs from before the "
+                             "field keep their keys")
     epochs_per_step: int = Field(1, ge=1, description="optimisation epochs over each rollout batch (1 = on-policy)")
     # ---- memory of the update (docs/grpo_training.md, "Memory of the update"); none of them changes the maths ----
     micro_batch_size: int | None = Field(None, ge=1, description="sequences per forward/backward on each rank; the "
@@ -483,6 +486,18 @@ class GRPOConfig(_Strict):
     # the built-ins torch-free): a name registered at runtime is accepted, an unknown one fails listing the names.
     _REGISTRIES: ClassVar[dict[str, Registry]] = {"advantage": ADVANTAGES, "kl_estimator": KL_ESTIMATORS,
                                                   "loss_agg": LOSS_AGGS, "policy_loss": POLICY_LOSSES}
+
+    # Fields added after runs were keyed: dumped only away from their default, the behaviour of every earlier run,
+    # so the resolved config, its hash and the training folder's key of such a run stay what they were.
+    _DUMPED_AWAY_FROM_DEFAULT: ClassVar[dict[str, Any]] = {"policy_loss": "ppo_clip"}
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        for name, default in self._DUMPED_AWAY_FROM_DEFAULT.items():
+            if out.get(name, None) == default:
+                del out[name]
+        return out
 
     @field_validator(*_REGISTRIES)
     @classmethod
