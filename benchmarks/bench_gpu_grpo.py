@@ -30,7 +30,7 @@ reports, from the trainer's own steps.parquet (`t_rollout_s`, `t_reward_s`, `t_t
 `--train-only` times the policy update alone, at batch sizes where rollouts would take minutes: no
 generation; every sequence is a real prompt plus exactly --max-new-tokens random token ids from the whole
 vocabulary, with random advantages and rollout log-probs. It builds the model in memory, directly on the GPU
-in bf16, hands it to `rlvr_core.grpo.update.build_policy` (DeepSpeed, the ZeRO stage asked for) and calls
+in bf16, hands it to `rlvr_core.grpo.policy.build_policy` (DeepSpeed, the ZeRO stage asked for) and calls
 `update_policy(..., loss_fn=grpo_loss)` --steps times: per step the train time, train tokens/s, the MFU
 above (and, with --gradient-checkpointing, also counting the recompute: 8N instead of 6N per token, labelled
 mfu_with_recompute), and the step's peak GPU memory (allocated and reserved; counters reset per step).
@@ -298,7 +298,7 @@ def offload_plan(mode: str, n_params: int, world: int, gpu_bytes: int | None) ->
 
 
 def patch_ds_config(offload: bool) -> None:
-    """Bench-only: with `offload`, the trainer's DeepSpeed config (rlvr_core.grpo.update.ds_config, looked up
+    """Bench-only: with `offload`, the trainer's DeepSpeed config (rlvr_core.grpo.policy.ds_config, looked up
     when the engine is built) gets `offload_optimizer: {device: cpu, pin_memory: false}`, and AdamW becomes
     DeepSpeed's CPU Adam (its default under offload; the trainer's `torch_adam` would run torch's AdamW on
     the CPU, several times slower; CPU Adam is a C++ op JIT-compiled on first use, ~1 min). Unpinned: pinning
@@ -306,7 +306,7 @@ def patch_ds_config(offload: bool) -> None:
     want pinned memory for faster copies."""
     if not offload:
         return
-    from rlvr_core.grpo import update
+    from rlvr_core.grpo import policy as update  # build_policy, ds_config, load_policy_model
 
     base = update.ds_config
 
@@ -373,11 +373,11 @@ def train_only_inputs(tok, rows: list[dict], *, step: int, P: int, G: int, T: in
 
 
 def build_train_only_policy(model, cfg, *, batch_size: int, world: int):
-    """`rlvr_core.grpo.update.build_policy` on the in-memory `model` (its `load_policy_model`, which reads a
+    """`rlvr_core.grpo.policy.build_policy` on the in-memory `model` (its `load_policy_model`, which reads a
     folder with from_pretrained in float32, is swapped for this model while it runs). DeepSpeed then holds
     what it holds in train_grpo: bf16 weights on the device, fp32 master weights and AdamW moments. No
     sampling here, so a ZeRO-3 sampling replica, if the trainer made one, is dropped."""
-    from rlvr_core.grpo import update
+    from rlvr_core.grpo import policy as update  # build_policy, ds_config, load_policy_model
     from rlvr_core.grpo.trainer import _ensure_launch_env
 
     added = _ensure_launch_env()

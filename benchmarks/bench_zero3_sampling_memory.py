@@ -4,7 +4,7 @@ and without it (the default: the HF engine samples the partitioned policy in loc
     python -m torch.distributed.run --nproc_per_node 2 benchmarks/bench_zero3_sampling_memory.py [--out F.json]
 
 Each rank builds the same random-weight Qwen2 (seed 0, fp32; `--hidden`, `--layers`, `--vocab`) in memory,
-wraps it with `rlvr_core.grpo.update.build_policy` under ZeRO-3 (DeepSpeed's default bucket settings), then
+wraps it with `rlvr_core.grpo.policy.build_policy` under ZeRO-3 (DeepSpeed's default bucket settings), then
 samples 4 prompts x 2 samples x `--tokens` tokens through the trainer's HF rollout engine, once per mode.
 Counted exactly, from the tensors (not the process RSS, which the allocator blurs): weight elements this rank
 holds at every forward pre-hook of every submodule while sampling, i.e. its ZeRO-3 partitions, the weights
@@ -45,7 +45,7 @@ def measure(model_fn, tok, rows, replica_mode: bool, tokens: int) -> dict:
     import torch
 
     from rlvr_core.experiment.config import GRPOConfig
-    from rlvr_core.grpo import update
+    from rlvr_core.grpo import policy as update  # build_policy, ds_config, load_policy_model
     from rlvr_core.grpo.rollout_engine import make_rollout_engine
     from rlvr_core.grpo.trainer import _ensure_launch_env
     from rlvr_core.sampling.base import SamplingParams

@@ -3,7 +3,8 @@
 The lead registers `verify_command` as the `verify` sub-command of `rlvr_cli/main.py`; it is written
 with typer annotations so typer builds the options from its signature.
 
-Input lines carry `response` and the gold under the field that fits the verifier:
+Input lines carry `response` and the gold under the field that fits the verifier (read by
+`rlvr_core/data/gold.py:line_gold`):
 - most verifiers: `answer`;
 - `ifeval`: `prompt`, `instruction_id_list`, `kwargs` (as in IFEval's input_data.jsonl);
 - `code`: `tests` (a string of Python test code, or a list of assert lines).
@@ -21,6 +22,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from rlvr_core.data.gold import line_gold
 from rlvr_core.data.jsonl import DataFormatError, iter_jsonl
 from rlvr_core.verifiers.base import Status
 from rlvr_core.verifiers.pool import VerifierPool
@@ -31,22 +33,13 @@ class InputError(ValueError):
     """A malformed input line; the message names the file and the line number."""
 
 
-def gold_of(verifier: str, row: dict[str, Any]) -> Any:
-    """The gold value a verifier expects, taken from one input row (KeyError when a field is missing)."""
-    if verifier == "ifeval":
-        return {k: row[k] for k in ("instruction_id_list", "kwargs")} | {"prompt": row.get("prompt", "")}
-    if verifier == "code":
-        return row["tests"]
-    return row["answer"]
-
-
 def read_rows(path: Path, verifier: str) -> list[tuple[dict[str, Any], str, Any]]:
     """(row, response, gold) per non-empty line; raises InputError naming `path:line` on bad input."""
     out = []
     try:
         for lineno, row in iter_jsonl(path):
             try:
-                response, gold = row["response"], gold_of(verifier, row)
+                response, gold = row["response"], line_gold(verifier, row)
             except KeyError as exc:
                 raise InputError(f"{path}:{lineno}: missing field {exc.args[0]!r} for verifier {verifier!r}") from None
             if not isinstance(response, str):

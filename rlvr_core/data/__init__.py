@@ -1,9 +1,6 @@
-"""Problem rows: loading public sets (loaders), the demo's synthetic task (synthetic), JSONL reading (jsonl)."""
+"""Problem rows: loading public sets (loaders), the demo's synthetic task (synthetic), JSONL reading (jsonl),
+and the gold answer of a row (gold: the one place it is decided)."""
 
+from rlvr_core.data.gold import gold_of, line_gold
 
-def gold_of(row: dict) -> object:
-    """The gold answer a verifier checks a completion of `row` against: `final_answer` when the row has one
-    (synthetic rows: the bare number, while `answer` is the worked solution), else `answer` (loaded sets).
-    The one place this is decided: the trainer, the pass-rate and evaluation stages and the probes use it."""
-    return row["final_answer"] if "final_answer" in row else row["answer"]
-
+__all__ = ["gold_of", "line_gold"]

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from rlvr_core.core.passk import pass_at_k
-from rlvr_core.core.registry import Registry
+from rlvr_core.core.registry import ORDERINGS, register
 from rlvr_core.data.loaders import normalize_id
 
 __all__ = ["pass_rate_table", "filter_by_pass_rate", "order_curriculum", "register_ordering", "get_ordering",
@@ -106,11 +106,11 @@ def filter_by_pass_rate(table: pa.Table, low: float = 0.0, high: float = 1.0, dr
 # ---- orderings --------------------------------------------------------------------------------------------
 
 # An ordering maps (table, seed, options) to a permutation of the table's row indices.
+# Each ordering below registers itself (`@register("ordering", name)`); rlvr_core/core/registry.py lists the names.
 Ordering = Callable[..., list[int]]
-_ORDERINGS: Registry[Ordering] = Registry("curriculum ordering")
-register_ordering = _ORDERINGS.add  # register_ordering(name, fn)
-get_ordering = _ORDERINGS.get
-known_orderings = _ORDERINGS.names
+register_ordering = ORDERINGS.add  # register_ordering(name, fn)
+get_ordering = ORDERINGS.get
+known_orderings = ORDERINGS.names
 
 
 def order_curriculum(table: pa.Table, strategy: str, *, seed: int = 0, **options) -> pa.Table:
@@ -135,16 +135,19 @@ def _by_rate(table: pa.Table, descending: bool) -> list[int]:
     return sorted(range(len(ids)), key=lambda i: (-rate[i] if descending else rate[i], ids[i]))
 
 
+@register("ordering", "easy_to_hard")
 def _easy_to_hard(table: pa.Table, seed: int = 0) -> list[int]:
     """Highest pass rate first."""
     return _by_rate(table, descending=True)
 
 
+@register("ordering", "hard_to_easy")
 def _hard_to_easy(table: pa.Table, seed: int = 0) -> list[int]:
     """Lowest pass rate first."""
     return _by_rate(table, descending=False)
 
 
+@register("ordering", "random")
 def _random(table: pa.Table, seed: int = 0) -> list[int]:
     """A seeded shuffle (numpy PCG64) of the rows sorted by problem_id."""
     ids, _ = _ids_and_rates(table)
@@ -152,6 +155,7 @@ def _random(table: pa.Table, seed: int = 0) -> list[int]:
     return [base[j] for j in np.random.default_rng(seed).permutation(len(base))]
 
 
+@register("ordering", "bucketed")
 def _bucketed(table: pa.Table, seed: int = 0, n_buckets: int = 4, interleave: bool = False,
               easy_first: bool = True) -> list[int]:
     """Rows ranked by pass rate (easy first unless easy_first=False) and cut into n_buckets buckets of
@@ -172,15 +176,11 @@ def _bucketed(table: pa.Table, seed: int = 0, n_buckets: int = 4, interleave: bo
     return out
 
 
+@register("ordering", "interleaved")
 def _interleaved(table: pa.Table, seed: int = 0, n_buckets: int = 4) -> list[int]:
     return _bucketed(table, seed=seed, n_buckets=n_buckets, interleave=True)
 
 
-register_ordering("easy_to_hard", _easy_to_hard)
-register_ordering("hard_to_easy", _hard_to_easy)
-register_ordering("random", _random)
-register_ordering("bucketed", _bucketed)
-register_ordering("interleaved", _interleaved)
 
 
 # ---- reconciling ids --------------------------------------------------------------------------------------

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, ValidationInfo,
+                      field_validator, model_serializer, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from rlvr_core.core import hub
-from rlvr_core.core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, Registry
+from rlvr_core.core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES, Registry
 
 from rlvr_core.data.curriculum import known_orderings
 from rlvr_core.data.templates import get_template, known_templates
@@ -451,19 +452,24 @@ class GRPOConfig(_Strict):
     beta: float = InKey(0.0, ge=0, description="KL coefficient (0 = no reference model)")
     kl_estimator: str = InKey("k3", description="per-token KL-to-reference estimator when beta > 0 (Schulman's "
                               "k1/k2/k3; k3 is unbiased and never negative; docs/grpo_algorithms.md); any name "
-                              "registered in rlvr_core.core.registry.KL_ESTIMATORS")
+                              "registered as a kl_estimator (rlvr_core/core/registry.py)")
     clip_low: float = InKey(0.2, gt=0, description="PPO ratio clip below 1 (1 - clip_low); raise it only with a reason: "
                             "it bounds how far one update can push a sampled token down")
     clip_high: float = InKey(0.28, gt=0, description="clip-higher (DAPO)")
     advantage: str = InKey("grpo", description="group advantage estimator: grpo (mean/std), dr_grpo (mean only, "
                            "no std bias), rloo (leave-one-out mean); docs/grpo_algorithms.md; any name registered "
-                           "in rlvr_core.core.registry.ADVANTAGES")
+                           "as an advantage (rlvr_core/core/registry.py)")
     negative_advantage_weight: float = InKey(1.0, ge=0, le=1, description="multiplies negative advantages "
                                              "(1 = the estimator as it is; 0 = positive samples only, PSR; "
                                              "Zhu et al. 2025, arXiv 2506.01347)")
     loss_agg: str = InKey("token-mean", description="loss aggregation: token-mean, seq-mean-token-mean or "
                           "seq-mean-token-sum-norm (docs/grpo_algorithms.md; sum-norm uses max_new_tokens); any "
-                          "name registered in rlvr_core.core.registry.LOSS_AGGS")
+                          "name registered as a loss_agg (rlvr_core/core/registry.py)")
+    policy_loss: str = InKey("ppo_clip", description="policy-gradient loss: ppo_clip (PPO clipped surrogate with "
+                             "clip_low / clip_high, DAPO clip-higher; docs/grpo_algorithms.md); any name "
+                             "registered as a policy_loss (rlvr_core/core/registry.py). Left out of the resolved "
+                             "config, its hash and the training key while it is ppo_clip, so runs from before the "
+                             "field keep their keys")
     epochs_per_step: int = InKey(1, ge=1, description="optimisation epochs over each rollout batch (1 = on-policy)")
     memory: GRPOMemoryConfig = Field(default_factory=GRPOMemoryConfig, description="how the update fits in memory "
                                      "(docs/grpo_training.md, \"Memory of the update\"); out of the training folder's key")
@@ -590,10 +596,22 @@ class GRPOConfig(_Strict):
             data[name] = {**(section or {}), field: value}
         return data
 
-    # Fields that name an implementation, checked against its registry (rlvr_core/core/registry.py, which imports
-    # no torch): a name registered at runtime is accepted, an unknown one fails listing the registered ones.
+    # Fields that name an implementation, checked against its registry's names (rlvr_core/core/registry.py lists
+    # the built-ins torch-free): a name registered at runtime is accepted, an unknown one fails listing the names.
     _REGISTRIES: ClassVar[dict[str, Registry]] = {"advantage": ADVANTAGES, "kl_estimator": KL_ESTIMATORS,
-                                                  "loss_agg": LOSS_AGGS}
+                                                  "loss_agg": LOSS_AGGS, "policy_loss": POLICY_LOSSES}
+
+    # Fields added after runs were keyed: dumped only away from their default, the behaviour of every earlier run,
+    # so the resolved config, its hash and the training folder's key of such a run stay what they were.
+    _DUMPED_AWAY_FROM_DEFAULT: ClassVar[dict[str, Any]] = {"policy_loss": "ppo_clip"}
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        for name, default in self._DUMPED_AWAY_FROM_DEFAULT.items():
+            if out.get(name, None) == default:
+                del out[name]
+        return out
 
     @field_validator(*_REGISTRIES)
     @classmethod

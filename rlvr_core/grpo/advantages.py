@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from rlvr_core.core.registry import ADVANTAGES
+from rlvr_core.core.registry import ADVANTAGES, register
 
 __all__ = [
     "AdvantageFn", "register_advantage", "get_advantage", "known_advantages",
@@ -111,8 +111,8 @@ def _group_stats(rewards: torch.Tensor, group_size: int | None, group_ids: torch
 # ---- registry ---------------------------------------------------------------------------------------------
 
 # fn(rewards, group_size=None, *, group_ids=None, eps=DEFAULT_ADV_EPS) -> advantages, same shape as rewards.
-# The built-in estimators below are named in rlvr_core/core/registry.py (torch-free, so the config checks
-# `grpo.advantage` without importing this module); register_advantage adds more at runtime.
+# Each estimator below registers itself (`@register("advantage", name)`); its name is also listed, torch-free, in
+# rlvr_core/core/registry.py, so the config checks `grpo.advantage` without importing this module.
 AdvantageFn = Callable[..., torch.Tensor]
 register_advantage = ADVANTAGES.register  # decorator: @register_advantage("my_estimator")
 get_advantage = ADVANTAGES.get
@@ -121,7 +121,7 @@ known_advantages = ADVANTAGES.names
 
 # ---- estimators -------------------------------------------------------------------------------------------
 
-# registered as "grpo"
+@register("advantage", "grpo")
 def grpo_advantages(rewards: torch.Tensor, group_size: int | None = None, *,
                     group_ids: torch.Tensor | None = None, eps: float = DEFAULT_ADV_EPS) -> torch.Tensor:
     """GRPO outcome advantage: A_i = (r_i - mean_g(r)) / (std_g(r) + eps).
@@ -137,7 +137,7 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int | None = None, *,
     return adv.reshape(rewards.shape)
 
 
-# registered as "dr_grpo"
+@register("advantage", "dr_grpo")
 def dr_grpo_advantages(rewards: torch.Tensor, group_size: int | None = None, *,
                        group_ids: torch.Tensor | None = None, eps: float = DEFAULT_ADV_EPS) -> torch.Tensor:
     """Dr.GRPO outcome advantage: A_i = r_i - mean_g(r) (no division by the std).
@@ -153,7 +153,7 @@ def dr_grpo_advantages(rewards: torch.Tensor, group_size: int | None = None, *,
     return adv.reshape(rewards.shape)
 
 
-# registered as "rloo"
+@register("advantage", "rloo")
 def rloo_advantages(rewards: torch.Tensor, group_size: int | None = None, *,
                     group_ids: torch.Tensor | None = None, eps: float = DEFAULT_ADV_EPS) -> torch.Tensor:
     """RLOO advantage: A_i = r_i - (1 / (G - 1)) * sum_{j != i} r_j (leave-one-out baseline).

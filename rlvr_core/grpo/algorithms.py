@@ -5,12 +5,12 @@ function and an unknown value fails before any expensive work:
 
     grpo.advantage      -> get_advantage(name)       "grpo", "dr_grpo", "rloo"            (advantages.py)
     grpo.kl_estimator   -> get_kl_estimator(name)    "k1", "k2", "k3"                     (kl.py)
-    policy loss         -> get_policy_loss(name)     "ppo_clip"                           (losses.py)
+    grpo.policy_loss    -> get_policy_loss(name)     "ppo_clip"                           (losses.py)
     loss aggregation    -> get_loss_agg(name)        "token-mean", "seq-mean-token-mean",
                                                      "seq-mean-token-sum-norm"            (losses.py)
 
-The registries and their built-in names are declared in rlvr_core/core/registry.py (torch-free: the config
-checks names against them).
+Each function registers itself where it lives (`@register(kind, name)`); the built-in names are also listed,
+torch-free, in rlvr_core/core/registry.py, which the config checks names against.
 
 Plus the unregistered pieces: advantages_to_tokens, overlong_penalty, lowprob_token_weights,
 weight_negative_advantages (advantages.py), grpo_loss, mask_from_lengths, truncated_is_weights (losses.py),

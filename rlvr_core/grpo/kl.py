@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from rlvr_core.core.registry import KL_ESTIMATORS
+from rlvr_core.core.registry import KL_ESTIMATORS, register
 
 __all__ = ["KLEstimator", "register_kl_estimator", "get_kl_estimator", "known_kl_estimators",
            "kl_k1", "kl_k2", "kl_k3", "token_kl", "LOG_RATIO_CLAMP"]
@@ -47,28 +47,28 @@ def _diff(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return logp.to(dt) - ref_logp.to(dt)
 
 
-# The built-in estimators below are named in rlvr_core/core/registry.py (torch-free, so the config checks
-# `grpo.kl_estimator` without importing this module); register_kl_estimator adds more at runtime.
+# Each estimator below registers itself (`@register("kl_estimator", name)`); its name is also listed, torch-free,
+# in rlvr_core/core/registry.py, so the config checks `grpo.kl_estimator` without importing this module.
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 register_kl_estimator = KL_ESTIMATORS.register  # decorator
 get_kl_estimator = KL_ESTIMATORS.get
 known_kl_estimators = KL_ESTIMATORS.names
 
 
-# registered as "k1"
+@register("kl_estimator", "k1")
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k1 = log p(x) - log q(x). logp, ref_logp: (B, T). Returns (B, T) float32. Estimates KL(p || q)."""
     return _diff(logp, ref_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
-# registered as "k2"
+@register("kl_estimator", "k2")
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k2 = (log p(x) - log q(x))^2 / 2. logp, ref_logp: (B, T). Returns (B, T) float32, >= 0."""
     d = _diff(logp, ref_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return 0.5 * d * d
 
 
-# registered as "k3"
+@register("kl_estimator", "k3")
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 = (r - 1) - log r with r = q(x) / p(x). logp, ref_logp: (B, T). Returns (B, T) float32, >= 0.
 

@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from rlvr_core.core.registry import LOSS_AGGS, POLICY_LOSSES
+from rlvr_core.core.registry import LOSS_AGGS, POLICY_LOSSES, register
 from rlvr_core.grpo.advantages import advantages_to_tokens, lowprob_token_weights
 from rlvr_core.grpo.kl import LOG_RATIO_CLAMP, token_kl
 
@@ -81,9 +81,9 @@ def _check(mask: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
 # number of sequences), or the loss becomes a mean of micro-batch means and the weighting above is lost.
 # Pass num_tokens / num_seqs for that; then the micro-batch losses add up to the full-batch loss.
 #
-# The built-in aggregations and policy losses below are named in rlvr_core/core/registry.py (torch-free, so the
-# config checks `grpo.loss_agg` without importing this module); register_loss_agg and register_policy_loss
-# add more at runtime.
+# The aggregations and policy losses below register themselves (`@register("loss_agg" / "policy_loss", name)`);
+# their names are also listed, torch-free, in rlvr_core/core/registry.py, so the config checks `grpo.loss_agg`
+# and `grpo.policy_loss` without importing this module.
 
 LossAgg = Callable[..., torch.Tensor]
 register_loss_agg = LOSS_AGGS.register  # decorator
@@ -91,7 +91,7 @@ get_loss_agg = LOSS_AGGS.get
 known_loss_aggs = LOSS_AGGS.names
 
 
-# registered as "token-mean"
+@register("loss_agg", "token-mean")
 def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len: int | None = None,
                 num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
     """sum_{b,t} mask*L / (number of response tokens in the batch). DAPO's token-level loss."""
@@ -99,7 +99,7 @@ def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len: int | N
     return loss_mat.sum() / denom
 
 
-# registered as "seq-mean-token-mean"
+@register("loss_agg", "seq-mean-token-mean")
 def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len: int | None = None,
                          num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
     """mean over sequences of (sum_t mask*L / |o_b|). GRPO as written in DeepSeekMath.
@@ -110,7 +110,7 @@ def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len
     return per_seq.sum() / (mask.shape[0] if num_seqs is None else num_seqs)
 
 
-# registered as "seq-mean-token-sum-norm"
+@register("loss_agg", "seq-mean-token-sum-norm")
 def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len: int | None = None,
                              num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
     """sum_{b,t} mask*L / (number of sequences * norm_len). Dr.GRPO's constant normaliser.
@@ -151,7 +151,7 @@ def _masked_mean(x: torch.Tensor, m: torch.Tensor, n: torch.Tensor) -> torch.Ten
     return torch.where(n > 0, s / n.clamp(min=1), torch.full_like(s, torch.nan))
 
 
-# registered as "ppo_clip"
+@register("policy_loss", "ppo_clip")
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                   clip_low: float = 0.2, clip_high: float = 0.28, agg_mode: str = "token-mean",
                   norm_len: int | None = None, num_tokens: float | None = None, num_seqs: float | None = None,

@@ -19,7 +19,9 @@ got back:
     thread, concurrently with training, so it must not touch the trained module or run a collective.
   * `close()` when the stage ends (also on failure).
 
-Engines are registered by name in `_BUILDERS`; `train_grpo(..., engine="hf")` picks one. "hf" is
+Engines are the "rollout_engine" kind of the project's one registry (rlvr_core/core/registry.py lists their
+names; each builder below registers itself: builder(**make_rollout_engine's keyword arguments) ->
+RolloutEngine); `train_grpo(..., engine="hf")` picks one. "hf" is
 `HFRolloutEngine`: transformers generate on the trainer's own module. "vllm" is `VLLMRolloutEngine`
 (vllm_rollout.py): an in-process vLLM engine per rank into which `sync`/`load` push the weights.
 "vllm-server" is `VLLMServerRolloutEngine` (server_rollout.py): `vllm serve` processes into which rank 0
@@ -35,6 +37,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
+from rlvr_core.core.registry import ROLLOUT_ENGINES, register
 from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.grpo.ahead import snapshot as _snapshot
 from rlvr_core.grpo.server_rollout import build_server_rollout_engine
@@ -127,6 +130,10 @@ class HFRolloutEngine:
         pass
 
 
+register("rollout_engine", "hf")(HFRolloutEngine.for_trainer)
+
+
+@register("rollout_engine", "vllm")
 def _vllm_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, cfg: GRPOConfig, seed: int,
                       engine_options: dict | None = None, **_: Any) -> RolloutEngine:
     """A colocated vLLM engine per rank (vllm_rollout.py), sampling in the precision that trains."""
@@ -134,6 +141,7 @@ def _vllm_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, cfg: GRPOCo
     return VLLMRolloutEngine(base_model_dir, tokenizer, **options)
 
 
+@register("rollout_engine", "vllm-server")
 def _server_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, engine_options: dict | None = None,
                         **_: Any) -> RolloutEngine:
     """`vllm serve` processes (server_rollout.py): engine_options holds `servers` or `launch`, `push_folder`
@@ -144,21 +152,13 @@ def _server_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, engine_op
                                        rank=int(os.environ.get("RANK", "0")), **opts)
 
 
-# name -> builder(**make_rollout_engine's keyword arguments) -> RolloutEngine
-_BUILDERS: dict[str, Callable[..., RolloutEngine]] = {
-    "hf": HFRolloutEngine.for_trainer,
-    "vllm": _vllm_for_trainer,
-    "vllm-server": _server_for_trainer,
-}
-
-
 def known_rollout_engines() -> list[str]:
-    return sorted(_BUILDERS)
+    return ROLLOUT_ENGINES.names()
 
 
 def check_rollout_engine(name: str) -> None:
     """Refuse an unknown engine name before any work is done."""
-    if name not in _BUILDERS:
+    if name not in ROLLOUT_ENGINES.names():
         raise ValueError(f"unknown rollout engine {name!r}: known engines are {known_rollout_engines()}")
 
 
@@ -181,6 +181,6 @@ def make_rollout_engine(name: str, *, base_model_dir: str | Path, tokenizer: Any
     name.
     """
     check_rollout_engine(name)
-    return _BUILDERS[name](base_model_dir=base_model_dir, tokenizer=tokenizer, cfg=cfg, device=device, seed=seed,
+    return ROLLOUT_ENGINES.get(name)(base_model_dir=base_model_dir, tokenizer=tokenizer, cfg=cfg, device=device, seed=seed,
                            policy=policy, replica=replica, own_copy=own_copy, engine_options=engine_options,
                            lockstep=lockstep)

@@ -84,15 +84,16 @@ from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, m
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
 from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, _summary, base_columns,
                                          progress_line, rollout_sample_rows, step_flags, step_row, verifier_hang_line)
-from rlvr_core.grpo.update import (Policy, build_batch, build_policy, ds_config, load_policy_model, sampled_kl,
-                                   sequence_logprobs, train_inputs, update_policy)
+from rlvr_core.grpo.policy import Policy, build_policy, ds_config, load_policy_model
+from rlvr_core.grpo.update import build_batch, sampled_kl, sequence_logprobs, train_inputs, update_policy
 
 # Names that lived here before the phases got their own modules; callers and tests import them from here.
 # (get_advantage, grpo_loss and launch_world_size above are looked up in this module at call time, so a
 # test may monkeypatch them here.)
 from rlvr_core.grpo.checkpointing import AHEAD_WEIGHTS, LORA_ADAPTER, _read_rollouts  # noqa: E402,F401
 from rlvr_core.grpo.rollouts import STATUSES  # noqa: E402,F401
-from rlvr_core.grpo.update import _copy_partitioned, _engine, _grad_norm, with_lora  # noqa: E402,F401
+from rlvr_core.grpo.policy import _copy_partitioned, _engine, with_lora  # noqa: E402,F401
+from rlvr_core.grpo.update import _grad_norm  # noqa: E402,F401
 from rlvr_core.sampling.models import load_model
 from rlvr_core.sampling.verified import sample_and_verify
 from rlvr_core.verifiers.pool import VerifierPool

@@ -1,7 +1,7 @@
 """Verifiers by name. Importing this package registers the built-in verifiers.
 
-Each built-in lives in its own module and registers itself with `@register_verifier(NAME)`;
-`registry` imports them all, which is what makes `get_verifier("gsm8k")` work. Heavy dependencies
+Each built-in lives in its own module and registers itself with `@register_verifier(NAME)` (the project's
+one registry, rlvr_core/core/registry.py, which lists the names and imports those modules on the first lookup). Heavy dependencies
 (math-verify, sympy, langdetect) are imported inside those modules only when a verifier is built or used.
 """
 

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Callable, Protocol
 
+from rlvr_core.core.registry import VERIFIERS
+
 
 class Status(str, Enum):
     CORRECT = "correct"
@@ -94,22 +96,18 @@ class Verifier(Protocol):
     def warm_up(self) -> None: ...
 
 
-_REGISTRY: dict[str, Callable[..., Verifier]] = {}
+def _declarations(name: str, factory: Callable[..., Verifier]) -> None:
+    """What every registered verifier declares (checked as it registers, whichever way it does)."""
+    if not isinstance(getattr(factory, "can_hang", None), bool):
+        raise TypeError(f"verifier {name!r}: declare `can_hang = True` or `False` on the class "
+                        "(False only if no input can make verify() run long; see Verifier)")
+    if not callable(getattr(factory, "warm_up", None)):
+        raise TypeError(f"verifier {name!r}: define `warm_up(self)` (load whatever verify() loads lazily, "
+                        "or `pass`; see Verifier)")
 
 
-def register_verifier(name: str) -> Callable[[Callable[..., Verifier]], Callable[..., Verifier]]:
-    """Class/factory decorator: a YAML `verifier: NAME` maps to exactly one factory."""
-
-    def deco(factory: Callable[..., Verifier]) -> Callable[..., Verifier]:
-        if name in _REGISTRY:
-            raise ValueError(f"verifier {name!r} registered twice")
-        if not isinstance(getattr(factory, "can_hang", None), bool):
-            raise TypeError(f"verifier {name!r}: declare `can_hang = True` or `False` on the class "
-                            "(False only if no input can make verify() run long; see Verifier)")
-        if not callable(getattr(factory, "warm_up", None)):
-            raise TypeError(f"verifier {name!r}: define `warm_up(self)` (load whatever verify() loads lazily, "
-                            "or `pass`; see Verifier)")
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
+# Verifiers are one kind of the project's one registry (rlvr_core/core/registry.py, which lists the built-in
+# names): `@register_verifier(NAME)` is `@register("verifier", NAME)`; both check the declarations above.
+VERIFIERS.check = _declarations
+_REGISTRY = VERIFIERS
+register_verifier: Callable[[str], Callable[[Callable[..., Verifier]], Callable[..., Verifier]]] = VERIFIERS.register

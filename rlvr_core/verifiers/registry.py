@@ -1,6 +1,6 @@
-"""Verifiers by name: the built-ins (each registers itself with `@register_verifier`, imported here) and
-`package.module:name` for a verifier another module registers. Config validation, the pool and every stage
-look verifiers up here."""
+"""Verifiers by name: the built-ins (each registers itself with `@register_verifier`, in its own module, which
+the project's registry imports on first lookup: rlvr_core/core/registry.py) and `package.module:name` for a
+verifier another module registers. Config validation, the pool and every stage look verifiers up here."""
 
 from __future__ import annotations
 
@@ -8,13 +8,7 @@ import importlib
 import inspect
 from typing import Any, Callable
 
-from rlvr_core.verifiers import code_exec as _code  # noqa: F401  (registers "code")
-from rlvr_core.verifiers import gsm8k as _gsm8k  # noqa: F401  (registers "gsm8k")
-from rlvr_core.verifiers import ifeval as _ifeval  # noqa: F401  (registers "ifeval")
-from rlvr_core.verifiers import math_verifier as _math  # noqa: F401  (registers "math")
-from rlvr_core.verifiers import mcq as _mcq  # noqa: F401  (registers "mcq")
-from rlvr_core.verifiers import minerva as _minerva  # noqa: F401  (registers "minerva")
-from rlvr_core.verifiers.base import _REGISTRY, Verifier
+from rlvr_core.verifiers.base import VERIFIERS, Verifier
 
 __all__ = ["get_verifier", "verifier_class", "can_hang", "default_workers", "default_mode", "known_verifiers"]
 
@@ -32,16 +26,16 @@ def verifier_class(name: str) -> Callable[..., Verifier]:
     would be unknown to the workers).
     """
     key = name
-    if name not in _REGISTRY and ":" in name:
+    if name not in VERIFIERS.live() and ":" in name:
         module, _, key = name.partition(":")
         try:
             importlib.import_module(module)
         except ImportError as exc:
             raise KeyError(f"verifier {name!r}: cannot import {module!r} ({exc})") from None
     try:
-        return _REGISTRY[key]
+        return VERIFIERS.get(key)
     except KeyError:
-        raise KeyError(f"unknown verifier {name!r}; known: {sorted(_REGISTRY)}") from None
+        raise KeyError(f"unknown verifier {name!r}; known: {known_verifiers()}") from None
 
 
 def can_hang(name: str) -> bool:
@@ -55,7 +49,8 @@ def default_workers(name: str) -> int:
 
 
 def known_verifiers() -> list[str]:
-    return sorted(_REGISTRY)
+    VERIFIERS.load()
+    return VERIFIERS.live()
 
 
 def default_mode(name: str) -> str | None:

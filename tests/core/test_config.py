@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlvr_core.experiment.config import (ConfigError, ExperimentConfig, check_files, config_hash, demo_config,
-                                         load_config, parse_config)
+from rlvr_core.experiment.config import (ConfigError, ExperimentConfig, GRPOConfig, check_files, config_hash,
+                                         demo_config, load_config, parse_config)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,6 +142,38 @@ def test_algorithm_names_are_checked_against_their_registries(tmp_path):
         assert e.value.problems == [(f"grpo.{field}", f"unknown {registry.kind} 'nope'; known: "
                                      + ", ".join(registry.names()))]
         assert f"exp.yaml: grpo.{field}: unknown {registry.kind} 'nope'" in str(e.value)
+
+
+def test_the_policy_loss_is_chosen_in_yaml_and_checked_against_its_registry(tmp_path):
+    """grpo.policy_loss: ppo_clip by default (the loss the update always used), every registered name accepted,
+    an unknown one refused naming the file, the field and the registered names."""
+    from rlvr_core.core.registry import POLICY_LOSSES
+
+    assert parse_config({}).grpo.policy_loss == "ppo_clip"
+    for name in POLICY_LOSSES.names():
+        assert load_config(write(tmp_path, f"grpo:\n  policy_loss: {name}\n")).grpo.policy_loss == name
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, "grpo:\n  policy_loss: nope\n"))
+    assert e.value.problems == [("grpo.policy_loss", "unknown policy loss 'nope'; known: "
+                                 + ", ".join(POLICY_LOSSES.names()))]
+    assert "exp.yaml: grpo.policy_loss: unknown policy loss 'nope'" in str(e.value)
+
+
+def test_the_default_policy_loss_leaves_the_resolved_config_and_its_hash_as_before(monkeypatch):
+    """A run that keeps ppo_clip dumps (resolved config, config hash, training key) exactly as before the field
+    existed; one that names another loss dumps it, and the dump validates back to the same config."""
+    from rlvr_core.core.registry import POLICY_LOSSES
+
+    default = parse_config({}).model_dump(mode="json")["grpo"]
+    assert "policy_loss" not in default and set(default) == set(GRPOConfig.model_fields) - {"policy_loss"}
+    assert GRPOConfig.model_validate(default).policy_loss == "ppo_clip"
+    monkeypatch.setattr(POLICY_LOSSES, "_items", dict(POLICY_LOSSES._items))
+    POLICY_LOSSES.add("other", lambda *a, **k: None)
+    other = parse_config({"grpo": {"policy_loss": "other"}})
+    dumped = other.model_dump(mode="json")["grpo"]
+    assert dumped == {**default, "policy_loss": "other"}
+    assert GRPOConfig.model_validate(dumped) == other.grpo
+    assert config_hash(other.model_dump(mode="json")) != config_hash(parse_config({}).model_dump(mode="json"))
 
 
 def test_a_name_registered_at_runtime_is_accepted_by_the_config(monkeypatch):

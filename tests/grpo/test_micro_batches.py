@@ -152,6 +152,29 @@ def test_plans_sort_by_length_and_respect_both_limits():
     assert both == [[5], [1], [7], [2, 3], [4, 0], [6]]
 
 
+def test_the_update_uses_the_policy_loss_the_config_names(model_dir, monkeypatch):
+    """grpo.policy_loss picks the policy loss the update calls: a registered loss that doubles ppo_clip, named in
+    the config, doubles the update's loss and gradient (ppo_clip, the default, is the one without a name)."""
+    from rlvr_core.core.registry import POLICY_LOSSES
+    from rlvr_core.grpo.losses import ppo_clip_loss
+
+    monkeypatch.setattr(POLICY_LOSSES, "_items", dict(POLICY_LOSSES._items))  # the registration ends with this test
+
+    @POLICY_LOSSES.register("ppo_clip_doubled")
+    def doubled(*a, **kw):
+        loss, metrics = ppo_clip_loss(*a, **kw)
+        return 2 * loss, metrics
+
+    inputs = _inputs(model_dir)
+    want = run_update(model_dir, _cfg(), inputs)
+    got = run_update(model_dir, parse_config({"grpo": {**_cfg().model_dump(), "policy_loss": "ppo_clip_doubled"}}).grpo,
+                     inputs)
+    assert want["res"].loss_last != 0
+    assert got["res"].loss_last == pytest.approx(2 * want["res"].loss_last, rel=1e-5)
+    for name, g in want["grads"].items():
+        assert torch.allclose(got["grads"][name], 2 * g, rtol=1e-4, atol=1e-7), name
+
+
 def test_a_micro_batch_is_re_padded_to_its_own_rows(model_dir):
     inputs = _inputs(model_dir)
     lens = inputs.batch["attention_mask"].sum(1)

@@ -260,7 +260,7 @@ def _worker(spec_path: str) -> None:
 
     # ZeRO-3: every weight partitioned, however small (DeepSpeed keeps weights under 1e5 elements whole on
     # every rank by default, i.e. all of this tiny model's), so sampling the partitioned policy really gathers.
-    from rlvr_core.grpo import update
+    from rlvr_core.grpo import policy as update  # ds_config lives in policy.py, where build_policy looks it up
 
     ds_config = update.ds_config
 
