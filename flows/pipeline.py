@@ -40,7 +40,7 @@ from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core.progress import Progress
 from rlvr_core.data.templates import get_template
 from rlvr_core.eval.compare import compare, from_tables, write_report
-from rlvr_core.eval.evaluate import regression_flag
+from rlvr_core.eval.metrics import regression_flag
 from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, load_config, parse_config
 from rlvr_core.experiment.guard_coverage import guard_coverage
 from rlvr_core.experiment.secrets import unseal
