@@ -77,9 +77,9 @@ def test_guard_coverage_names_the_setting_a_blind_guard_needs():
     few = guard_coverage(parse_config({"grpo": {"enabled": True, "steps": 100, "eval_every": 50}}))
     assert few["G-reward-hacking"] == "needs at least 3 eval points during training (grpo.eval_every; now 2)"
     # The pipeline run's report says how many are active and names each blind one with what it needs.
-    from flows.pipeline import _coverage_lines
+    from rlvr_core.pipeline.run_record import coverage_lines
 
-    lines = _coverage_lines(guard_coverage(blind))
+    lines = coverage_lines(guard_coverage(blind))
     assert lines[1] == "Guards (docs/guards.md): 20 of 25 active." and len(lines) == 2 + 5
     assert "- G-no-eval needs grpo.eval_every > 0" in "\n".join(lines)
 
