@@ -31,7 +31,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extens
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from rlvr_core.artifacts.export import (MANIFEST_FILE, ExportError, ExportVerificationError, export_checkpoint,  # noqa: E402
-                                        link_export_to_mlflow, upload_export, verify_export, verify_local_export)
+                                        upload_export, verify_export, verify_local_export)
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig  # noqa: E402
 from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier  # noqa: E402
 
@@ -476,33 +476,6 @@ def test_tied_weights_that_disagree_in_the_checkpoint_are_refused(runs, base):
     none = {k: v for k, v in state.items() if k not in ("model.embed_tokens.weight", "lm_head.weight")}
     with pytest.raises(ExportError, match=r"missing \['lm_head.weight', 'model.embed_tokens.weight'\]"):
         _load_into_model(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)), none, "none")
-
-
-# ----------------------------------------------------------------------------------------------- MLflow
-def test_link_export_to_mlflow_run(runs, base, tmp_path, rlvr_home):
-    from mlflow.tracking import MlflowClient
-
-    from rlvr_core.artifacts.storage import LocalStore
-    from rlvr_core.records.tracking import Tracker
-
-    model_dir, _ = base
-    res = export_checkpoint(runs["z2"] / "checkpoints", base_model_dir=model_dir, out_dir=tmp_path / "e")
-    store = LocalStore(tmp_path / "store")
-    upload_export(res.out_dir, store, "exp/step2")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracker = Tracker("export-test", tracking_uri=uri)
-    run_id = tracker.start_run("grpo", tags={"stage": "grpo"})
-    tags = link_export_to_mlflow(tracker, run_id, export_uri=store.url("exp/step2"), manifest_path=res.manifest_path)
-    tracker.end_run(run_id)
-
-    client = MlflowClient(tracking_uri=uri)
-    got = client.get_run(run_id).data.tags
-    assert got["export_uri"] == store.url("exp/step2") and got["export_step"] == "2"
-    assert got["export_manifest_sha256"] == _sha256(res.manifest_path) == tags["export_manifest_sha256"]
-    local = Path(client.download_artifacts(run_id, f"export/{MANIFEST_FILE}", str(tmp_path / "dl")))
-    assert local.read_bytes() == res.manifest_path.read_bytes()
-    # The run's record pins the uploaded export: verification against it passes.
-    verify_export(store, "exp/step2", expected_manifest_sha256=got["export_manifest_sha256"])
 
 
 # ------------------------------------------------------------------------------- G-prompt-mismatch

@@ -17,8 +17,8 @@ which fails loudly rather than producing something half-right:
      its size and sha256 with the manifest; any difference, a missing file or an unlisted file raises
      `ExportVerificationError` naming the file and both checksums.
 
-`link_export_to_mlflow(tracker, run_id, ...)` records the export on an MLflow run (tag `export_uri`,
-the manifest as an artifact). See docs/export.md.
+The pipeline records an export on its MLflow export run (tags `export_uri`, `export_dtype`,
+`export_manifest_sha256`: flows/pipeline.py). See docs/export.md.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join
 from rlvr_core.core.manifest import file_sha256, package_versions
 
 __all__ = ["MANIFEST_FILE", "DTYPES", "ExportResult", "ExportError", "ExportVerificationError", "export_checkpoint",
-           "upload_export", "verify_export", "verify_local_export", "link_export_to_mlflow", "resolve_tag",
+           "upload_export", "verify_export", "verify_local_export", "resolve_tag",
            "train_template_of"]
 
 log = logging.getLogger(__name__)
@@ -538,17 +538,3 @@ def upload_export(local_dir: str | Path, store: ArtifactStore, prefix: str) -> l
     keys.append(store.put_file(join(prefix, MANIFEST_FILE), root / MANIFEST_FILE))
     verify_export(store, prefix, expected_manifest_sha256=file_sha256(root / MANIFEST_FILE))
     return keys
-
-
-# ---------------------------------------------------------------------------------------------- MLflow
-def link_export_to_mlflow(tracker, run_id: str, *, export_uri: str, manifest_path: str | Path) -> dict[str, str]:
-    """Record an export on an MLflow run: tags `export_uri`, `export_manifest_sha256`, `export_step`,
-    `export_dtype`, and the manifest logged as the artifact `export/export_manifest.json`. `tracker` is a
-    `rlvr_core.records.tracking.Tracker`. Returns the tags set."""
-    manifest_path = Path(manifest_path)
-    manifest = json.loads(manifest_path.read_text())
-    tags = {"export_uri": export_uri, "export_manifest_sha256": file_sha256(manifest_path),
-            "export_step": str(manifest["step"]), "export_dtype": manifest["dtype"]}
-    tracker.set_tags(run_id, tags)
-    tracker.log_artifact(run_id, manifest_path, "export")
-    return tags
