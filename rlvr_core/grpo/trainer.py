@@ -59,7 +59,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +95,7 @@ from rlvr_core.grpo.update import _copy_partitioned, _engine, _grad_norm, with_l
 from rlvr_core.sampling.models import load_model
 from rlvr_core.sampling.verified import sample_and_verify
 from rlvr_core.verifiers.pool import VerifierPool
+from rlvr_core.core.net import free_port
 
 __all__ = ["GRPOResult", "GuardError", "train_grpo", "ds_config", "build_batch", "sequence_logprobs",
            "gold_of", "rows_for_curriculum"]
@@ -111,12 +111,6 @@ class GRPOResult:
 
 
 # ------------------------------------------------------------------------------------------- environment
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ensure_launch_env() -> list[str]:
     """What a launcher (torchrun, deepspeed) would have exported, for a single process started without one:
     DeepSpeed needs all five variables or it falls back to MPI discovery (STACK.md). A launcher's values
@@ -128,7 +122,7 @@ def _ensure_launch_env() -> list[str]:
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                  ("MASTER_PORT", None)):
         if k not in os.environ:
-            os.environ[k] = v if v is not None else str(_free_port())
+            os.environ[k] = v if v is not None else str(free_port())
             added.append(k)
     return added
 
