@@ -36,7 +36,16 @@ from rlvr_core.experiment.config import GRPOConfig, RewardConfig  # noqa: E402
 from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier  # noqa: E402
 
 VERIFIER = "_test_parity"
-TIMES: dict[str, float] = {}   # printed by the last test (pytest -s) for the record
+TIMES: dict[str, float] = {}   # printed after the last test (`_report_times`, pytest -s) for the record
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_times():
+    """Not a check: after the module's last test, prints the timings its tests gathered in TIMES (visible
+    with pytest -s; the CI log's slowest tests come from pytest's --durations)."""
+    yield
+    if TIMES:
+        print("\nexport test numbers:", json.dumps(TIMES, indent=1))
 
 
 class _Parity:
@@ -603,11 +612,6 @@ def test_checkpoints_partitioned_over_two_ranks(base, tmp_path):
         assert exported.keys() == trained.keys()
         assert [k for k in trained if not torch.equal(trained[k], exported[k])] == []
         assert [k for k in trained if torch.equal(before[k], exported[k])] == []  # it trained
-
-
-def test_zz_report_times():
-    """Not a check: prints the timings and differences gathered above (visible with pytest -s)."""
-    print("\nexport test numbers:", json.dumps(TIMES, indent=1))
 
 
 def _worker(spec_path: str) -> None:
