@@ -2,8 +2,8 @@
 uploaded to a real S3 API (moto_server) and verified by checksum.
 
 The checkpoints come from `train_grpo` itself: 2 steps of the tiny 2-layer width-32 model of
-tests/grpo/test_trainer.py (same fixture code, repeated here so that module's tests are not collected
-twice), with its parity test verifier so every step has a gradient. The reference for "the trained
+tests/grpo/grpo_helpers.py (same fixture code, repeated here: tests/grpo is not on this module's import
+path, also when it runs as the two-rank worker script), with its parity test verifier so every step has a gradient. The reference for "the trained
 weights" is `final_model`, which the trainer writes with its own `save_pretrained` of the live policy at
 the same step as the last checkpoint: an export must reproduce it exactly in fp32 (weights, per-token
 log-probs of real sequences, greedy outputs), and must differ from the untrained base model (so the
@@ -86,7 +86,7 @@ def _train(model_dir, rows, out: Path, cfg: GRPOConfig):
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """(model dir, rows): the 2-layer width-32 model after 30 supervised steps (test_trainer.py's fixture)."""
+    """(model dir, rows): the 2-layer width-32 model after 30 supervised steps (grpo_helpers.build_tiny)."""
     from rlvr_core.tiny.warmstart import WarmStartSpec, warm_start
 
     torch.set_num_threads(1)
