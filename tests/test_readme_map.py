@@ -3,7 +3,8 @@
 Every module in rlvr_core/, tasks/ and flows/ is named in the row of its folder, and every name in the table
 exists, so the map neither misses a module nor names one that moved. A name is a module (`stats` for
 rlvr_core/core/stats.py) or a package, which covers the modules under it (`benchmarks` for
-rlvr_core/experiment/benchmarks/); `name/` names a folder and covers everything under it too.
+rlvr_core/experiment/benchmarks/); `name/` names a folder and covers everything under it too. The
+"Where things live" answers are checked too: every file they name exists and defines what they point at.
 """
 
 from __future__ import annotations
@@ -62,3 +63,19 @@ def test_every_name_on_the_map_exists():
             if not any(c.exists() for c in candidates):
                 wrong.append(f"`{name}` (in the row of {', '.join(folders)})")
     assert not wrong, f"README.md layer table names what does not exist: {wrong}"
+
+
+def test_the_where_things_live_answers_name_what_exists():
+    """Every `path.py` and `path.py:name` in the "Where things live" table exists (the name defined there)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Where things live"):]
+    section = section.split("\n## ", 1)[0]
+    wrong = []
+    for ref in re.findall(r"`((?:rlvr_core|rlvr_cli|flows|tasks)/[\w/]+\.py)(?::(\w+))?`", section):
+        path, name = ROOT / ref[0], ref[1]
+        if not path.is_file():
+            wrong.append(ref[0])
+        elif name and not re.search(rf"^(?:def|class) {name}\b|^{name}\s*[:=]|^    def {name}\b|\b{name} = ",
+                                    path.read_text(), re.M):
+            wrong.append(f"{ref[0]}:{name}")
+    assert not wrong, f'README.md "Where things live" names what does not exist: {wrong}'
