@@ -11,7 +11,8 @@ Layers, bottom to top; a module may import modules of its own layer and of lower
     rlvr_core.sampling, rlvr_core.tiny      sampling engines, model loading, sample-and-verify; the tiny model
     rlvr_core.grpo                          the GRPO trainer
     rlvr_core.eval, rlvr_core.probe         evaluation, comparison; probes of trained checkpoints
-    rlvr_core.pipeline                      the stages over everything below, their cache, sweeps, local stack
+    rlvr_core.pipeline                      the stages over everything below, their cache, the run record, sweeps,
+                                            local stack
     tasks                                   Prefect tasks
     flows                                   Prefect flows
     rlvr_cli                                the `rlvr` command line
