@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -20,16 +19,11 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from rlvr_core.core.net import free_port
 
 
 def start(kind: str, data: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     if kind == "moto_server":
         argv = [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
     else:

@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rlvr_core.core.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFECT_FILE = ROOT / "infra" / "prefect" / "prefect.yaml"
@@ -47,12 +47,6 @@ GPU_POOL, CPU_POOL = "rlvr-gpu", "rlvr-cpu"
 HEARTBEAT_S = 30  # Prefect's minimum flow-run heartbeat interval
 LOST_AFTER_S = 75  # no heartbeat for this long: the flow run's worker is gone
 NIGHTLY_CRON = "0 3 * * *"  # the nightly-eval deployment's schedule (UTC) unless prefect_up is given another
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bin(name: str) -> str:
@@ -132,7 +126,7 @@ def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int
     `workers` False: no worker (the caller starts its own with `start_worker`)."""
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
-    port = port or _free_port()
+    port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = stack_env(home, api_url, nightly_cron)
     state: dict[str, Any] = {"home": str(home), "api_url": api_url, "ui_url": f"http://127.0.0.1:{port}",

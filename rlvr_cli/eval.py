@@ -110,6 +110,13 @@ def eval_command(
                                "benchmarks": {b.spec.name: _short(b.summary) for b in result.benchmarks}}
     if record:
         summary["run"] = _record(result, Path(out), experiment)
+    _print_result(summary, result, out)
+    if json_out:
+        print(json.dumps(summary, default=str), flush=True)
+
+
+def _print_result(summary: dict[str, Any], result, out: Path) -> None:
+    """The human lines on stderr: one per benchmark, its flags, template mismatches, skips, where the files are."""
     for name, s in summary["benchmarks"].items():
         acc = s.get("accuracy_greedy")
         line = f"{name}: n={s['n']}"
@@ -127,8 +134,6 @@ def eval_command(
     for sk in result.skipped:
         typer.echo(f"skipped {sk['benchmark']}: {sk['why']}", err=True)
     typer.echo(f"results in {out}", err=True)
-    if json_out:
-        print(json.dumps(summary, default=str), flush=True)
 
 
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rlvr_core.core.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,19 +74,13 @@ def rlvr_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def moto_endpoint():
     """A moto_server process serving the S3 API over HTTP on loopback, for the whole session."""
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
     if exe is None:
         pytest.fail("moto_server not installed (pip install 'moto[server]'); S3 tests need a real S3 API")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

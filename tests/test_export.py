@@ -2,8 +2,8 @@
 uploaded to a real S3 API (moto_server) and verified by checksum.
 
 The checkpoints come from `train_grpo` itself: 2 steps of the tiny 2-layer width-32 model of
-tests/grpo/test_trainer.py (same fixture code, repeated here so that module's tests are not collected
-twice), with its parity test verifier so every step has a gradient. The reference for "the trained
+tests/grpo/grpo_helpers.py (same fixture code, repeated here: tests/grpo is not on this module's import
+path, also when it runs as the two-rank worker script), with its parity test verifier so every step has a gradient. The reference for "the trained
 weights" is `final_model`, which the trainer writes with its own `save_pretrained` of the live policy at
 the same step as the last checkpoint: an export must reproduce it exactly in fp32 (weights, per-token
 log-probs of real sequences, greedy outputs), and must differ from the untrained base model (so the
@@ -31,12 +31,21 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extens
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from rlvr_core.artifacts.export import (MANIFEST_FILE, ExportError, ExportVerificationError, export_checkpoint,  # noqa: E402
-                                        link_export_to_mlflow, upload_export, verify_export, verify_local_export)
+                                        upload_export, verify_export, verify_local_export)
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig  # noqa: E402
 from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier  # noqa: E402
 
 VERIFIER = "_test_parity"
-TIMES: dict[str, float] = {}   # printed by the last test (pytest -s) for the record
+TIMES: dict[str, float] = {}   # printed after the last test (`_report_times`, pytest -s) for the record
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_times():
+    """Not a check: after the module's last test, prints the timings its tests gathered in TIMES (visible
+    with pytest -s; the CI log's slowest tests come from pytest's --durations)."""
+    yield
+    if TIMES:
+        print("\nexport test numbers:", json.dumps(TIMES, indent=1))
 
 
 class _Parity:
@@ -77,7 +86,7 @@ def _train(model_dir, rows, out: Path, cfg: GRPOConfig):
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """(model dir, rows): the 2-layer width-32 model after 30 supervised steps (test_trainer.py's fixture)."""
+    """(model dir, rows): the 2-layer width-32 model after 30 supervised steps (grpo_helpers.build_tiny)."""
     from rlvr_core.tiny.warmstart import WarmStartSpec, warm_start
 
     torch.set_num_threads(1)
@@ -478,33 +487,6 @@ def test_tied_weights_that_disagree_in_the_checkpoint_are_refused(runs, base):
         _load_into_model(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)), none, "none")
 
 
-# ----------------------------------------------------------------------------------------------- MLflow
-def test_link_export_to_mlflow_run(runs, base, tmp_path, rlvr_home):
-    from mlflow.tracking import MlflowClient
-
-    from rlvr_core.artifacts.storage import LocalStore
-    from rlvr_core.records.tracking import Tracker
-
-    model_dir, _ = base
-    res = export_checkpoint(runs["z2"] / "checkpoints", base_model_dir=model_dir, out_dir=tmp_path / "e")
-    store = LocalStore(tmp_path / "store")
-    upload_export(res.out_dir, store, "exp/step2")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracker = Tracker("export-test", tracking_uri=uri)
-    run_id = tracker.start_run("grpo", tags={"stage": "grpo"})
-    tags = link_export_to_mlflow(tracker, run_id, export_uri=store.url("exp/step2"), manifest_path=res.manifest_path)
-    tracker.end_run(run_id)
-
-    client = MlflowClient(tracking_uri=uri)
-    got = client.get_run(run_id).data.tags
-    assert got["export_uri"] == store.url("exp/step2") and got["export_step"] == "2"
-    assert got["export_manifest_sha256"] == _sha256(res.manifest_path) == tags["export_manifest_sha256"]
-    local = Path(client.download_artifacts(run_id, f"export/{MANIFEST_FILE}", str(tmp_path / "dl")))
-    assert local.read_bytes() == res.manifest_path.read_bytes()
-    # The run's record pins the uploaded export: verification against it passes.
-    verify_export(store, "exp/step2", expected_manifest_sha256=got["export_manifest_sha256"])
-
-
 # ------------------------------------------------------------------------------- G-prompt-mismatch
 def _benchmark_files(tmp_path: Path) -> dict[str, Path]:
     """The synthetic benchmark cut to 2 greedy problems of 4 tokens, as written (template qa, the training
@@ -630,11 +612,6 @@ def test_checkpoints_partitioned_over_two_ranks(base, tmp_path):
         assert exported.keys() == trained.keys()
         assert [k for k in trained if not torch.equal(trained[k], exported[k])] == []
         assert [k for k in trained if torch.equal(before[k], exported[k])] == []  # it trained
-
-
-def test_zz_report_times():
-    """Not a check: prints the timings and differences gathered above (visible with pytest -s)."""
-    print("\nexport test numbers:", json.dumps(TIMES, indent=1))
 
 
 def _worker(spec_path: str) -> None:

@@ -7,21 +7,15 @@ the path of a JSON spec; each rank writes its results next to it for the test to
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from rlvr_core.core.net import free_port
 
 # Variables a launcher sets; inherited from an outer launch they would confuse the inner one.
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
                "MASTER_PORT", "TORCHELASTIC_RUN_ID")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_two_ranks(script: str | Path, spec_path: str | Path, timeout: int = 600) -> tuple[subprocess.CompletedProcess, float]:

@@ -17,8 +17,8 @@ which fails loudly rather than producing something half-right:
      its size and sha256 with the manifest; any difference, a missing file or an unlisted file raises
      `ExportVerificationError` naming the file and both checksums.
 
-`link_export_to_mlflow(tracker, run_id, ...)` records the export on an MLflow run (tag `export_uri`,
-the manifest as an artifact). See docs/export.md.
+The pipeline records an export on its MLflow export run (tags `export_uri`, `export_dtype`,
+`export_manifest_sha256`: flows/pipeline.py). See docs/export.md.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join
 from rlvr_core.core.manifest import file_sha256, package_versions
 
 __all__ = ["MANIFEST_FILE", "DTYPES", "ExportResult", "ExportError", "ExportVerificationError", "export_checkpoint",
-           "upload_export", "verify_export", "verify_local_export", "link_export_to_mlflow", "resolve_tag",
+           "upload_export", "verify_export", "verify_local_export", "resolve_tag",
            "train_template_of"]
 
 log = logging.getLogger(__name__)
@@ -314,17 +314,7 @@ def export_checkpoint(checkpoint_dir: str | Path, tag: str | None = None, *, bas
             raise FileExistsError(f"export dir {out_dir} already exists and is not empty (pass overwrite=True)")
 
     meta = _read_model_states(tag_dir)
-    ckpt_step = meta["client_step"] if meta["client_step"] is not None else meta["global_steps"]
-    if step is None:
-        if ckpt_step is None:
-            m = re.fullmatch(r"step(\d+)", tag)
-            if not m:
-                raise ValueError(f"checkpoint {tag_dir} records no step and tag {tag!r} is not 'step<N>': pass step=")
-            ckpt_step = int(m.group(1))
-        step = int(ckpt_step)
-    elif meta["client_step"] is not None and int(meta["client_step"]) != int(step):
-        raise ValueError(f"step={step} contradicts checkpoint {tag_dir}, whose client state says step "
-                         f"{meta['client_step']}")
+    step = _export_step(meta, tag, tag_dir, step)
 
     state, method = _consolidate(checkpoint_dir, tag, tag_dir, meta)
     meta.pop("module", None)
@@ -350,38 +340,13 @@ def export_checkpoint(checkpoint_dir: str | Path, tag: str | None = None, *, bas
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        sig = inspect.signature(model.save_pretrained).parameters
-        kw: dict[str, Any] = {"safe_serialization": True} if "safe_serialization" in sig else {}
-        if max_shard_size is not None:
-            kw["max_shard_size"] = max_shard_size
-        model.save_pretrained(tmp, **kw)   # transformers >= 5 always writes safetensors (checked below)
-        tok.save_pretrained(tmp)
-        if gen_cfg is not None and not (tmp / "generation_config.json").is_file():
-            gen_cfg.save_pretrained(tmp)
-        _check_saved_weights(model, tmp)
+        _save_model(model, tok, gen_cfg, tmp, max_shard_size)
         files = _list_files(tmp)
-        manifest = {
-            "schema": MANIFEST_SCHEMA,
-            "kind": "rlvr.checkpoint_export",
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "step": step,
-            "tag": tag,
-            "dtype": dtype,
-            "zero_stage": meta["zero_stage"],
-            "lora": lora,
-            "checkpoint": {"dir": str(checkpoint_dir.resolve()), "tag_dir": str(tag_dir.resolve()),
-                           "global_steps": meta["global_steps"], "client_step": meta["client_step"],
-                           "dp_world_size": meta["dp_world_size"], "ds_version": meta["ds_version"],
-                           "training_precision": meta["training_precision"], "consolidation": method,
-                           "source_dtypes": source_dtypes},
-            "model": {"class": type(model).__name__, "base_model_dir": str(base_model_dir.resolve()),
-                      "n_parameters": n_params, "n_tensors": n_tensors,
-                      "generation_config": gen_cfg is not None},
-            "packages": package_versions(_EXPORT_PACKAGES),
-            "run_manifest": run_manifest,
-            "train_template": train_template or (run_manifest or {}).get("prompt_template"),
-            "files": files,
-        }
+        manifest = _export_manifest(step=step, tag=tag, dtype=dtype, meta=meta, lora=lora, method=method,
+                                    checkpoint_dir=checkpoint_dir, tag_dir=tag_dir, source_dtypes=source_dtypes,
+                                    model=model, base_model_dir=base_model_dir, n_params=n_params,
+                                    n_tensors=n_tensors, gen_cfg=gen_cfg, run_manifest=run_manifest,
+                                    train_template=train_template, files=files)
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
         if out_dir.exists():  # empty, or overwrite=True (checked above)
             shutil.rmtree(out_dir)
@@ -391,6 +356,65 @@ def export_checkpoint(checkpoint_dir: str | Path, tag: str | None = None, *, bas
         raise
     return ExportResult(out_dir, out_dir / MANIFEST_FILE, manifest, step, tag, dtype, meta["zero_stage"], files,
                         time.perf_counter() - t0)
+
+
+def _export_manifest(*, step: int, tag: str, dtype: str, meta: dict[str, Any], lora: dict[str, Any] | None,
+                     method: str, checkpoint_dir: Path, tag_dir: Path, source_dtypes: Any, model, base_model_dir: Path,
+                     n_params: int, n_tensors: int, gen_cfg, run_manifest: dict[str, Any] | None,
+                     train_template: str | None, files: list[dict[str, Any]]) -> dict[str, Any]:
+    """export_manifest.json (docs/export.md): what was exported, from which checkpoint, with which packages."""
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "kind": "rlvr.checkpoint_export",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "step": step,
+        "tag": tag,
+        "dtype": dtype,
+        "zero_stage": meta["zero_stage"],
+        "lora": lora,
+        "checkpoint": {"dir": str(checkpoint_dir.resolve()), "tag_dir": str(tag_dir.resolve()),
+                       "global_steps": meta["global_steps"], "client_step": meta["client_step"],
+                       "dp_world_size": meta["dp_world_size"], "ds_version": meta["ds_version"],
+                       "training_precision": meta["training_precision"], "consolidation": method,
+                       "source_dtypes": source_dtypes},
+        "model": {"class": type(model).__name__, "base_model_dir": str(base_model_dir.resolve()),
+                  "n_parameters": n_params, "n_tensors": n_tensors,
+                  "generation_config": gen_cfg is not None},
+        "packages": package_versions(_EXPORT_PACKAGES),
+        "run_manifest": run_manifest,
+        "train_template": train_template or (run_manifest or {}).get("prompt_template"),
+        "files": files,
+    }
+
+
+def _export_step(meta: dict[str, Any], tag: str, tag_dir: Path, step: int | None) -> int:
+    """The export's step: the one given (refused when the client state says another), else the client
+    state's, else DeepSpeed's global step, else the `step<N>` of the tag."""
+    ckpt_step = meta["client_step"] if meta["client_step"] is not None else meta["global_steps"]
+    if step is None:
+        if ckpt_step is None:
+            m = re.fullmatch(r"step(\d+)", tag)
+            if not m:
+                raise ValueError(f"checkpoint {tag_dir} records no step and tag {tag!r} is not 'step<N>': pass step=")
+            ckpt_step = int(m.group(1))
+        step = int(ckpt_step)
+    elif meta["client_step"] is not None and int(meta["client_step"]) != int(step):
+        raise ValueError(f"step={step} contradicts checkpoint {tag_dir}, whose client state says step "
+                         f"{meta['client_step']}")
+    return step
+
+
+def _save_model(model, tok, gen_cfg, folder: Path, max_shard_size: str | int | None) -> None:
+    """Model (safetensors, checked), tokenizer and generation config into `folder`."""
+    sig = inspect.signature(model.save_pretrained).parameters
+    kw: dict[str, Any] = {"safe_serialization": True} if "safe_serialization" in sig else {}
+    if max_shard_size is not None:
+        kw["max_shard_size"] = max_shard_size
+    model.save_pretrained(folder, **kw)   # transformers >= 5 always writes safetensors (checked below)
+    tok.save_pretrained(folder)
+    if gen_cfg is not None and not (folder / "generation_config.json").is_file():
+        gen_cfg.save_pretrained(folder)
+    _check_saved_weights(model, folder)
 
 
 # ------------------------------------------------------------------------------------ verification
@@ -538,17 +562,3 @@ def upload_export(local_dir: str | Path, store: ArtifactStore, prefix: str) -> l
     keys.append(store.put_file(join(prefix, MANIFEST_FILE), root / MANIFEST_FILE))
     verify_export(store, prefix, expected_manifest_sha256=file_sha256(root / MANIFEST_FILE))
     return keys
-
-
-# ---------------------------------------------------------------------------------------------- MLflow
-def link_export_to_mlflow(tracker, run_id: str, *, export_uri: str, manifest_path: str | Path) -> dict[str, str]:
-    """Record an export on an MLflow run: tags `export_uri`, `export_manifest_sha256`, `export_step`,
-    `export_dtype`, and the manifest logged as the artifact `export/export_manifest.json`. `tracker` is a
-    `rlvr_core.records.tracking.Tracker`. Returns the tags set."""
-    manifest_path = Path(manifest_path)
-    manifest = json.loads(manifest_path.read_text())
-    tags = {"export_uri": export_uri, "export_manifest_sha256": file_sha256(manifest_path),
-            "export_step": str(manifest["step"]), "export_dtype": manifest["dtype"]}
-    tracker.set_tags(run_id, tags)
-    tracker.log_artifact(run_id, manifest_path, "export")
-    return tags

@@ -24,6 +24,11 @@ import re
 from rlvr_core.artifacts.storage import ArtifactStore, join
 
 RUN_FILE = "run.json"
+# The training stage's folder (written by rlvr_core.grpo.checkpointing, read by the pipeline's recorder): named
+# here, below the trainer, so that reading a file name does not import torch.
+STEPS_FILE = "steps.parquet"
+SUMMARY_FILE = "grpo_summary.json"
+ROLLOUTS_FILE = "rollouts.parquet"
 SUFFIX_LEN = 8
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 

@@ -31,16 +31,6 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def dir_sha256(path: str | Path, pattern: str = "*") -> str:
-    """Hash of a directory's files: relative names and contents, in sorted order."""
-    root = Path(path)
-    h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob(pattern) if p.is_file()):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0")
-        h.update(file_sha256(f).encode())
-    return h.hexdigest()
-
-
 def rows_sha256(rows: list[dict[str, Any]]) -> str:
     """Content hash of a data set given as rows: canonical JSON per row, in order."""
     h = hashlib.sha256()

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from rlvr_core.artifacts.layout import resolve_run
 from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core.passk import default_ks, pass_at_k, passk_curve
-from rlvr_core.eval.evaluate import COMPARE_EXEMPT, METRICS_FILE, SAMPLES_FILE, read_samples
+from rlvr_core.eval.metrics import COMPARE_EXEMPT, METRICS_FILE, SAMPLES_FILE, read_samples
 
 __all__ = ["EvalSource", "SettingsMismatch", "load_eval", "compare", "compare_benchmark",
            "from_tables", "settings_diff", "paired_t_interval", "t_quantile", "mcnemar_exact_p", "pass_rate_histogram",

@@ -433,9 +433,10 @@ class GRPOConfig(_Strict):
 
     Defaults: conservative (lr 5e-5, rollouts at T 1, no KL anchor; ~150 steps x ~1.1 s on the demo's
     tiny model on 2 CPU cores), which moves held-out greedy accuracy little (-5 to +0.5 points). The
-    demo itself trains with DEMO_SETTINGS (below): rollouts at T 0.8, lr 2e-4, beta 0.1 and dynamic
-    sampling (docs/grpo_tuning.md has what was tried and the seed variation). Higher lr (>= 3e-4) was
-    worse or collapsed; no KL anchor (beta 0) lost accuracy.
+    demo itself trains with DEMO_SETTINGS (below): 120 steps, rollouts at T 1.0, lr 3e-4 after 10 warm-up
+    steps, beta 0.1 and dynamic sampling (docs/grpo_tuning.md has what was tried and the seed variation).
+    A higher lr (5e-4 constant, 1e-3) collapsed or unlearned the arithmetic; no KL anchor (beta 0) lost
+    accuracy.
     """
 
     enabled: bool = InKey(False, description="run the GRPO training stage")

@@ -32,7 +32,7 @@ from rlvr_core.grpo.kl import (get_kl_estimator, kl_k1, kl_k2, kl_k3, known_kl_e
 from rlvr_core.grpo.losses import (aggregate_loss, get_loss_agg, get_policy_loss, grpo_loss, known_loss_aggs,
                                    known_policy_losses, mask_from_lengths, ppo_clip_loss, register_loss_agg,
                                    register_policy_loss, truncated_is_weights)
-from rlvr_core.grpo.sampling_strategies import (AdaptiveSamplingState, Batcher, BoundedBuffer, BufferClosed,
+from rlvr_core.grpo.sampling_strategies import (AdaptiveSamplingState, BoundedBuffer, BufferClosed,
                                                 DynamicSamplingResult, filter_zero_variance_groups)
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
     "aggregate_loss", "get_loss_agg", "get_policy_loss", "grpo_loss", "known_loss_aggs",
     "known_policy_losses", "mask_from_lengths", "ppo_clip_loss", "register_loss_agg", "register_policy_loss",
     "truncated_is_weights",
-    "AdaptiveSamplingState", "Batcher", "BoundedBuffer", "BufferClosed", "DynamicSamplingResult",
+    "AdaptiveSamplingState", "BoundedBuffer", "BufferClosed", "DynamicSamplingResult",
     "filter_zero_variance_groups", "registries",
 ]
 

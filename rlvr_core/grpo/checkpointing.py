@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from rlvr_core.artifacts.export import LORA_CONFIG  # written beside the checkpoints: what export needs to merge adapters
+from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE
 from rlvr_core.experiment.config import GRPOConfig
 
 __all__ = ["CHECKPOINTS", "FINAL_MODEL", "LORA_ADAPTER", "STEPS_FILE", "SUMMARY_FILE", "ROLLOUTS_FILE",
@@ -34,9 +35,6 @@ __all__ = ["CHECKPOINTS", "FINAL_MODEL", "LORA_ADAPTER", "STEPS_FILE", "SUMMARY_
 CHECKPOINTS = "checkpoints"
 FINAL_MODEL = "final_model"
 LORA_ADAPTER = "lora_adapter"  # with lora_rank > 0: the trained adapters alone, in peft's format
-STEPS_FILE = "steps.parquet"
-SUMMARY_FILE = "grpo_summary.json"
-ROLLOUTS_FILE = "rollouts.parquet"
 AHEAD_WEIGHTS = "ahead_weights.pt"  # in a checkpoint's tag folder with max_staleness > 0: the versions before it
 
 

@@ -11,17 +11,13 @@ or unbounded waiting.
                                   the producer wait) and an optional staleness bound whose evictions are
                                   counted (G-stale-buffer: an unbounded buffer grew and silently evicted 7,400
                                   samples).
-    Batcher                       yields fixed-size batches from a buffer and, when the producer closes it,
-                                  the partial last batch; drops it only if drop_last=True, and counts that
-                                  (G-partial-batch: the consumer waited forever for a full final batch).
                                   Every wait has a finite timeout: nothing here can block forever.
 
-No torch in the buffer/batcher (items are opaque); the filter takes reward tensors. The GRPO trainer
+No torch in the buffer (items are opaque); the filter takes reward tensors. The GRPO trainer
 uses the filter for `GRPOConfig.dynamic_sampling` (rounds bounded by `dynamic_sampling_max_rounds`, a
 short batch trained as it is) and AdaptiveSamplingState for `GRPOConfig.adaptive_sampling`.
 With `GRPOConfig.max_staleness` > 0 the ahead sampler (ahead.py) hands whole steps' rollouts to the
-trainer through a BoundedBuffer. Batcher is not used by the trainer (its items are whole steps, never a
-partial batch); it is for producers whose items are single groups.
+trainer through a BoundedBuffer.
 """
 
 from __future__ import annotations
@@ -31,12 +27,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Deque, Generic, Iterable, Iterator, TypeVar
+from typing import Deque, Generic, Iterable, TypeVar
 
 import torch
 
 __all__ = ["DynamicSamplingResult", "filter_zero_variance_groups", "AdaptiveSamplingState",
-           "BoundedBuffer", "BufferClosed", "Batcher", "DEFAULT_TIMEOUT_S"]
+           "BoundedBuffer", "BufferClosed", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 60.0  # long enough for a slow generation step, short enough that a stall is noticed
 
@@ -278,45 +274,3 @@ class BoundedBuffer(Generic[T]):
         with self._cond:
             return {"size": len(self._items), "capacity": self.capacity, "high_water": self.high_water,
                     "evicted": self.evicted, "puts": self.puts, "gets": self.gets, "put_wait_s": self.put_wait_s}
-
-
-# ---- batcher ----------------------------------------------------------------------------------------------
-
-class Batcher(Generic[T]):
-    """Iterate fixed-size batches (lists) from a BoundedBuffer until it is closed and drained.
-
-    The last batch may be smaller: it is yielded (default) or, only with drop_last=True, dropped and
-    counted in `dropped_items`. A stalled producer that never closes the buffer raises TimeoutError
-    after `timeout` seconds without a new item, instead of hanging.
-    """
-
-    def __init__(self, buffer: BoundedBuffer[T], batch_size: int, *, drop_last: bool = False,
-                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.buffer = buffer
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.timeout = _check_timeout(timeout)
-        self.batches = 0
-        self.partial_batches = 0
-        self.dropped_items = 0
-
-    def __iter__(self) -> Iterator[list[T]]:
-        batch: list[T] = []
-        while True:
-            try:
-                batch.append(self.buffer.get(timeout=self.timeout))
-            except BufferClosed:
-                break
-            if len(batch) == self.batch_size:
-                self.batches += 1
-                yield batch
-                batch = []
-        if batch:
-            if self.drop_last:
-                self.dropped_items += len(batch)
-            else:
-                self.batches += 1
-                self.partial_batches += 1
-                yield batch

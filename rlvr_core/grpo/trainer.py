@@ -59,7 +59,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +96,7 @@ from rlvr_core.grpo.update import _grad_norm  # noqa: E402,F401
 from rlvr_core.sampling.models import load_model
 from rlvr_core.sampling.verified import sample_and_verify
 from rlvr_core.verifiers.pool import VerifierPool
+from rlvr_core.core.net import free_port
 
 __all__ = ["GRPOResult", "GuardError", "train_grpo", "ds_config", "build_batch", "sequence_logprobs",
            "gold_of", "rows_for_curriculum"]
@@ -112,12 +112,6 @@ class GRPOResult:
 
 
 # ------------------------------------------------------------------------------------------- environment
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ensure_launch_env() -> list[str]:
     """What a launcher (torchrun, deepspeed) would have exported, for a single process started without one:
     DeepSpeed needs all five variables or it falls back to MPI discovery (STACK.md). A launcher's values
@@ -129,7 +123,7 @@ def _ensure_launch_env() -> list[str]:
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                  ("MASTER_PORT", None)):
         if k not in os.environ:
-            os.environ[k] = v if v is not None else str(_free_port())
+            os.environ[k] = v if v is not None else str(free_port())
             added.append(k)
     return added
 
@@ -200,36 +194,11 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             adv_all = _advantages(cfg, rollouts)
             t2 = time.perf_counter()
             # 4. update: epochs_per_step DeepSpeed steps on this rank's trained completions
-            inputs = train_inputs(rollouts, adv_all, tokenizer=run.tok, sampler=run.rollout_engine.sampler,
-                                  device=policy.device)
-            upd = update_policy(policy, cfg, inputs, loss_fn=grpo_loss, step=step, norm_len=run.norm_len,
-                                guard_tol=run.guard_tol)
-            kl_sampled = upd.has_reference and upd.n_tokens == 0
-            if kl_sampled:  # nothing trained: the KL to the reference of what was sampled
-                upd.metrics.update(sampled_kl(policy, cfg, rollouts, tokenizer=run.tok,
-                                              sampler=run.rollout_engine.sampler, device=policy.device))
-            t_sync = 0.0
-            if ahead is not None:
-                # The weight sync: the version this step made, for the step that samples with it (collective
-                # under ZeRO-3: every rank gathers, like the on-policy refresh it replaces). Part of train time.
-                ts = time.perf_counter()
-                ahead.publish(step + 1, _snapshot(run))
-                t_sync = time.perf_counter() - ts
+            upd, kl_sampled, t_sync = _update(run, rollouts, adv_all, step, ahead)
             t3 = time.perf_counter()
             # 5. metrics: the step row (same on every rank), the rollout sample, the evaluate hook
-            flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share,
-                               history=state.step_rows, max_error_share=run.reward.max_error_share)
-            if flags["G-verifier-hang"]:
-                say(verifier_hang_line(step, rollouts, run.reward))
-            run.guards.count(flags, step + 1)
-            state.rollout_rows += rollout_sample_rows(cfg, dp, step=step, data_pos=state.data_pos,
-                                                      rollouts=rollouts, adv_all=adv_all)
             times = StepTimes(t3 - t0, rollouts.t_rollout_s, t2 - t0 - rollouts.t_rollout_s, t3 - t2, t_sync)
-            row = step_row(cfg, step=step, epoch=epoch, rollouts=rollouts, upd=upd, times=times, flags=flags,
-                           buffer=run.collector.buffer_columns() if ahead is not None else None)
-            row.update(base_columns(run.base_rollouts, run.rows, state.data_pos, rollouts.n_groups),
-                       kl_ref_from_samples=int(kl_sampled))
-            _evaluate(run, row, step)
+            row = _step_row(run, step, epoch, rollouts, adv_all, upd, kl_sampled, times, ahead)
             state.step_rows.append(row)
             # 6. guards: the run-level detectors; one stop decision for every rank (eval/* exist on rank 0 only)
             serious = run.guards.check(state.step_rows, say)
@@ -367,6 +336,47 @@ def _group_advantages(name: str, rewards: torch.Tensor, valid: torch.Tensor) -> 
     out = torch.zeros_like(rewards)
     out[valid] = fn(rewards[valid], group_ids=gid)
     return out
+
+
+def _update(run: _Run, rollouts: RolloutBatch, adv_all: torch.Tensor, step: int, ahead) -> tuple[Any, bool, float]:
+    """One step's policy update on this rank's trained completions: (its result, whether the KL to the
+    reference was measured on the samples because nothing was trained, the weight-sync seconds)."""
+    policy, cfg = run.policy, run.cfg
+    inputs = train_inputs(rollouts, adv_all, tokenizer=run.tok, sampler=run.rollout_engine.sampler,
+                          device=policy.device)
+    upd = update_policy(policy, cfg, inputs, loss_fn=grpo_loss, step=step, norm_len=run.norm_len,
+                        guard_tol=run.guard_tol)
+    kl_sampled = upd.has_reference and upd.n_tokens == 0
+    if kl_sampled:  # nothing trained: the KL to the reference of what was sampled
+        upd.metrics.update(sampled_kl(policy, cfg, rollouts, tokenizer=run.tok,
+                                      sampler=run.rollout_engine.sampler, device=policy.device))
+    t_sync = 0.0
+    if ahead is not None:
+        # The weight sync: the version this step made, for the step that samples with it (collective
+        # under ZeRO-3: every rank gathers, like the on-policy refresh it replaces). Part of train time.
+        ts = time.perf_counter()
+        ahead.publish(step + 1, _snapshot(run))
+        t_sync = time.perf_counter() - ts
+    return upd, kl_sampled, t_sync
+
+
+def _step_row(run: _Run, step: int, epoch: int, rollouts: RolloutBatch, adv_all: torch.Tensor, upd,
+              kl_sampled: bool, times: StepTimes, ahead) -> dict:
+    """The step's row of steps.parquet (guard flags counted, the rollout sample kept, the evaluate hook run)."""
+    cfg, state = run.cfg, run.state
+    flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share,
+                       history=state.step_rows, max_error_share=run.reward.max_error_share)
+    if flags["G-verifier-hang"]:
+        run.say(verifier_hang_line(step, rollouts, run.reward))
+    run.guards.count(flags, step + 1)
+    state.rollout_rows += rollout_sample_rows(cfg, run.policy.dp, step=step, data_pos=state.data_pos,
+                                              rollouts=rollouts, adv_all=adv_all)
+    row = step_row(cfg, step=step, epoch=epoch, rollouts=rollouts, upd=upd, times=times, flags=flags,
+                   buffer=run.collector.buffer_columns() if ahead is not None else None)
+    row.update(base_columns(run.base_rollouts, run.rows, state.data_pos, rollouts.n_groups),
+               kl_ref_from_samples=int(kl_sampled))
+    _evaluate(run, row, step)
+    return row
 
 
 def _advantages(cfg: GRPOConfig, rollouts: RolloutBatch) -> torch.Tensor:

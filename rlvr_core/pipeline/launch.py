@@ -35,6 +35,7 @@ from pathlib import Path
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.experiment.hostfile import encode_world_info, read_hostfile
 from rlvr_core.experiment.secrets import seal
+from rlvr_core.core.net import free_port as _free_port
 
 LAUNCH_DIR = "launch"
 FAILURES = "failures.jsonl"  # one line per failed attempt of the group, kept across retries
@@ -72,12 +73,6 @@ def node_commands(grpo, request: Path, port: int) -> list[list[str]]:
                   for i in range(launch.nnodes)]
     return [(shlex.split(launch.node_command.format(host=hosts[i])) if i else []) + [sys.executable, "-m", *agent]
             for i, agent in enumerate(agents)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_group(cfg, data, base, curriculum, folder: Path, progress: Progress = SILENT, *,

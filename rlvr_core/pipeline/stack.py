@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlvr_core.core import settings
+from rlvr_core.core.net import free_port
 
 BUCKET = "rlvr"
 LOCAL_S3_KEY = "rlvr-local"  # moto accepts any credentials; these are not secrets
@@ -80,12 +81,6 @@ def _write_state(state: dict[str, Any], home: Path | None = None) -> None:
 
 
 # ----------------------------------------------------------------------------------------- processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether a server can bind `port` now, probed the way ours bind: with SO_REUSEADDR, as uvicorn (MLflow,
     Prefect), werkzeug (S3) and PostgreSQL do on Linux. So the sockets a stopped server leaves in TIME_WAIT
@@ -122,7 +117,7 @@ def _port(requested: int, what: str, wait_s: float = PORT_WAIT_S) -> int:
     gets `wait_s` to close; after that the error names the port and its listener. It never proposes another
     port: clients were given these ones by `rlvr stack env`."""
     if requested == 0:
-        return _free_port()
+        return free_port()
     deadline = time.monotonic() + wait_s
     while not port_free(requested):
         if time.monotonic() >= deadline:

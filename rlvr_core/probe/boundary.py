@@ -109,25 +109,7 @@ def run_boundary_analysis(a: Checkpoint, b: Checkpoint, rows: list[dict], out_di
     rates = {k: np.asarray([c[k][p] / n for p in ids]) for k in recs}
     overlap = solvable_overlap(c["a"], c["b"])
 
-    by_id = {r["id"]: r for r in rows}
-    seqs = sequences_from_rows(rows, tok, task.template_id, source="reference", append_eos=False)
-    for k in recs:
-        taken: dict[str, int] = defaultdict(int)
-        chosen = []
-        for r in recs[k]:
-            if r["correct"] and taken[r["problem_id"]] < settings.ppl_per_problem:
-                taken[r["problem_id"]] += 1
-                chosen.append(r)
-        seqs += sequences_from_records(chosen, by_id, tok, task.template_id, source=f"correct_{k}")
-    ppl = response_perplexity(ma, mb, tok, seqs)
-    ppl_rows = []
-    for source in ["correct_a", "correct_b", "reference"]:
-        sel = [r for r in ppl if r["source"] == source]
-        for scorer in ("a", "b"):
-            v = np.asarray([r[f"ppl_{scorer}"] for r in sel])
-            ppl_rows.append({"responses": source, "scored_by": labels[scorer], "n_responses": len(sel),
-                             "mean_ppl": float(v.mean()) if v.size else None,
-                             "median_ppl": float(np.median(v)) if v.size else None})
+    ppl, ppl_rows = _perplexities(ma, mb, tok, rows, recs, settings, labels)
 
     curve_rows = [{"model": labels[k], "k": kk, "pass_at_k": v} for k in curves for kk, v in curves[k].items()]
     hist_rows = [{"model": labels[k], **row} for k in rates for row in accuracy_bins(rates[k])]
@@ -170,3 +152,30 @@ def run_boundary_analysis(a: Checkpoint, b: Checkpoint, rows: list[dict], out_di
             "duration_s": round(time.monotonic() - t0, 3)}
     (out / "boundary_summary.json").write_text(json.dumps(meta, indent=2))
     return meta
+
+
+def _perplexities(ma, mb, tok, rows: list[dict], recs: dict[str, list[dict]], settings: BoundarySettings,
+                  labels: dict[str, str]) -> tuple[list[dict], list[dict[str, Any]]]:
+    """Per-response perplexities under A and B (the reference solutions and up to `ppl_per_problem` correct
+    samples per problem of each model), and their summary rows."""
+    task = settings.task
+    by_id = {r["id"]: r for r in rows}
+    seqs = sequences_from_rows(rows, tok, task.template_id, source="reference", append_eos=False)
+    for k in recs:
+        taken: dict[str, int] = defaultdict(int)
+        chosen = []
+        for r in recs[k]:
+            if r["correct"] and taken[r["problem_id"]] < settings.ppl_per_problem:
+                taken[r["problem_id"]] += 1
+                chosen.append(r)
+        seqs += sequences_from_records(chosen, by_id, tok, task.template_id, source=f"correct_{k}")
+    ppl = response_perplexity(ma, mb, tok, seqs)
+    ppl_rows = []
+    for source in ["correct_a", "correct_b", "reference"]:
+        sel = [r for r in ppl if r["source"] == source]
+        for scorer in ("a", "b"):
+            v = np.asarray([r[f"ppl_{scorer}"] for r in sel])
+            ppl_rows.append({"responses": source, "scored_by": labels[scorer], "n_responses": len(sel),
+                             "mean_ppl": float(v.mean()) if v.size else None,
+                             "median_ppl": float(np.median(v)) if v.size else None})
+    return ppl, ppl_rows

@@ -235,46 +235,14 @@ def write_report(tables: ProbeTables, out_dir: str | Path, meta: dict[str, Any],
                                                  "mean_spike_value", "mean_entropy_b", "mean_dlogp")]
                             for i in range(len(ck["checkpoint"]))])
         lines.append("")
-        stepped = [i for i, s in enumerate(ck["step"]) if s is not None]
-        if len(stepped) >= 2:
-            a, b = stepped[0], stepped[-1]
-            dkl = ck["mean_kl"][b] - ck["mean_kl"][a]
-            rel = f" ({100 * dkl / ck['mean_kl'][a]:+.1f}%)" if ck["mean_kl"][a] else ""
-            lines += ["### Progression", "",
-                      f"- mean KL: {ck['mean_kl'][a]:.4g} (step {ck['step'][a]}) → {ck['mean_kl'][b]:.4g} "
-                      f"(step {ck['step'][b]}){rel}",
-                      f"- spikes per problem: {ck['mean_spikes'][a]:.2f} → {ck['mean_spikes'][b]:.2f} "
-                      f"({ck['mean_spikes'][b] - ck['mean_spikes'][a]:+.2f})", ""]
-            lines += ["### Turning points", "",
-                      f"Rule: docs/probes.md (`turning_points`, flat below {settings.turning_rel_tol:g} × range).", ""]
-            if tp["series"]:
-                lines += _md_table(["series", "step", "value", "kind"],
-                                   [[tp["series"][i], tp["step"][i], tp["value"][i], tp["kind"][i]]
-                                    for i in range(len(tp["series"]))])
-            else:
-                lines.append("None (fewer than three steps, or a monotone trajectory).")
-            lines.append("")
+        lines += _progression_lines(ck, tp, settings)
         lines += [f"## Token categories ({last})", ""]
         crow = sorted([i for i, c in enumerate(cat["checkpoint"]) if c == last], key=lambda i: -cat["mean_kl"][i])
         lines += _md_table(["category", "tokens", "mean KL", "spikes", "spike rate", "share of spikes", "mean Δlog p"],
                            [[cat[k][i] for k in ("category", "n_tokens", "mean_kl", "n_spikes", "spike_rate",
                                                  "spike_share", "mean_dlogp")] for i in crow])
         lines += ["", f"Categories: {', '.join(CATEGORIES)}; rules in docs/probes.md.", ""]
-        counts = [pr["n_spikes"][i] for i in final_rows]
-        bins = [("0", lambda n: n == 0), ("1–5", lambda n: 1 <= n <= 5), ("6–10", lambda n: 6 <= n <= 10),
-                (">10", lambda n: n > 10)]
-        lines += ["## Spikes per problem", ""]
-        lines += _md_table(["spikes", "problems", "share"],
-                           [[lab, sum(map(f, counts)), f"{100 * sum(map(f, counts)) / max(len(counts), 1):.1f}%"]
-                            for lab, f in bins])
-        lines += ["", f"## Top {settings.top_n} problems by spikes ({last})", ""]
-        lines += _md_table(["rank", "problem", "spikes", "mean KL", "max KL"],
-                           [[r + 1, f"`{pr['problem_id'][i]}`", pr["n_spikes"][i], pr["mean_kl"][i], pr["max_kl"][i]]
-                            for r, i in enumerate(by_spikes[: settings.top_n])])
-        lines += ["", f"## Top {settings.top_n} problems by mean KL ({last})", ""]
-        lines += _md_table(["rank", "problem", "mean KL", "spikes"],
-                           [[r + 1, f"`{pr['problem_id'][i]}`", pr["mean_kl"][i], pr["n_spikes"][i]]
-                            for r, i in enumerate(by_kl[: settings.top_n])])
+        lines += _spike_lines(pr, final_rows, by_spikes, by_kl, last, settings)
         lines += ["", "## Figures", ""]
         lines += [f"![{p.stem}](figures/{p.name})" for p in made]
         lines.append("")
@@ -288,6 +256,53 @@ def write_report(tables: ProbeTables, out_dir: str | Path, meta: dict[str, Any],
     (out / "report.md").write_text("\n".join(lines))
     (out / "summary.json").write_text(json.dumps(_jsonable(meta), indent=2))
     return out / "report.md"
+
+
+def _progression_lines(ck: dict[str, list], tp: dict[str, list], settings: ProbeSettings) -> list[str]:
+    """The report's progression and turning points across the stepped checkpoints (none with fewer than 2)."""
+    lines: list[str] = []
+    stepped = [i for i, s in enumerate(ck["step"]) if s is not None]
+    if len(stepped) >= 2:
+        a, b = stepped[0], stepped[-1]
+        dkl = ck["mean_kl"][b] - ck["mean_kl"][a]
+        rel = f" ({100 * dkl / ck['mean_kl'][a]:+.1f}%)" if ck["mean_kl"][a] else ""
+        lines += ["### Progression", "",
+                  f"- mean KL: {ck['mean_kl'][a]:.4g} (step {ck['step'][a]}) → {ck['mean_kl'][b]:.4g} "
+                  f"(step {ck['step'][b]}){rel}",
+                  f"- spikes per problem: {ck['mean_spikes'][a]:.2f} → {ck['mean_spikes'][b]:.2f} "
+                  f"({ck['mean_spikes'][b] - ck['mean_spikes'][a]:+.2f})", ""]
+        lines += ["### Turning points", "",
+                  f"Rule: docs/probes.md (`turning_points`, flat below {settings.turning_rel_tol:g} × range).", ""]
+        if tp["series"]:
+            lines += _md_table(["series", "step", "value", "kind"],
+                               [[tp["series"][i], tp["step"][i], tp["value"][i], tp["kind"][i]]
+                                for i in range(len(tp["series"]))])
+        else:
+            lines.append("None (fewer than three steps, or a monotone trajectory).")
+        lines.append("")
+    return lines
+
+
+def _spike_lines(pr: dict[str, list], final_rows: list[int], by_spikes: list[int], by_kl: list[int], last: str,
+                 settings: ProbeSettings) -> list[str]:
+    """The report's spikes-per-problem histogram and its top problems by spikes and by mean KL."""
+    lines: list[str] = []
+    counts = [pr["n_spikes"][i] for i in final_rows]
+    bins = [("0", lambda n: n == 0), ("1–5", lambda n: 1 <= n <= 5), ("6–10", lambda n: 6 <= n <= 10),
+            (">10", lambda n: n > 10)]
+    lines += ["## Spikes per problem", ""]
+    lines += _md_table(["spikes", "problems", "share"],
+                       [[lab, sum(map(f, counts)), f"{100 * sum(map(f, counts)) / max(len(counts), 1):.1f}%"]
+                        for lab, f in bins])
+    lines += ["", f"## Top {settings.top_n} problems by spikes ({last})", ""]
+    lines += _md_table(["rank", "problem", "spikes", "mean KL", "max KL"],
+                       [[r + 1, f"`{pr['problem_id'][i]}`", pr["n_spikes"][i], pr["mean_kl"][i], pr["max_kl"][i]]
+                        for r, i in enumerate(by_spikes[: settings.top_n])])
+    lines += ["", f"## Top {settings.top_n} problems by mean KL ({last})", ""]
+    lines += _md_table(["rank", "problem", "mean KL", "spikes"],
+                       [[r + 1, f"`{pr['problem_id'][i]}`", pr["mean_kl"][i], pr["n_spikes"][i]]
+                        for r, i in enumerate(by_kl[: settings.top_n])])
+    return lines
 
 
 def publish(out_dir: str | Path, store, prefix: str) -> list[str]:

@@ -192,27 +192,42 @@ def summarise(tokens: pa.Table, *, metric: str = "kl_ba", turning_rel_tol: float
         ck_rows["mean_entropy_a"].append(float(arr["entropy_a"][tm].mean()))
         ck_rows["mean_entropy_b"].append(float(arr["entropy_b"][tm].mean()))
         ck_rows["mean_dlogp"].append(float(arr["dlogp"][tm].mean()))
-        total_spikes = int(spike[tm].sum())
-        for cat in CATEGORIES:
-            cm = tm & (cat_col == cat)
-            if not cm.any():
-                continue
-            ns = int(spike[cm].sum())
-            cat_rows["checkpoint"].append(ck)
-            cat_rows["step"].append(steps[ck])
-            cat_rows["category"].append(cat)
-            cat_rows["n_tokens"].append(int(cm.sum()))
-            cat_rows["mean_kl"].append(float(kl[cm].mean()))
-            cat_rows["n_spikes"].append(ns)
-            cat_rows["spike_rate"].append(ns / int(cm.sum()))
-            cat_rows["spike_share"].append(ns / total_spikes if total_spikes else 0.0)
-            cat_rows["mean_dlogp"].append(float(arr["dlogp"][cm].mean()))
+        _add_category_rows(cat_rows, ck, steps[ck], tm, cat_col, spike, kl, arr["dlogp"])
     n_ck, n_cat = len(ck_rows["checkpoint"]), len(cat_rows["checkpoint"])
     checkpoints = pa.table({"probe_id": [probe_id] * n_ck, "metric": [metric] * n_ck, **ck_rows} if n_ck else
                            {name: [] for name in CHECKPOINTS_SCHEMA.names}, schema=CHECKPOINTS_SCHEMA)
     categories = pa.table({"probe_id": [probe_id] * n_cat, **cat_rows} if n_cat else
                           {name: [] for name in CATEGORIES_SCHEMA.names}, schema=CATEGORIES_SCHEMA)
 
+    tp_rows = _turning_rows(ck_rows, turning_rel_tol)
+    n_tp = len(tp_rows["series"])
+    turning = pa.table({"probe_id": [probe_id] * n_tp, **tp_rows} if n_tp else
+                       {name: [] for name in TURNING_POINTS_SCHEMA.names}, schema=TURNING_POINTS_SCHEMA)
+    return ProbeTables(tokens, problems, checkpoints, categories, turning)
+
+
+def _add_category_rows(cat_rows: dict[str, list], ck: str, step: int | None, tm: np.ndarray, cat_col: np.ndarray,
+                       spike: np.ndarray, kl: np.ndarray, dlogp: np.ndarray) -> None:
+    """One checkpoint's rows of the categories table (the tokens `tm`), one per category it has tokens of."""
+    total_spikes = int(spike[tm].sum())
+    for cat in CATEGORIES:
+        cm = tm & (cat_col == cat)
+        if not cm.any():
+            continue
+        ns = int(spike[cm].sum())
+        cat_rows["checkpoint"].append(ck)
+        cat_rows["step"].append(step)
+        cat_rows["category"].append(cat)
+        cat_rows["n_tokens"].append(int(cm.sum()))
+        cat_rows["mean_kl"].append(float(kl[cm].mean()))
+        cat_rows["n_spikes"].append(ns)
+        cat_rows["spike_rate"].append(ns / int(cm.sum()))
+        cat_rows["spike_share"].append(ns / total_spikes if total_spikes else 0.0)
+        cat_rows["mean_dlogp"].append(float(dlogp[cm].mean()))
+
+
+def _turning_rows(ck_rows: dict[str, list], turning_rel_tol: float) -> dict[str, list]:
+    """Turning points of the checkpoints' series over their steps (three stepped checkpoints at least)."""
     tp_rows: dict[str, list] = defaultdict(list)
     stepped = [(s, i) for i, s in enumerate(ck_rows["step"]) if s is not None]
     if len(stepped) >= 3:
@@ -223,7 +238,4 @@ def summarise(tokens: pa.Table, *, metric: str = "kl_ba", turning_rel_tol: float
                 tp_rows["step"].append(int(p["step"]))
                 tp_rows["value"].append(p["value"])
                 tp_rows["kind"].append(p["kind"])
-    n_tp = len(tp_rows["series"])
-    turning = pa.table({"probe_id": [probe_id] * n_tp, **tp_rows} if n_tp else
-                       {name: [] for name in TURNING_POINTS_SCHEMA.names}, schema=TURNING_POINTS_SCHEMA)
-    return ProbeTables(tokens, problems, checkpoints, categories, turning)
+    return tp_rows

@@ -251,7 +251,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     );
     """),
     (9, "evaluator columns: what rlvr_core/eval/evaluate.py writes beyond migration 1's eval tables", """
-    -- eval_samples: how each completion was produced and scored (evaluate._SAMPLE_SCHEMA)
+    -- eval_samples: how each completion was produced and scored (eval.metrics._SAMPLE_SCHEMA)
     ALTER TABLE eval_samples ADD COLUMN benchmark_hash VARCHAR;
     ALTER TABLE eval_samples ADD COLUMN top_p DOUBLE;
     ALTER TABLE eval_samples ADD COLUMN engine VARCHAR;           -- hf, vllm
@@ -263,7 +263,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     ALTER TABLE eval_samples ADD COLUMN instructions_total INTEGER;
     ALTER TABLE eval_samples ADD COLUMN side_by_side VARCHAR;     -- JSON {scoring: {status, extracted, reward, …}}
     ALTER TABLE eval_samples ADD COLUMN meta VARCHAR;             -- JSON: the problem's metadata (level, type, …)
-    -- eval_metrics: which scoring and breakdown group a row is about (evaluate._METRIC_SCHEMA)
+    -- eval_metrics: which scoring and breakdown group a row is about (eval.metrics._METRIC_SCHEMA)
     ALTER TABLE eval_metrics ADD COLUMN benchmark_version VARCHAR;
     ALTER TABLE eval_metrics ADD COLUMN scoring VARCHAR;          -- NULL for properties of the completions
     ALTER TABLE eval_metrics ADD COLUMN breakdown_field VARCHAR;  -- NULL on whole-benchmark rows

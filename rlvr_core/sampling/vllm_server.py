@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 from rlvr_core.core.seeding import request_seed
 from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids, find_stop
 from rlvr_core.sampling.vllm import VLLMEngine, _eos_ids, to_vllm_sampling_kwargs
+from rlvr_core.core.net import free_port as _free_port
 
 __all__ = ["ServerError", "ServerClient", "VLLMServerEngine", "write_version_file", "PUSH_BACKEND", "PUSH_BACKENDS",
            "SERVER_BACKEND", "push_backend_name", "collective_init_info"]
@@ -305,12 +306,6 @@ def _need_cuda(backend: str) -> None:
     if not torch.cuda.is_available():
         raise RuntimeError(f"weight push backend {backend!r} needs CUDA (trainer and servers on GPUs); "
                            f"on CPU use 'file' or 'gloo'")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rendezvous_address(server_url: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,16 +20,11 @@ from pathlib import Path
 
 from rlvr_core.sampling.vllm import _on_gpu
 from rlvr_core.sampling.vllm_server import PUSH_BACKEND, SERVER_BACKEND, ServerClient, push_backend_name
+from rlvr_core.core.net import free_port as _free_port
 
 __all__ = ["LaunchedServer", "launch_servers", "server_command"]
 
 _ROOT = Path(__file__).resolve().parents[2]  # the project root: the server's worker imports rlvr_core from it
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_command(model_dir: str | Path, port: int, *, dtype: str = "float32", kv_cache_bytes: int = 1 << 28,

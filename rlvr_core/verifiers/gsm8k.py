@@ -71,11 +71,6 @@ def _last_strict(response: str) -> re.Match[str] | None:
     return last
 
 
-def extract_strict(response: str) -> str | None:
-    m = _last_strict(response)
-    return m.group("ans") if m else None
-
-
 def stated_answers(response: str) -> set[Decimal]:
     """The distinct values of the final-answer markers: the ``#### N`` lines when there are any (GSM8K's
     own answer line; a gold solution may also say "the final answer is 15 gallons … = 120" above its

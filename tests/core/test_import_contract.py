@@ -11,7 +11,8 @@ Layers, bottom to top; a module may import modules of its own layer and of lower
     rlvr_core.sampling, rlvr_core.tiny      sampling engines, model loading, sample-and-verify; the tiny model
     rlvr_core.grpo                          the GRPO trainer
     rlvr_core.eval, rlvr_core.probe         evaluation, comparison; probes of trained checkpoints
-    rlvr_core.pipeline                      the stages over everything below, their cache, sweeps, local stack
+    rlvr_core.pipeline                      the stages over everything below, their cache, the run record, sweeps,
+                                            local stack
     tasks                                   Prefect tasks
     flows                                   Prefect flows
     rlvr_cli                                the `rlvr` command line
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,3 +268,14 @@ def test_imports_inside_functions_are_heavy_or_optional():
         elif not i.project and i.dst not in LAZY_THIRD_PARTY:
             bad.append(f"{_where(i)}: {i.dst} is not in LAZY_THIRD_PARTY; import it at the top of the module")
     assert not bad, "imports inside functions:\n" + "\n".join(bad)
+
+
+def test_importing_the_sweep_flow_loads_no_torch():
+    """A Prefect worker imports `flows.ablation_sweep` (and through it `flows.pipeline`) before any trial runs;
+    torch is seconds to import and the flows only orchestrate, so neither may load it (a file-name constant
+    read from the trainer once did). Checked in a fresh interpreter, since this one may have torch already."""
+    code = ("import sys, flows.ablation_sweep; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from rlvr_core.core.net import free_port  # noqa: F401 (the tests import it from here)
 
 ROOT = Path(__file__).resolve().parents[2]
 # Screenshots for people to look at; tests/artifacts/ is not tracked (RLVR_TEST_ARTIFACTS moves it).
@@ -27,12 +27,6 @@ def chromium_path() -> str:
         pytest.fail("Debian's chromium is not installed (apt-get install -y chromium); the dashboard tests load "
                     "pages in a real browser")
     return exe
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:

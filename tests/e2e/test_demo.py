@@ -379,7 +379,7 @@ def test_guard_calibration_replays_the_finished_runs_of_a_home(demo_runs):
 
 
 def test_collapse_is_read_from_the_trainer_summary():
-    from flows.pipeline import _collapsed
+    from rlvr_core.pipeline.run_record import collapsed as _collapsed
 
     assert _collapsed({"tags": ["collapsed"], "health_firings": []})
     assert _collapsed({"health_firings": [{"guard_id": "G-collapse", "step": 3, "serious": True}]})

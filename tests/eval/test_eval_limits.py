@@ -94,15 +94,15 @@ def test_rlvr_eval_warns_and_records_the_flag(tiny_checkpoints, rlvr_home):
 
 
 def test_pipeline_eval_flag_reaches_health_events_warehouse_and_report(tiny_checkpoints, rlvr_home, tmp_path):
-    from flows import pipeline
+    from rlvr_core.pipeline import run_record
 
     cfg = parse_config({"eval": {"max_problems": 4, "n_samples": 1, "max_new_tokens": 2}})
     data = stages.prepare_data(cfg)
     model = stages.ModelArtifact(str(tiny_checkpoints[1]), "strong", "h", "t", True)
     art = stages.evaluate_stage(cfg, data, model, eval_id="base", checkpoint="base")
     assert [f["guard_id"] for f in art.summary["flags"]] == ["G-truncation"]
-    ev = pipeline._Evals(data, model, None, None, art, None, None, None)
-    events = pipeline._eval_events(ev)
+    ev = run_record.StageOutputs(data, model, None, None, art, None, None, None)
+    events = run_record.eval_events(ev)
     assert [(e["guard_id"], e["step"], e["source"]) for e in events] == [("G-truncation", 0, "eval")]
     run_id = "evalflag1"
     local = write_run_folder(tmp_path / run_id, run={"run_id": run_id, "experiment": "exp", "kind": "pipeline",
@@ -122,5 +122,5 @@ def test_pipeline_eval_flag_reaches_health_events_warehouse_and_report(tiny_chec
     s = {"mlflow_run_id": run_id, "accuracy_greedy": 0.0, "accuracy_greedy_ci95": [0.0, 0.5], "n_eval": 4,
          "passk": {}, "mlflow_run_url": "u", "artifact_uri": "a", "config_hash": "c",
          "eval_flags": [{"eval_id": "base", **f} for f in art.summary["flags"]]}
-    assert "**flag** base evaluation: G-truncation: synthetic" in pipeline._report(cfg, s)
+    assert "**flag** base evaluation: G-truncation: synthetic" in run_record.report_markdown(cfg, s)
 

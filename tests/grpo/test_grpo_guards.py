@@ -698,7 +698,7 @@ def test_health_settings_come_from_the_yaml_config():
 
 
 # ----------------------------------------------------------------------------------------- real trainer rows
-from test_trainer import _cfg, _train  # noqa: E402
+from grpo_helpers import tiny_cfg, train_tiny  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -710,7 +710,7 @@ def _run_rows(tiny, out, cfg) -> list[dict]:
     from rlvr_core.grpo.trainer import GuardError
 
     try:
-        path = _train(tiny, out, cfg).steps_path
+        path = train_tiny(tiny, out, cfg).steps_path
     except GuardError as e:  # once the trainer calls check_health itself, a collapse stops it
         assert "G-collapse" in str(e)
         path = out / "steps.parquet"
@@ -719,11 +719,11 @@ def _run_rows(tiny, out, cfg) -> list[dict]:
 
 def test_real_trainer_rows_normal_lr_fire_nothing_and_high_lr_collapses(tiny, tmp_path):
     # The trainer tests' own lr (1e-2) on the tiny model: 20 real steps, nothing fires.
-    rows = _run_rows(tiny, tmp_path / "ok", _cfg(steps=20, warmup_steps=2))
+    rows = _run_rows(tiny, tmp_path / "ok", tiny_cfg(steps=20, warmup_steps=2))
     assert len(rows) == 20 and check_health(rows) == []
     # lr 0.5: within ~4 steps the policy turns deterministic (entropy ~4.5 -> ~0.01) and every group's
     # completions become identical (unique share 1 -> 1/G); it still scores 1.0 on the parity verifier.
-    rows = _run_rows(tiny, tmp_path / "hot", _cfg(steps=12, lr=0.5, warmup_steps=2))
+    rows = _run_rows(tiny, tmp_path / "hot", tiny_cfg(steps=12, lr=0.5, warmup_steps=2))
     fired = only(check_health(rows), GUARD_COLLAPSE)
     assert len(fired) == 1 and fired[0].serious and 10 <= fired[0].step <= 12  # step 10: first evaluable step
     assert {"entropy", "repetition"} <= set(fired[0].evidence["signals"])

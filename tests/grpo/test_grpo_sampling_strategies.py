@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from rlvr_core.grpo import AdaptiveSamplingState, Batcher, BoundedBuffer, BufferClosed, filter_zero_variance_groups
+from rlvr_core.grpo import AdaptiveSamplingState, BoundedBuffer, BufferClosed, filter_zero_variance_groups
 
 SHORT = 0.05
 
@@ -113,36 +113,6 @@ def test_closed_buffer_drains_then_ends():
         buf.get(timeout=SHORT)
 
 
-def _filled(n, capacity=10):
-    buf = BoundedBuffer[int](capacity=capacity)
-    for i in range(n):
-        buf.put(i)
-    buf.close()
-    return buf
-
-
-def test_batcher_yields_partial_final_batch_by_default():
-    # G-partial-batch: 7 items, batch 3 -> [0,1,2], [3,4,5], [6]; the consumer does not wait for more
-    b = Batcher(_filled(7), 3, timeout=SHORT)
-    assert list(b) == [[0, 1, 2], [3, 4, 5], [6]]
-    assert (b.batches, b.partial_batches, b.dropped_items) == (3, 1, 0)
-
-
-def test_batcher_drops_partial_batch_only_when_asked_and_counts_it():
-    b = Batcher(_filled(7), 3, drop_last=True, timeout=SHORT)
-    assert list(b) == [[0, 1, 2], [3, 4, 5]]
-    assert b.dropped_items == 1
-    assert list(Batcher(_filled(6), 3, drop_last=True, timeout=SHORT)) == [[0, 1, 2], [3, 4, 5]]
-
-
-def test_batcher_never_waits_forever_on_a_stalled_producer():
-    buf = BoundedBuffer[int](capacity=10)
-    buf.put(0)  # producer stalls without closing
-    it = iter(Batcher(buf, 2, timeout=SHORT))
-    with pytest.raises(TimeoutError):
-        next(it)
-
-
 def test_threaded_producer_consumer_with_small_buffer():
     buf = BoundedBuffer[int](capacity=2)
 
@@ -153,7 +123,12 @@ def test_threaded_producer_consumer_with_small_buffer():
 
     t = threading.Thread(target=produce)
     t.start()
-    batches = list(Batcher(buf, 4, timeout=5.0))
+    got = []
+    while True:
+        try:
+            got.append(buf.get(timeout=5.0))
+        except BufferClosed:
+            break
     t.join(timeout=5.0)
-    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
+    assert got == list(range(11))
     assert buf.stats()["high_water"] <= 2 and buf.evicted == 0

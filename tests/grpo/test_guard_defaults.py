@@ -78,9 +78,9 @@ def test_guard_coverage_names_the_setting_a_blind_guard_needs():
     few = guard_coverage(parse_config({"grpo": {"enabled": True, "steps": 100, "eval_every": 50}}))
     assert few["G-reward-hacking"] == "needs at least 3 eval points during training (grpo.eval_every; now 2)"
     # The pipeline run's report says how many are active and names each blind one with what it needs.
-    from flows.pipeline import _coverage_lines
+    from rlvr_core.pipeline.run_record import coverage_lines
 
-    lines = _coverage_lines(guard_coverage(blind))
+    lines = coverage_lines(guard_coverage(blind))
     assert lines[1] == "Guards (docs/guards.md): 20 of 25 active." and len(lines) == 2 + 5
     assert "- G-no-eval needs grpo.eval_every > 0" in "\n".join(lines)
 
@@ -107,7 +107,7 @@ def test_base_reference_scores_the_base_evaluation_on_the_periodic_slice(rlvr_ho
 
 
 # ----------------------------------------------------------------------------------------- real trainer runs
-from test_trainer import _cfg, _train  # noqa: E402
+from grpo_helpers import tiny_cfg, train_tiny  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -119,10 +119,10 @@ def test_base_eval_is_the_reward_hacking_reference_in_a_real_run(tiny, tmp_path)
     def held_out(model, tokenizer):
         return {"greedy_pass_at_1": 0.30}
 
-    cfg = _cfg(steps=6, eval_every=2)
-    alone = _train(tiny, tmp_path / "alone", cfg, evaluate=held_out)
+    cfg = tiny_cfg(steps=6, eval_every=2)
+    alone = train_tiny(tiny, tmp_path / "alone", cfg, evaluate=held_out)
     assert not [f for f in alone.summary["health_firings"] if f["guard_id"] == GUARD_REWARD_HACKING]
-    based = _train(tiny, tmp_path / "based", cfg, evaluate=held_out, base_eval={"greedy_pass_at_1": 0.50})
+    based = train_tiny(tiny, tmp_path / "based", cfg, evaluate=held_out, base_eval={"greedy_pass_at_1": 0.50})
     fired = [f for f in based.summary["health_firings"] if f["guard_id"] == GUARD_REWARD_HACKING]
     assert [f["step"] for f in fired] == [4] and fired[0]["evidence"]["reference"] == "base"
     assert fired[0]["evidence"]["eval_reference"] == 0.50 and "vs the base model" in fired[0]["reason"]
@@ -131,12 +131,12 @@ def test_base_eval_is_the_reward_hacking_reference_in_a_real_run(tiny, tmp_path)
 
 
 def test_drift_signal_at_beta_0_is_measured_every_n_steps_and_not_with_a_reference(tiny, tmp_path):
-    rows = pq.read_table(_train(tiny, tmp_path / "b0", _cfg(steps=5, guards={"drift_every": 2})).steps_path).to_pylist()
+    rows = pq.read_table(train_tiny(tiny, tmp_path / "b0", tiny_cfg(steps=5, guards={"drift_every": 2})).steps_path).to_pylist()
     measured = [r["step"] for r in rows if not math.isnan(r["drift/kl_mean"])]
     assert measured == [1, 3, 5]
     # Sampled at T 0.8 and trained at lr 1e-2: the update moves the policy, by a bounded amount.
     assert all(0 < r["drift/kl_mean"] <= r["drift/kl_max"] < 100 for r in rows if r["step"] in measured)
-    ref = pq.read_table(_train(tiny, tmp_path / "b1", _cfg(steps=2, beta=0.1)).steps_path).to_pylist()
+    ref = pq.read_table(train_tiny(tiny, tmp_path / "b1", tiny_cfg(steps=2, beta=0.1)).steps_path).to_pylist()
     assert all(math.isnan(r["drift/kl_mean"]) and r["kl_ref_mean"] >= 0 for r in ref)
 
 
@@ -148,7 +148,7 @@ def test_drift_signal_catches_the_lr_blowup_without_a_reference(tiny, tmp_path):
 
     out = tmp_path / "hot"
     with pytest.raises(GuardError, match="G-collapse"):
-        _train(tiny, out, _cfg(steps=12, lr=0.5, warmup_steps=2, guards={"drift_every": 1}))
+        train_tiny(tiny, out, tiny_cfg(steps=12, lr=0.5, warmup_steps=2, guards={"drift_every": 1}))
     rows = pq.read_table(out / "steps.parquet").to_pylist()
     assert all(math.isnan(r["kl_ref_max"]) for r in rows)
     kl = [f for f in check_health(rows) if f.guard_id == GUARD_KL_EXPLOSION]

@@ -1,6 +1,6 @@
 """The serious training guards stop a real run (BUGZOO G-collapse, G-entropy, G-kl-explosion).
 
-Each test plants the failure in a real `train_grpo` run (the tiny model of test_trainer.py, real DeepSpeed steps
+Each test plants the failure in a real `train_grpo` run (the tiny model of grpo_helpers.py, real DeepSpeed steps
 on CPU, the parity test verifier) and checks the whole stop, not only the detector: `GuardError` naming the
 guard, at the step where the detector (run again on the recorded rows) first finds a serious firing; the
 rows up to that step and a summary tagged `collapsed` with `stopped_at_step` and the firings, which
@@ -26,7 +26,7 @@ from rlvr_core.experiment.guards import (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_KL
                                          health_config)
 from rlvr_core.grpo.checkpointing import CHECKPOINTS, FINAL_MODEL, STEPS_FILE, SUMMARY_FILE
 from rlvr_core.records.warehouse import health_events_table
-from test_trainer import VERIFIER, _cfg, _train
+from grpo_helpers import VERIFIER, tiny_cfg, train_tiny
 
 NO_EPS = "_test_std_without_eps"
 
@@ -51,7 +51,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 def _stopped_run(tiny, out: Path, cfg, guard: str) -> tuple[dict, list[dict], str]:
     """Train until the guard stops the run; (summary, step rows, GuardError message)."""
     with pytest.raises(GuardError) as e:
-        _train(tiny, out, cfg)
+        train_tiny(tiny, out, cfg)
     assert guard in str(e.value)
     return json.loads((out / SUMMARY_FILE).read_text()), pq.read_table(out / STEPS_FILE).to_pylist(), str(e.value)
 
@@ -85,7 +85,7 @@ def _first_serious(rows: list[dict], cfg) -> tuple[str, int]:
 def test_collapse_at_a_huge_lr_stops_the_run(tiny, tmp_path):
     # lr 0.5: within ~4 steps the policy turns deterministic (entropy ~4.5 -> ~0.01) and each group's completions
     # become identical. Default thresholds; the detector can first judge step 10 (5 baseline + 5 window steps).
-    cfg = _cfg(steps=14, lr=0.5, warmup_steps=2, checkpoint_every=5)
+    cfg = tiny_cfg(steps=14, lr=0.5, warmup_steps=2, checkpoint_every=5)
     summary, rows, msg = _stopped_run(tiny, tmp_path / "run", cfg, GUARD_COLLAPSE)
     step = summary["stopped_at_step"]
     assert 10 <= step < cfg.steps and _first_serious(rows, cfg) == (GUARD_COLLAPSE, step)
@@ -102,7 +102,7 @@ def test_entropy_collapse_far_from_the_reference_stops_the_run(tiny, tmp_path):
     # truncated by step 5) is turned off: this test is about G-entropy's own stop.
     health = {"entropy": {"window": 3, "baseline_steps": 3, "serious_kl_max": 2.0},
               "kl_explosion": {"serious_on_collapse": False}}
-    cfg = _cfg(steps=12, lr=0.5, warmup_steps=2, beta=1e-3, checkpoint_every=2, health=health)
+    cfg = tiny_cfg(steps=12, lr=0.5, warmup_steps=2, beta=1e-3, checkpoint_every=2, health=health)
     summary, rows, msg = _stopped_run(tiny, tmp_path / "run", cfg, GUARD_ENTROPY)
     step = summary["stopped_at_step"]
     assert 6 <= step < 10 and _first_serious(rows, cfg) == (GUARD_ENTROPY, step)
@@ -117,7 +117,7 @@ def test_kl_blow_up_made_serious_stops_the_run(tiny, tmp_path):
     # beta 0.1 and lr 0.5: the mean token KL to the reference passes the detector's 0.25 within 2 steps. Default
     # thresholds; `kl_explosion: {serious: true}` is what makes the episode a stop (by default it is a flag).
     # kl_spike_max lowered from 10 to 5 so that the per-step flag is seen on single steps before the stop.
-    cfg = _cfg(steps=10, lr=0.5, warmup_steps=2, beta=0.1, checkpoint_every=2,
+    cfg = tiny_cfg(steps=10, lr=0.5, warmup_steps=2, beta=0.1, checkpoint_every=2,
                guards={"kl_spike_max": 5.0, "health": {"kl_explosion": {"serious": True}}})
     summary, rows, msg = _stopped_run(tiny, tmp_path / "run", cfg, GUARD_KL_EXPLOSION)
     step = summary["stopped_at_step"]
@@ -132,7 +132,7 @@ def test_kl_blow_up_made_serious_stops_the_run(tiny, tmp_path):
 def test_non_finite_loss_stops_the_run_with_a_summary(tiny, tmp_path, no_eps_advantage):
     # The planted advantage estimator (`_std_without_eps`) makes the loss NaN at the first step with a group whose
     # rewards are all equal.
-    cfg = _cfg(steps=8, checkpoint_every=1, advantage=NO_EPS)
+    cfg = tiny_cfg(steps=8, checkpoint_every=1, advantage=NO_EPS)
     summary, rows, msg = _stopped_run(tiny, tmp_path / "run", cfg, GUARD_KL_EXPLOSION)
     step = summary["stopped_at_step"]
     assert [r["zero_var_group_share"] > 0 for r in rows] == [False] * (step - 1) + [True]

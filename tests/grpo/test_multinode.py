@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from test_stage_resume import _inputs
-from test_trainer import _params
+from grpo_helpers import model_params
 
 from rlvr_core.experiment.config import parse_config
 from rlvr_core.pipeline import stages
@@ -71,10 +71,10 @@ def test_two_nodes_train_like_one_process(tiny, rlvr_home, tmp_path, monkeypatch
     for ra, rb in zip(a, b):
         assert rb["reward_mean"] == ra["reward_mean"] and rb["n_tokens"] == ra["n_tokens"]
         assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5, abs=1e-5)
-    wa, wb = _params(one.model.path), _params(group.model.path)
+    wa, wb = model_params(one.model.path), model_params(group.model.path)
     diff = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
     assert diff < 1e-5, f"ZeRO-{zero}: two nodes' weights differ from one process's by {diff}"
-    assert max(float(w.abs().max()) for w in (wa[k] - _params(base.path)[k] for k in wa)) > 1e-4  # it trained
+    assert max(float(w.abs().max()) for w in (wa[k] - model_params(base.path)[k] for k in wa)) > 1e-4  # it trained
 
 
 def test_node_commands_start_remote_nodes_through_the_prefix(tmp_path):

@@ -20,7 +20,7 @@ from rlvr_core.grpo.trainer import train_grpo
 from rlvr_core.verifiers import get_verifier
 from rlvr_core.verifiers.pool import _KILL_MARGIN_S
 
-from test_trainer import build_tiny
+from grpo_helpers import build_tiny
 
 HANG_GOLD = "10^{10^{10}}"
 TIMEOUT_S = 1.0

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from test_trainer import _params
+from grpo_helpers import model_params
 
 from rlvr_core.experiment.config import parse_config
 from rlvr_core.pipeline import stages
@@ -74,7 +74,7 @@ def test_two_homes_share_only_the_store_and_get_one_homes_results(tiny, rlvr_hom
     assert stages.prepare_data(cfg).cached  # found in the store, not generated again
     trained = stages.train_stage(cfg, data, base, cur)
     assert not trained.cached and trained.folder.startswith(str(home_b))
-    wa, wb = _params(ref_trained.model.path), _params(trained.model.path)
+    wa, wb = model_params(ref_trained.model.path), model_params(trained.model.path)
     assert all(bool((wa[k] == wb[k]).all()) for k in wa)
     ev = stages.evaluate_stage(cfg, data, trained.model, eval_id="trained")
     assert ev.summary["accuracy_greedy"] == ref_eval.summary["accuracy_greedy"]

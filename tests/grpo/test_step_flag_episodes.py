@@ -1,4 +1,4 @@
-"""Per-step guard flags in real trainer runs (tiny model, HFEngine, VerifierPool, DeepSpeed; test_trainer.py's
+"""Per-step guard flags in real trainer runs (tiny model, HFEngine, VerifierPool, DeepSpeed; grpo_helpers.py's
 set-up): G-fixed-seed with identical samples planted, G-verifier-format over a window, and every flagged
 stretch of steps as one episode in the summary, train/health_events.parquet, the warehouse's health_events
 (a real DuckDB file) and the run report.
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from test_trainer import _cfg
+from grpo_helpers import tiny_cfg
 
 from rlvr_core.artifacts.storage import LocalStore
 from rlvr_core.data import gold_of
@@ -85,7 +85,7 @@ def _episodes(summary, guard):
 @pytest.fixture(scope="module")
 def healthy(tiny, tmp_path_factory):
     """Per-request seeds, a verifier with signal in nearly every group: no per-step flag should fire."""
-    return _train(tiny, tmp_path_factory.mktemp("flags") / "healthy", _cfg(steps=3))
+    return _train(tiny, tmp_path_factory.mktemp("flags") / "healthy", tiny_cfg(steps=3))
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def fixed_seed(tiny, tmp_path_factory):
     """The planted bug: one seed for every generation request."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(hf_engine, "request_seed", lambda seed, *a, **kw: seed)
-        return _train(tiny, tmp_path_factory.mktemp("flags") / "fixed", _cfg(steps=3))
+        return _train(tiny, tmp_path_factory.mktemp("flags") / "fixed", tiny_cfg(steps=3))
 
 
 def test_fixed_seed_flag_fires_on_identical_samples_and_not_with_per_request_seeds(healthy, fixed_seed):
@@ -143,7 +143,7 @@ def test_verifier_format_fires_on_a_large_share_over_the_window(tiny, healthy, t
     _OnePerStep.golds = frozenset(golds[j] for j in (0, 4, 8))
     signal = [j for j, g in enumerate(golds) if g in _OnePerStep.golds]
     assert len(signal) <= 4, "too many prompts share the chosen golds: the plant would not be a large share"
-    cfg = _cfg(steps=4, guards={"zero_var_guard_share": 0.7, "zero_var_guard_window": 3})
+    cfg = tiny_cfg(steps=4, guards={"zero_var_guard_share": 0.7, "zero_var_guard_window": 3})
     res = _train(tiny, tmp_path / "sparse", cfg, verifier=_OnePerStep.name)
     steps = _rows(res.steps_path)
     shares = [r["zero_var_group_share"] for r in steps]
@@ -171,7 +171,7 @@ def test_verifier_format_window_ignores_one_unlucky_step():
 
 
 def test_verifier_error_flag_fires_when_the_checker_crashes_in_training(tiny, healthy, tmp_path):
-    res = _train(tiny, tmp_path / "crash", _cfg(steps=2), verifier=_Crash.name)
+    res = _train(tiny, tmp_path / "crash", tiny_cfg(steps=2), verifier=_Crash.name)
     steps = _rows(res.steps_path)
     assert [r["status/error"] for r in steps] == [P * 4, P * 4]  # an error each, not "incorrect"
     assert [r["health/G-verifier-error"] for r in steps] == [1, 1]

@@ -3,7 +3,7 @@
 TIS (losses.truncated_is_weights, grpo_loss's is_weights): the PPO ratio's old log-probs are the trainer's own
 epoch-0 log-probs, and each token's policy term is multiplied by w = min(exp(trainer_logp - rollout_logp),
 cap), no gradient. Pure-tensor tests check the weights and a hand-worked loss and gradient; trainer tests
-(test_trainer.py's tiny model and parity verifier) run train_grpo with tis_cap set, with the HF engine as it
+(grpo_helpers.py's tiny model and parity verifier) run train_grpo with tis_cap set, with the HF engine as it
 is (it agrees with the trainer to ~1e-7) and with an engine whose log-probs are planted 0.3 too high. Also
 here: an unknown rollout-engine name fails before any work (rollout_engine.py).
 """
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from test_trainer import VERIFIER, _cfg
+from grpo_helpers import VERIFIER, tiny_cfg
 
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig
 from rlvr_core.grpo import trainer as trainer_mod
@@ -149,8 +149,8 @@ def _run(tiny, out: Path, cfg: GRPOConfig):
 
 def test_train_grpo_with_tis_on_an_agreeing_engine(tiny, tmp_path):
     with _recording_losses() as calls:
-        rows = _run(tiny, tmp_path / "tis", _cfg(steps=2, epochs_per_step=2, tis_cap=2.0))
-    plain = _run(tiny, tmp_path / "plain", _cfg(steps=2, epochs_per_step=2))
+        rows = _run(tiny, tmp_path / "tis", tiny_cfg(steps=2, epochs_per_step=2, tis_cap=2.0))
+    plain = _run(tiny, tmp_path / "plain", tiny_cfg(steps=2, epochs_per_step=2))
     assert len(calls) == 4  # 2 steps x 2 epochs
     for ep0, ep1 in (calls[0:2], calls[2:4]):
         # old log-probs = the trainer's own epoch-0 ones, kept for the second epoch; the weights too
@@ -176,9 +176,9 @@ def test_train_grpo_with_tis_reweights_a_disagreeing_engine(tiny, tmp_path):
     # reference loss, so the policy loss is exp(-SHIFT) times it.
     cfg = dict(steps=1, guards={"logprob_guard_tol": 1.0})
     with _planted_engine(from_step=0):
-        (r,) = _run(tiny, tmp_path / "tis", _cfg(tis_cap=2.0, **cfg))
-        (capped,) = _run(tiny, tmp_path / "capped", _cfg(tis_cap=0.5, **cfg))
-    (ref,) = _run(tiny, tmp_path / "ref", _cfg(tis_cap=2.0, **cfg))
+        (r,) = _run(tiny, tmp_path / "tis", tiny_cfg(tis_cap=2.0, **cfg))
+        (capped,) = _run(tiny, tmp_path / "capped", tiny_cfg(tis_cap=0.5, **cfg))
+    (ref,) = _run(tiny, tmp_path / "ref", tiny_cfg(tis_cap=2.0, **cfg))
     assert r["tis/weight_mean"] == pytest.approx(math.exp(-SHIFT), abs=1e-4) and r["tis/clipped_share"] == 0.0
     assert r["pg_loss"] == pytest.approx(math.exp(-SHIFT) * ref["pg_loss"], rel=1e-4, abs=1e-7)
     assert capped["tis/weight_mean"] == pytest.approx(0.5, abs=1e-7) and capped["tis/clipped_share"] == 1.0
@@ -194,7 +194,7 @@ def test_mismatch_after_step_one_is_measured_and_flagged(tiny, tmp_path):
     # old log-probs) is exactly 1.
     for name, extra in (("plain", {}), ("tis", {"tis_cap": 2.0})):
         with _planted_engine(from_step=1):
-            rows = _run(tiny, tmp_path / name, _cfg(steps=2, **extra))
+            rows = _run(tiny, tmp_path / name, tiny_cfg(steps=2, **extra))
         one, two = rows
         assert one["health/G-onpolicy-ratio"] == 0 and one["logprob_mismatch/share_over_tol"] == 0.0
         assert two["health/G-onpolicy-ratio"] == 1, name
@@ -208,6 +208,6 @@ def test_mismatch_after_step_one_is_measured_and_flagged(tiny, tmp_path):
 def test_an_unknown_rollout_engine_fails_before_any_work(tiny, tmp_path):
     model_dir, rows, ids = tiny
     with pytest.raises(ValueError, match=r"unknown rollout engine 'nope': known engines are \['hf'"):
-        trainer_mod.train_grpo(model_dir, rows, ids, tmp_path / "x", _cfg(), template_id="qa", reward=RewardConfig(verifier=VERIFIER),
+        trainer_mod.train_grpo(model_dir, rows, ids, tmp_path / "x", tiny_cfg(), template_id="qa", reward=RewardConfig(verifier=VERIFIER),
                                 max_new_tokens=12, seed=0, engine="nope")
     assert not (tmp_path / "x").exists()

@@ -2,8 +2,8 @@
 
 The model is warm-started for a few steps only, so its gsm8k reward would be almost always 0 (no
 signal). The loop tests use a test verifier instead, `_test_parity` (reward 1 when the completion text
-has an even number of characters): groups then nearly always have reward variance, so every step
-produces a gradient. Everything else is the production path: HFEngine rollouts, VerifierPool,
+has an even number of characters; tests/grpo/grpo_helpers.py, with the tiny model and the config the GRPO
+tests share): groups then nearly always have reward variance, so every step produces a gradient. Everything else is the production path: HFEngine rollouts, VerifierPool,
 grpo_loss, DeepSpeed ZeRO, checkpoints.
 
 Multi-process runs make DeepSpeed compile its shared-memory op on first use (~35 s); TORCH_EXTENSIONS_DIR
@@ -24,63 +24,14 @@ ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from rlvr_core.experiment.config import GRPOConfig, RewardConfig  # noqa: E402
+from grpo_helpers import model_params, tiny_cfg, train_tiny  # noqa: E402
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths  # noqa: E402
-from rlvr_core.grpo.trainer import (GuardError, build_batch, rows_for_curriculum, sequence_logprobs,  # noqa: E402
-                                    train_grpo)
-from rlvr_core.verifiers.base import Outcome, Status, _REGISTRY, register_verifier  # noqa: E402
-
-VERIFIER = "_test_parity"
-
-
-class _Parity:
-    name, version = VERIFIER, "1"
-    can_hang = False  # a length check
-
-    def warm_up(self) -> None:
-        pass
-
-    def verify(self, response: str, gold) -> Outcome:
-        ok = len(response) % 2 == 0
-        return Outcome(Status.CORRECT if ok else Status.INCORRECT, float(ok), str(len(response)), self.name, self.version)
-
-
-if VERIFIER not in _REGISTRY:
-    register_verifier(VERIFIER)(_Parity)
-
-
-def build_tiny(out, hidden_size: int = 32):
-    """(model dir, train rows, curriculum ids): a 2-layer, 2-head model after 30 supervised steps."""
-    from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-    from rlvr_core.tiny.warmstart import WarmStartSpec, warm_start
-
-    rows = make_synthetic_dataset(SyntheticSpec(n_train=200, n_test=10))["train"]
-    warm_start(rows, out, WarmStartSpec(steps=30, batch_size=16, hidden_size=hidden_size, num_layers=2, heads=2,
-                                        vocab_size=300, warmup_steps=5))
-    return out, rows, [r["id"] for r in rows[:12]]
-
-
-def _cfg(**kw) -> GRPOConfig:
-    base = dict(steps=2, prompts_per_step=4, group_size=4, lr=1e-2, warmup_steps=0, temperature=0.8,
-                zero_stage=2, checkpoint_every=1000)
-    return GRPOConfig(**{**base, **kw})
-
-
-def _train(tiny, out: Path, cfg: GRPOConfig, **kw):
-    model_dir, rows, ids = tiny
-    return train_grpo(model_dir, rows, ids, out, cfg, template_id="qa", reward=RewardConfig(verifier=VERIFIER),
-                      max_new_tokens=12, seed=0, **kw)
-
-
-def _params(path: Path) -> dict[str, torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    return {k: v.detach().clone() for k, v in AutoModelForCausalLM.from_pretrained(path).named_parameters()}
+from rlvr_core.grpo.trainer import GuardError, build_batch, rows_for_curriculum, sequence_logprobs  # noqa: E402
 
 
 def test_steps_change_every_parameter_and_record_metrics(tiny, tmp_path):
-    res = _train(tiny, tmp_path / "run", _cfg())
-    before, after = _params(tiny[0]), _params(res.final_model_dir)
+    res = train_tiny(tiny, tmp_path / "run", tiny_cfg())
+    before, after = model_params(tiny[0]), model_params(res.final_model_dir)
     assert before.keys() == after.keys()
     unchanged = [k for k in before if torch.equal(before[k], after[k])]
     assert not unchanged, f"parameters not updated: {unchanged}"
@@ -102,7 +53,7 @@ def test_steps_change_every_parameter_and_record_metrics(tiny, tmp_path):
 def test_logprob_guard_fires_on_tempered_trainer_logprobs(tiny, tmp_path):
     # Planted G-logprob-temp bug: the trainer divides logits by the sampling temperature (0.8).
     with pytest.raises(GuardError) as e:
-        _train(tiny, tmp_path / "bad", _cfg(logprob_temperature=0.8, steps=1))
+        train_tiny(tiny, tmp_path / "bad", tiny_cfg(logprob_temperature=0.8, steps=1))
     msg = str(e.value)
     assert "G-logprob-temp" in msg and "sampling temperature 0.8" in msg and "temperature 1" in msg
 
@@ -145,11 +96,11 @@ def test_missing_curriculum_id_fails_loudly(tiny):
 
 
 def test_resume_reproduces_the_uninterrupted_run(tiny, tmp_path):
-    cfg = _cfg(steps=4, checkpoint_every=2, warmup_steps=1)
-    full = _train(tiny, tmp_path / "full", cfg)
-    first = _train(tiny, tmp_path / "resumed", cfg, stop_after_steps=2)  # "killed" after step 2
+    cfg = tiny_cfg(steps=4, checkpoint_every=2, warmup_steps=1)
+    full = train_tiny(tiny, tmp_path / "full", cfg)
+    first = train_tiny(tiny, tmp_path / "resumed", cfg, stop_after_steps=2)  # "killed" after step 2
     assert not first.summary["done"] and not first.final_model_dir.exists()
-    second = _train(tiny, tmp_path / "resumed", cfg)
+    second = train_tiny(tiny, tmp_path / "resumed", cfg)
     assert second.summary["resumed_from_step"] == 2 and second.summary["done"]
     a, b = pq.read_table(full.steps_path).to_pylist(), pq.read_table(second.steps_path).to_pylist()
     assert [r["step"] for r in b] == [1, 2, 3, 4]
@@ -157,13 +108,13 @@ def test_resume_reproduces_the_uninterrupted_run(tiny, tmp_path):
         assert ra["reward_mean"] == rb["reward_mean"]  # same prompts, same seeds, same weights
         assert ra["lr"] == pytest.approx(rb["lr"], rel=1e-9)
         assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
-    pa_, pb = _params(full.final_model_dir), _params(second.final_model_dir)
+    pa_, pb = model_params(full.final_model_dir), model_params(second.final_model_dir)
     for k in pa_:
         torch.testing.assert_close(pa_[k], pb[k], atol=1e-5, rtol=1e-4)
 
 
 def test_zero_stages_1_and_2_agree(tiny, tmp_path):
-    runs = {s: pq.read_table(_train(tiny, tmp_path / f"z{s}", _cfg(zero_stage=s)).steps_path).to_pylist()
+    runs = {s: pq.read_table(train_tiny(tiny, tmp_path / f"z{s}", tiny_cfg(zero_stage=s)).steps_path).to_pylist()
             for s in (1, 2)}
     for r1, r2 in zip(runs[1], runs[2]):
         assert r1["loss"] == pytest.approx(r2["loss"], abs=1e-6)
@@ -176,7 +127,7 @@ def test_launcher_variables_it_invented_do_not_outlive_the_engine(tiny, tmp_path
     # fails to listen on the port this process's group holds (EADDRINUSE, seen in the integration tests).
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
-    res = _train(tiny, tmp_path / "run", _cfg(steps=1))
+    res = train_tiny(tiny, tmp_path / "run", tiny_cfg(steps=1))
     assert res.summary["done"]
     assert "MASTER_PORT" not in os.environ
 
@@ -187,7 +138,7 @@ def test_one_process_compiles_no_deepspeed_op(tiny, tmp_path, monkeypatch):
     ext = tmp_path / "torch_extensions"
     ext.mkdir()
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
-    res = _train(tiny, tmp_path / "run", _cfg(steps=1))
+    res = train_tiny(tiny, tmp_path / "run", tiny_cfg(steps=1))
     assert res.summary["done"] and list(ext.iterdir()) == []
 
 
@@ -195,7 +146,7 @@ def test_lr_schedule_spans_the_run_with_several_epochs_per_step(tiny, tmp_path):
     # Two updates per step step DeepSpeed's scheduler twice: laid out in steps, the cosine would reach its
     # floor (cos_min_ratio x lr, where it stays flat) halfway through. Laid out in updates, the lr each
     # step ends on keeps falling and reaches the floor at the last step.
-    cfg = _cfg(steps=4, epochs_per_step=2, warmup_steps=0, lr=1e-3, cos_min_ratio=0.1)
-    lrs = [r["lr"] for r in pq.read_table(_train(tiny, tmp_path / "run", cfg).steps_path).to_pylist()]
+    cfg = tiny_cfg(steps=4, epochs_per_step=2, warmup_steps=0, lr=1e-3, cos_min_ratio=0.1)
+    lrs = [r["lr"] for r in pq.read_table(train_tiny(tiny, tmp_path / "run", cfg).steps_path).to_pylist()]
     assert len(lrs) == 4 and all(a > b for a, b in zip(lrs, lrs[1:])), lrs
     assert lrs[-1] == pytest.approx(0.1 * 1e-3), lrs

@@ -4,7 +4,7 @@ with all P (docs/grpo_training.md, "Multi-process and multi-node").
 The 2-process test launches this file under `python -m torch.distributed.run --nproc_per_node 2` (gloo on
 CPU, 1 thread per rank, a free MASTER_PORT); run as a script, the file is the worker (`_worker`). The
 single-process references run in the pytest process with the same tiny model, verifier and configs
-(test_trainer.py's fixtures). Rewards, token counts and group statistics must be equal; losses, ratio
+(grpo_helpers.py). Rewards, token counts and group statistics must be equal; losses, ratio
 statistics, entropy, KL and the final weights within 1e-5; the pre-clip grad norm within 1e-4 relative
 (AdamW is almost invariant to the gradient's scale, so the weights alone would not catch a loss that
 is off by the world size).
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from test_trainer import VERIFIER, _cfg, _params, _train
+from grpo_helpers import VERIFIER, model_params, tiny_cfg, train_tiny
 import test_trainer_options  # noqa: F401,E402  (registers the _test_status and _test_sparse verifiers)
 
 from rlvr_core.experiment.config import RewardConfig
@@ -104,9 +104,9 @@ def _one_thread():
 
 # ------------------------------------------------------------------------------------------------- tests
 def test_one_step_is_the_same_under_zero_1_2_and_3(tiny, tmp_path):
-    res = {s: _train(tiny, tmp_path / f"z{s}", _cfg(zero_stage=s, steps=1)) for s in (1, 2, 3)}
+    res = {s: train_tiny(tiny, tmp_path / f"z{s}", tiny_cfg(zero_stage=s, steps=1)) for s in (1, 2, 3)}
     rows = {s: pq.read_table(r.steps_path).to_pylist()[0] for s, r in res.items()}
-    weights = {s: _params(r.final_model_dir) for s, r in res.items()}
+    weights = {s: model_params(r.final_model_dir) for s, r in res.items()}
     for s in (2, 3):
         assert rows[s]["reward_mean"] == rows[1]["reward_mean"]
         assert rows[s]["loss"] == pytest.approx(rows[1]["loss"], abs=1e-6)
@@ -142,7 +142,7 @@ def test_rank_losses_with_global_normalisers_give_the_full_batch_gradient(agg):
 def test_prompts_not_divisible_by_world_size_fail_before_any_work(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_mod, "launch_world_size", lambda: 2)
     with pytest.raises(ValueError, match=r"prompts_per_step=3 is not divisible by the world size 2"):
-        _train(tiny, tmp_path / "odd", _cfg(prompts_per_step=3))
+        train_tiny(tiny, tmp_path / "odd", tiny_cfg(prompts_per_step=3))
     assert not (tmp_path / "odd").exists()
 
 
@@ -163,7 +163,7 @@ def test_two_processes_train_like_one(tiny, tmp_path):
     t0 = time.perf_counter()
     report = {"launch_s": round(t_launch, 1)}
     for name, run in RUNS.items():
-        cfg = _cfg(lr=LR, **run["cfg"])
+        cfg = tiny_cfg(lr=LR, **run["cfg"])
         with _one_thread():  # like each rank; more threads than free cores only slows the busy test machine
             ref = trainer_mod.train_grpo(model_dir, rows, ids, tmp_path / "one" / name, cfg, template_id="qa",
                                          reward=RewardConfig(verifier=run.get("verifier", VERIFIER)),
@@ -186,8 +186,8 @@ def test_two_processes_train_like_one(tiny, tmp_path):
             for k in evals:
                 assert rb[k] == pytest.approx(ra[k], rel=1e-5), (name, ra["step"], k)
         if run.get("evaluate"):
-            assert a[-1]["eval/numel"] == sum(p.numel() for p in _params(model_dir).values())
-        wa, wb = _params(ref.final_model_dir), _params(out / "final_model")
+            assert a[-1]["eval/numel"] == sum(p.numel() for p in model_params(model_dir).values())
+        wa, wb = model_params(ref.final_model_dir), model_params(out / "final_model")
         diff = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
         assert diff < run.get("weight_tol", 1e-5), f"{name}: final weights differ by {diff}"
         n_off = sum(int(((wa[k] - wb[k]).abs() > 1e-6).sum()) for k in wa)
@@ -304,7 +304,7 @@ def _worker(spec_path: str) -> None:
                           reward=RewardConfig(verifier=verifier),  max_new_tokens=12, seed=0, **kw)
 
     try:
-        train("odd", _cfg(prompts_per_step=3))
+        train("odd", tiny_cfg(prompts_per_step=3))
         raise AssertionError("P=3 on 2 ranks was accepted")
     except ValueError as e:
         (out / f"odd_rank{rank}.json").write_text(json.dumps({"type": type(e).__name__, "msg": str(e)}))
@@ -314,7 +314,7 @@ def _worker(spec_path: str) -> None:
         policies.clear()
         late["on"] = name == LATE_SAVE_RUN
         for stop in run.get("calls", [None]):
-            train(name, _cfg(lr=LR, **run["cfg"]), run.get("verifier", "_test_parity"), stop_after_steps=stop,
+            train(name, tiny_cfg(lr=LR, **run["cfg"]), run.get("verifier", "_test_parity"), stop_after_steps=stop,
                   evaluate=_probe if run.get("evaluate") else None)
         (out / name / f"prompts_rank{rank}.json").write_text(json.dumps(prompts))
         if late["on"] and rank == 1:

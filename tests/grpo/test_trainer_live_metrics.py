@@ -9,7 +9,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from test_trainer import _cfg, _train
+from grpo_helpers import tiny_cfg, train_tiny
 from rlvr_core.records.tracking import StepMetricsSink, Tracker
 
 
@@ -39,15 +39,15 @@ def _hook(sink: StepMetricsSink, client, run: str, seen: list, kill_after: int |
 def test_steps_reach_mlflow_during_training_and_once_after_resume(tiny, tmp_path, rlvr_home):  # noqa: F811
     tracker = Tracker("live-train")
     run = tracker.start_run("train", {})
-    cfg = _cfg(steps=4, checkpoint_every=2)
+    cfg = tiny_cfg(steps=4, checkpoint_every=2)
     seen: list[int] = []
     # Killed after step 3 was sent but before its checkpoint: the resume starts again at step 3.
     with pytest.raises(Killed):
         with StepMetricsSink(run, tracker.tracking_uri, every_steps=1, every_s=0.1) as sink:
-            _train(tiny, tmp_path / "out", cfg, on_step=_hook(sink, tracker.client, run, seen, kill_after=3))
+            train_tiny(tiny, tmp_path / "out", cfg, on_step=_hook(sink, tracker.client, run, seen, kill_after=3))
     assert seen == [1, 2, 3]
     with StepMetricsSink(run, tracker.tracking_uri, every_steps=1, every_s=0.1) as sink:
-        result = _train(tiny, tmp_path / "out", cfg, on_step=_hook(sink, tracker.client, run, seen))
+        result = train_tiny(tiny, tmp_path / "out", cfg, on_step=_hook(sink, tracker.client, run, seen))
     assert seen == [1, 2, 3, 3, 4]  # steps 3 and 4 trained (again) after the resume ...
     hist = sorted(tracker.client.get_metric_history(run, "train/loss"), key=lambda m: m.step)
     assert [m.step for m in hist] == [1, 2, 3, 4]  # ... but each step is in MLflow once

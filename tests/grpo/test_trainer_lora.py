@@ -2,7 +2,7 @@
 the merged final model equals W + (alpha/r)·B·A worked out by hand from the saved adapter, and exporting
 the DeepSpeed checkpoint gives the same model (export merges without peft).
 
-Same tiny model and production path as test_trainer.py (its fixture is imported)."""
+Same tiny model and production path as test_trainer.py (grpo_helpers.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from test_trainer import _cfg, _train
+from grpo_helpers import tiny_cfg, train_tiny
 
 from rlvr_core.artifacts.export import export_checkpoint
 from rlvr_core.experiment.config import ConfigError, parse_config
@@ -29,8 +29,8 @@ def _state(path: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def lora_run(tiny, tmp_path_factory):
-    cfg = _cfg(steps=2, lora_rank=RANK, lora_alpha=ALPHA, beta=0.1, lr=5e-2)
-    return _train(tiny, tmp_path_factory.mktemp("lora") / "run", cfg)
+    cfg = tiny_cfg(steps=2, lora_rank=RANK, lora_alpha=ALPHA, beta=0.1, lr=5e-2)
+    return train_tiny(tiny, tmp_path_factory.mktemp("lora") / "run", cfg)
 
 
 def test_only_adapters_train_and_the_merge_is_w_plus_scaled_ba(tiny, lora_run):
@@ -87,9 +87,9 @@ def test_lora_with_zero3_fails_in_the_config():
 
 
 def test_a_killed_lora_run_resumes_to_the_same_weights(tiny, lora_run, tmp_path):
-    cfg = _cfg(steps=2, lora_rank=RANK, lora_alpha=ALPHA, beta=0.1, lr=5e-2)
-    _train(tiny, tmp_path / "run", cfg, stop_after_steps=1)  # "killed" after its step-1 checkpoint
-    resumed = _train(tiny, tmp_path / "run", cfg)
+    cfg = tiny_cfg(steps=2, lora_rank=RANK, lora_alpha=ALPHA, beta=0.1, lr=5e-2)
+    train_tiny(tiny, tmp_path / "run", cfg, stop_after_steps=1)  # "killed" after its step-1 checkpoint
+    resumed = train_tiny(tiny, tmp_path / "run", cfg)
     assert (resumed.summary["steps"], resumed.summary["resumed_from_step"], resumed.summary["done"]) == (2, 1, True)
     a, b = pq.read_table(lora_run.steps_path).to_pylist(), pq.read_table(resumed.steps_path).to_pylist()
     for ra, rb in zip(a, b):
@@ -105,7 +105,7 @@ def test_the_adapters_start_from_the_seed_not_the_global_rng(tiny):
 
     from rlvr_core.grpo.trainer import with_lora
 
-    cfg = _cfg(lora_rank=RANK, lora_alpha=ALPHA)
+    cfg = tiny_cfg(lora_rank=RANK, lora_alpha=ALPHA)
     made = []
     for global_seed in (1, 2):
         torch.manual_seed(global_seed)

@@ -1,7 +1,7 @@
 """GRPO trainer options (docs/grpo_training.md, "Options"): DAPO dynamic sampling, DAPO soft overlong
 punishment, Δlog p advantage reweighting, verifier status counts and the rollouts.parquet sample.
 
-Same tiny model and production path as test_trainer.py (its fixtures are imported). The verifiers here
+Same tiny model and production path as test_trainer.py (grpo_helpers.py). The verifiers here
 make the options observable:
   * `_test_status`: the status cycles with the completion's character count (len % 5: correct, incorrect,
     no answer, error, timeout), reward 1 only for correct. About 40% of groups of 4 are all-zero, so
@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from test_trainer import _cfg, _params
+from grpo_helpers import model_params, tiny_cfg
 
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig
@@ -157,7 +157,7 @@ def _hand_loss(rec: dict, c: float, clip_low: float = 0.2, clip_high: float = 0.
 @pytest.fixture(scope="module")
 def base(tiny, tmp_path_factory):
     """One step with every option at its default, every completion logged (100 > P * G: capped at 16)."""
-    return _run(tiny, tmp_path_factory.mktemp("opt") / "base", _cfg(steps=1, rollout_samples_per_step=100))
+    return _run(tiny, tmp_path_factory.mktemp("opt") / "base", tiny_cfg(steps=1, rollout_samples_per_step=100))
 
 
 def test_defaults_are_off_and_bad_buffer_fails_before_work(tiny, tmp_path):
@@ -165,7 +165,7 @@ def test_defaults_are_off_and_bad_buffer_fails_before_work(tiny, tmp_path):
     assert (d.dynamic_sampling, d.overlong_buffer_len, d.dlogp_reweight_c) == (False, 0, 0.0)
     assert d.rollout_samples_per_step == 4 and d.dynamic_sampling_max_rounds == 4 and d.overlong_penalty_factor == 1.0
     with pytest.raises(ValueError, match="overlong_buffer_len=13 exceeds max_new_tokens=12"):
-        _run(tiny, tmp_path / "bad", _cfg(overlong_buffer_len=13))
+        _run(tiny, tmp_path / "bad", tiny_cfg(overlong_buffer_len=13))
     assert not (tmp_path / "bad").exists()
 
 
@@ -202,7 +202,7 @@ def test_status_counts_and_rollout_rows(base, tiny):
 
 def test_dlogp_reweighting_changes_only_the_loss(base, tiny, tmp_path):
     c = 0.5
-    res, rec = _run(tiny, tmp_path / "dlogp", _cfg(steps=1, rollout_samples_per_step=100, dlogp_reweight_c=c))
+    res, rec = _run(tiny, tmp_path / "dlogp", tiny_cfg(steps=1, rollout_samples_per_step=100, dlogp_reweight_c=c))
     (row,), (row0,) = _rows(res.steps_path), _rows(base[0].steps_path)
     # Same rollouts, rewards and advantages as the default run ...
     assert _rows(res.rollouts_path) == _rows(base[0].rollouts_path)
@@ -222,7 +222,7 @@ def test_dlogp_reweighting_changes_only_the_loss(base, tiny, tmp_path):
 
 def test_overlong_penalty_lowers_long_completions_rewards(base, tiny, tmp_path):
     buffer, factor = 8, 0.5
-    res, rec = _run(tiny, tmp_path / "overlong", _cfg(steps=1, rollout_samples_per_step=100, overlong_buffer_len=buffer,
+    res, rec = _run(tiny, tmp_path / "overlong", tiny_cfg(steps=1, rollout_samples_per_step=100, overlong_buffer_len=buffer,
                                                        overlong_penalty_factor=factor))
     (row,), (row0,) = _rows(res.steps_path), _rows(base[0].steps_path)
     roll, roll0 = _rows(res.rollouts_path), _rows(base[0].rollouts_path)
@@ -250,7 +250,7 @@ DYN = dict(steps=4, checkpoint_every=2, warmup_steps=1, dynamic_sampling=True, d
 
 @pytest.fixture(scope="module")
 def dyn(tiny, tmp_path_factory):
-    return _run(tiny, tmp_path_factory.mktemp("opt") / "dyn", _cfg(**DYN))
+    return _run(tiny, tmp_path_factory.mktemp("opt") / "dyn", tiny_cfg(**DYN))
 
 
 def test_dynamic_sampling_keeps_informative_groups_and_advances_the_data(dyn, tiny):
@@ -294,7 +294,7 @@ def test_dynamic_sampling_keeps_informative_groups_and_advances_the_data(dyn, ti
 def test_resume_with_dynamic_sampling_equals_uninterrupted_without_duplicate_rollouts(dyn, tiny, tmp_path):
     full, _ = dyn
     out = tmp_path / "resumed"
-    first, _ = _run(tiny, out, _cfg(**DYN), stop_after_steps=2)
+    first, _ = _run(tiny, out, tiny_cfg(**DYN), stop_after_steps=2)
     assert not first.summary["done"]
     # A call killed after it logged step 3's rollouts but before its step-4 checkpoint: the resume from the
     # step-2 checkpoint must drop those rows, not append a second copy.
@@ -303,7 +303,7 @@ def test_resume_with_dynamic_sampling_equals_uninterrupted_without_duplicate_rol
     logged = _rows(out / "rollouts.parquet")
     assert [r["step"] for r in logged] == [1] * 4 + [2] * 4
     pq.write_table(pa.Table.from_pylist(logged + [dict(r, step=3) for r in logged[:4]]), out / "rollouts.parquet")
-    second, _ = _run(tiny, out, _cfg(**DYN))
+    second, _ = _run(tiny, out, tiny_cfg(**DYN))
     assert second.summary["resumed_from_step"] == 2 and second.summary["done"]
     assert second.summary["data_position"] == full.summary["data_position"]
     a, b = _rows(full.steps_path), _rows(second.steps_path)
@@ -314,7 +314,7 @@ def test_resume_with_dynamic_sampling_equals_uninterrupted_without_duplicate_rol
             assert ra[k] == rb[k], (ra["step"], k)
         assert ra["lr"] == pytest.approx(rb["lr"], rel=1e-9)
         assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
-    wa, wb = _params(full.final_model_dir), _params(second.final_model_dir)
+    wa, wb = model_params(full.final_model_dir), model_params(second.final_model_dir)
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
     ra, rb = _rows(full.rollouts_path), _rows(second.rollouts_path)
@@ -328,7 +328,7 @@ def test_resume_with_dynamic_sampling_equals_uninterrupted_without_duplicate_rol
 def test_partial_batch_is_trained_as_it_is_after_the_last_round(tiny, tmp_path):
     # Every group has zero variance: two rounds, nothing kept, the step still completes (G-partial-batch)
     # with a zero gradient, and the data position moved past both rounds.
-    cfg = _cfg(steps=1, dynamic_sampling=True, dynamic_sampling_max_rounds=2)
+    cfg = tiny_cfg(steps=1, dynamic_sampling=True, dynamic_sampling_max_rounds=2)
     res, rec = _run(tiny, tmp_path / "empty", cfg, verifier="_test_zero")
     (row,) = _rows(res.steps_path)
     assert (row["dynamic/rounds"], row["dynamic/prompts_consumed"], row["dynamic/groups_dropped"],
@@ -338,7 +338,7 @@ def test_partial_batch_is_trained_as_it_is_after_the_last_round(tiny, tmp_path):
     assert res.summary["done"] and res.summary["data_position"] == 2 * P
     assert not rec.adv_in and len(rec.gen) == 2
     assert not res.rollouts_path.exists()  # nothing trained, nothing to log
-    before, after = _params(tiny[0]), _params(res.final_model_dir)
+    before, after = model_params(tiny[0]), model_params(res.final_model_dir)
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
@@ -347,7 +347,7 @@ def test_a_step_that_trains_nothing_measures_the_kl_on_what_it_sampled(tiny, tmp
     # KL. With a reference model (beta > 0) the KL to it is measured on the step's sampled completions instead,
     # so the KL detectors' window keeps filling exactly when a run collapses (no group with a learning signal).
     # Nothing was ever trained here, so the policy is the reference: the KL is ~0 (k3 >= 0), and finite.
-    cfg = _cfg(steps=2, dynamic_sampling=True, dynamic_sampling_max_rounds=2, beta=0.1)
+    cfg = tiny_cfg(steps=2, dynamic_sampling=True, dynamic_sampling_max_rounds=2, beta=0.1)
     res, _ = _run(tiny, tmp_path / "kl", cfg, verifier="_test_zero")
     rows = _rows(res.steps_path)
     assert len(rows) == 2
@@ -355,7 +355,7 @@ def test_a_step_that_trains_nothing_measures_the_kl_on_what_it_sampled(tiny, tmp
         assert row["n_tokens"] == 0 and row["kl_ref_from_samples"] == 1
         assert 0 <= row["kl_ref_mean"] < 1e-4 and 0 <= row["kl_ref_max"] < 1e-3
     # A step that trains tokens measures the KL on them, as before.
-    trained, _ = _run(tiny, tmp_path / "trained", _cfg(steps=1, beta=0.1))
+    trained, _ = _run(tiny, tmp_path / "trained", tiny_cfg(steps=1, beta=0.1))
     (row,) = _rows(trained.steps_path)
     assert row["n_tokens"] > 0 and row["kl_ref_from_samples"] == 0 and row["kl_ref_mean"] >= 0
 
@@ -367,7 +367,7 @@ def test_step_rows_carry_the_base_models_numbers_on_the_prompts_each_step_drew(t
     _, rows, ids = tiny
     base = {pid: {"reward_mean": (i % 7) / 7, "truncation_share": (i % 3) / 3, "completion_len_mean": 5.0 + i}
             for i, pid in enumerate(ids) if i != 1}
-    cfg = _cfg(steps=4, dynamic_sampling=True, dynamic_sampling_max_rounds=2)
+    cfg = tiny_cfg(steps=4, dynamic_sampling=True, dynamic_sampling_max_rounds=2)
     res, _ = _run(tiny, tmp_path / "base", cfg, base_rollouts=base)
     pos = 0
     for row in _rows(res.steps_path):
@@ -377,7 +377,7 @@ def test_step_rows_carry_the_base_models_numbers_on_the_prompts_each_step_drew(t
             assert row[f"base/{key}"] == pytest.approx(sum(b[key] for b in known) / len(known))
         pos += row["dynamic/prompts_consumed"]
     assert pos > len(ids)  # the run cycled past the curriculum's end
-    plain, _ = _run(tiny, tmp_path / "plain", _cfg(steps=1))
+    plain, _ = _run(tiny, tmp_path / "plain", tiny_cfg(steps=1))
     assert not any(k.startswith("base/") for k in _rows(plain.steps_path)[0])
 
 
@@ -398,7 +398,7 @@ def _hand_stop(correct: list[bool], k_s: int, k_f: int, cap: int) -> int:
 
 
 def test_adaptive_sampling_draws_chunks_until_enough_like_one_large_draw(tiny, tmp_path):
-    cfg = _cfg(**ADA)
+    cfg = tiny_cfg(**ADA)
     res, rec = _run(tiny, tmp_path / "ada", cfg)
     model_dir, rows, ids = tiny
     cap = ADA["adaptive_max_samples"]
@@ -467,7 +467,7 @@ def test_adaptive_sampling_draws_chunks_until_enough_like_one_large_draw(tiny, t
 
 def test_adaptive_cap_below_the_first_chunk_fails_on_the_field():
     with pytest.raises(ValueError, match="adaptive_max_samples=3 is below group_size=4"):
-        _cfg(adaptive_sampling=True, adaptive_max_samples=3)
+        tiny_cfg(adaptive_sampling=True, adaptive_max_samples=3)
     assert not GRPOConfig().adaptive_sampling
 
 
@@ -496,14 +496,14 @@ def _completions(roll: list[dict], step: int) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def stale(tiny, tmp_path_factory):
-    return _run(tiny, tmp_path_factory.mktemp("opt") / "stale", _cfg(**STALE))
+    return _run(tiny, tmp_path_factory.mktemp("opt") / "stale", tiny_cfg(**STALE))
 
 
 def test_staleness_one_samples_each_step_with_the_weights_one_update_behind(stale, tiny, tmp_path):
     from rlvr_core.artifacts.export import export_checkpoint
 
     res, _ = stale
-    cfg = _cfg(**STALE)
+    cfg = tiny_cfg(**STALE)
     rows, roll = _rows(res.steps_path), _rows(res.rollouts_path)
     assert [r["staleness"] for r in rows] == [0, 1, 1]
     # Independent reference: plain engine draws on the base weights (version 0) and on the weights after
@@ -527,9 +527,9 @@ def test_staleness_one_samples_each_step_with_the_weights_one_update_behind(stal
 def test_resume_with_staleness_equals_uninterrupted(stale, tiny, tmp_path):
     full, _ = stale
     out = tmp_path / "resumed"
-    first, _ = _run(tiny, out, _cfg(**STALE), stop_after_steps=2)
+    first, _ = _run(tiny, out, tiny_cfg(**STALE), stop_after_steps=2)
     assert not first.summary["done"] and (out / "checkpoints" / "step2" / "ahead_weights.pt").is_file()
-    second, _ = _run(tiny, out, _cfg(**STALE))  # step 3 samples version 1, restored from the step-2 checkpoint
+    second, _ = _run(tiny, out, tiny_cfg(**STALE))  # step 3 samples version 1, restored from the step-2 checkpoint
     assert second.summary["resumed_from_step"] == 2 and second.summary["done"]
     a, b = _rows(full.steps_path), _rows(second.steps_path)
     for ra, rb in zip(a, b, strict=True):
@@ -537,7 +537,7 @@ def test_resume_with_staleness_equals_uninterrupted(stale, tiny, tmp_path):
             assert ra[k] == rb[k], (ra["step"], k)
         assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
     assert _completions(_rows(full.rollouts_path), 3) == _completions(_rows(second.rollouts_path), 3)
-    wa, wb = _params(full.final_model_dir), _params(second.final_model_dir)
+    wa, wb = model_params(full.final_model_dir), model_params(second.final_model_dir)
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
 
@@ -545,4 +545,4 @@ def test_resume_with_staleness_equals_uninterrupted(stale, tiny, tmp_path):
 def test_staleness_refuses_options_that_decide_while_sampling():
     for other in ("dynamic_sampling", "adaptive_sampling"):
         with pytest.raises(ValueError, match="max_staleness > 0 cannot be combined"):
-            _cfg(max_staleness=1, **{other: True})
+            tiny_cfg(max_staleness=1, **{other: True})

@@ -32,7 +32,7 @@ from rlvr_core.sampling.vllm import vllm_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_trainer import VERIFIER, _cfg, _params, build_tiny  # noqa: E402
+from grpo_helpers import VERIFIER, build_tiny, model_params, tiny_cfg  # noqa: E402
 from twoproc import LAUNCH_VARS, run_two_ranks  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
@@ -85,7 +85,7 @@ def _rows(out: Path, name: str) -> list[dict]:
 
 
 def _max_weight_diff(a: Path, b: Path) -> float:
-    pa, pb = _params(a / "final_model"), _params(b / "final_model")
+    pa, pb = model_params(a / "final_model"), model_params(b / "final_model")
     return max(float((pa[k] - pb[k]).abs().max()) for k in pa)
 
 
@@ -106,8 +106,8 @@ def test_the_options_did_what_they_say(one_process):
     assert sum(r["dynamic/rounds"] for r in _rows(one_process, "dynamic")) >= 2
     tis = _rows(one_process, "tis")
     assert all(abs(r["tis/weight_mean"] - 1) < 1e-3 and r["tis/clipped_share"] == 0 for r in tis)
-    base = _params(Path(json.loads((one_process / "spec.json").read_text())["model_dir"]))
-    lora = _params(one_process / "lora" / "final_model")
+    base = model_params(Path(json.loads((one_process / "spec.json").read_text())["model_dir"]))
+    lora = model_params(one_process / "lora" / "final_model")
     assert max(float((lora[k] - base[k]).abs().max()) for k in base) > 1e-4  # the merged adapters trained
 
 
@@ -158,7 +158,7 @@ def test_two_ranks_each_with_an_engine_train_like_one_process(tiny_vllm, one_pro
     # 2-process test (1e-5): each rank's engine batches half the requests, so the engine log-probs (the PPO
     # ratio's old log-probs) differ in rounding, and AdamW's g / (|g| + eps) at lr 1e-2 turns rounding in a
     # near-zero gradient into a visible step (measured: 165 of 151k elements over 1e-6, the largest 5.6e-5).
-    wa, wb = _params(one_process / "z3" / "final_model"), _params(tmp_path / "two" / "z3" / "final_model")
+    wa, wb = model_params(one_process / "z3" / "final_model"), model_params(tmp_path / "two" / "z3" / "final_model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 2e-4
     n_off = sum(int(((wa[k] - wb[k]).abs() > 1e-6).sum()) for k in wa)
     assert n_off < 0.005 * sum(v.numel() for v in wa.values())
@@ -187,7 +187,7 @@ def _worker(spec_path: str) -> None:
         VLLMRolloutEngine.sync = push_once if run.get("plant") == "stale" else push
         try:
             for stop in run.get("calls", [None]):
-                train_grpo(spec["model_dir"], spec["rows"], spec["ids"], out / name, _cfg(**run["cfg"]),
+                train_grpo(spec["model_dir"], spec["rows"], spec["ids"], out / name, tiny_cfg(**run["cfg"]),
                            template_id="qa", reward=RewardConfig(verifier=run.get("verifier", VERIFIER)),
                            max_new_tokens=12, seed=0, stop_after_steps=stop, engine="vllm")
         except GuardError as e:

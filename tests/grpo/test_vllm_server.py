@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_trainer import VERIFIER, _cfg  # noqa: E402
+from grpo_helpers import VERIFIER, tiny_cfg  # noqa: E402
 from twoproc import LAUNCH_VARS  # noqa: E402
 
 from rlvr_core.sampling import SamplingParams  # noqa: E402
@@ -230,7 +230,7 @@ def _train_server(vllm_server, out: Path, *, servers=None, **cfg):
 
     (model_dir, rows, ids), server = vllm_server
     urls = [s.url for s in servers] if servers else [server.url]
-    return train_grpo(model_dir, rows, ids, out, _cfg(steps=STEPS, **cfg), template_id="qa",
+    return train_grpo(model_dir, rows, ids, out, tiny_cfg(steps=STEPS, **cfg), template_id="qa",
                       reward=RewardConfig(verifier=VERIFIER), max_new_tokens=12, seed=0, engine="vllm-server",
                       engine_options={"servers": urls, "request_timeout_s": 120, "push_timeout_s": 60})
 
@@ -428,7 +428,7 @@ def _worker(spec_path: str) -> None:
 
     torch.set_num_threads(1)
     spec = json.loads(Path(spec_path).read_text())
-    train_grpo(spec["model_dir"], spec["rows"], spec["ids"], Path(spec["out"]), _cfg(steps=STEPS), template_id="qa",
+    train_grpo(spec["model_dir"], spec["rows"], spec["ids"], Path(spec["out"]), tiny_cfg(steps=STEPS), template_id="qa",
                reward=RewardConfig(verifier=VERIFIER), max_new_tokens=12, seed=0, engine="vllm")
     shutdown()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,14 +16,9 @@ from pathlib import Path
 import pytest
 
 from rlvr_core.records.tracking import StepMetricsSink, Tracker
+from rlvr_core.core.net import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(db: Path, port: int, log: Path) -> subprocess.Popen:
@@ -55,7 +49,7 @@ def test_unreachable_mlflow_keeps_training_and_loses_nothing(rlvr_home, monkeypa
     db = rlvr_home / "mlflow.db"
     local = Tracker("live", tracking_uri=f"sqlite:///{db}")  # the run exists; its server is down
     run = local.start_run("train", {})
-    port = _free_port()
+    port = free_port()
     caplog.set_level(logging.WARNING, logger="rlvr.tracking")
     sink = StepMetricsSink(run, f"http://rlvr:hunter2@127.0.0.1:{port}", every_steps=1, every_s=0.3)
     for step in (1, 2, 3):
@@ -87,7 +81,7 @@ def test_what_never_arrives_is_warned_with_its_count(rlvr_home, monkeypatch, cap
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
     caplog.set_level(logging.WARNING, logger="rlvr.tracking")
-    sink = StepMetricsSink("0123456789abcdef", f"http://127.0.0.1:{_free_port()}", every_s=0.2, close_timeout_s=20)
+    sink = StepMetricsSink("0123456789abcdef", f"http://127.0.0.1:{free_port()}", every_s=0.2, close_timeout_s=20)
     for step in (1, 2):
         sink({"step": step, "loss": 1.0, "reward_mean": 0.5})
     sink.close()
