@@ -44,6 +44,8 @@ from urllib.parse import urlsplit, urlunsplit
 from urllib.parse import quote
 
 from rlvr_core.core import settings
+from rlvr_core.records.redact import (REDACTED, URL_WITH_USERINFO, _text_without_credentials,  # noqa: F401
+                                     is_secret_key, redact, redact_text, redact_url)
 
 _PARAM_VALUE_MAX = 6000  # MLflow's limit on a param value
 _log = logging.getLogger("rlvr.tracking")
@@ -70,16 +72,6 @@ METRIC_NAMESPACES = frozenset({
     "time",        # stage durations in seconds
 })
 _SEGMENT = re.compile(r"^[A-Za-z0-9_.\-:@ ]+$")
-REDACTED = "***"
-# Secret key names (`is_secret_key`): these anywhere in the name (`db_password`, `aws_secret_access_key`,
-# `google_credentials`), ...
-_SECRET_PART = re.compile(r"password|passwd|passphrase|secret|credential|private_?key|api_?key|access_?key")
-# ... these as a whole word (`auth`, `basic_auth`, `authorization`, `session_cookie`) ...
-_SECRET_WORDS = frozenset({"auth", "authorization", "cookie", "bearer"})
-# ... and `token` as the name's last word (`token`, `hf_token`, `access_token`, `MLFLOW_TRACKING_TOKEN`), except
-# a tokenizer's special tokens: a *count* of tokens (`max_new_tokens`, `tokens_per_s`) or a `tokenizer`
-# never ends in the word `token`.
-_TOKENIZER_TOKENS = frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special"})
 
 # MLflow 3's UI opens an experiment on its GenAI pages (traces) unless told it is "machine learning". MLflow
 # 3.17's UI decides from its GenAI/Machine-learning switch (kept in the browser, default GenAI) or the link's
@@ -120,60 +112,6 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
-
-
-def redact_url(value: str) -> str:
-    """Drop the password from a URL's userinfo: `http://u:pw@host` → `http://u:***@host`.
-
-    MLflow and requests accept credentials inside the tracking URI; anything we record (params, tags,
-    summaries, manifests, index pages) must not carry them."""
-    try:
-        parts = urlsplit(value)
-    except ValueError:
-        return value
-    if not parts.scheme or "@" not in parts.netloc:
-        return value
-    userinfo, host = parts.netloc.rsplit("@", 1)
-    # `user:password@` keeps the user; a lone `token@` (tokens passed as the user name) goes entirely.
-    user, has_password = userinfo.split(":", 1)[0], ":" in userinfo
-    return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}" if user and has_password
-                                     else f"{REDACTED}@{host}"))
-
-
-# A URL with userinfo (`scheme://user:pw@host`); also used as an RE2 pattern over whole table columns (runrecord).
-URL_WITH_USERINFO = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@'\"<>]+@[^\s'\"<>]*")
-
-
-def redact_text(text: str) -> str:
-    """`redact_url` applied to every URL with credentials inside free text (a report, a log line)."""
-    return URL_WITH_USERINFO.sub(lambda m: redact_url(m.group(0)), text)
-
-
-def is_secret_key(name: str) -> bool:
-    """Whether a value stored under `name` (a config key, flattened `a.b_token`, env-style `HF_TOKEN` or
-    camelCase `apiToken`) is a credential; only the last dotted segment counts."""
-    last = re.split(r"[./]", str(name))[-1]
-    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", last).lower()
-    words = [w for w in re.split(r"[^a-z0-9]+", snake) if w]
-    if not words:
-        return False
-    if _SECRET_PART.search(snake) or _SECRET_WORDS.intersection(words):
-        return True
-    return words[-1] == "token" and not (len(words) == 2 and words[0] in _TOKENIZER_TOKENS)
-
-
-def redact(value: Any, key: str = "") -> Any:
-    """Recursively redact secrets in a config-like structure: values under secret-looking keys, and
-    passwords inside URLs."""
-    if isinstance(value, dict):
-        return {k: redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v, key) for v in value]
-    if key and is_secret_key(key) and value not in (None, ""):
-        return REDACTED
-    if isinstance(value, str):
-        return redact_url(value)
-    return value
 
 
 def config_params(resolved: dict[str, Any], *sections: str) -> dict[str, Any]:
@@ -279,11 +217,6 @@ def saved_view(name: str, *, search_filter: str, sections: dict[str, tuple[str, 
                      useGroupedValuesInCharts=True)
     stamp = int(time.time() * 1000) if now_ms is None else now_ms
     return json.dumps({"name": name, "createdAt": stamp, "updatedAt": stamp, "state": json.dumps(state)})
-
-
-def _text_without_credentials(text: str) -> str:
-    """An exception's text with any URL's userinfo masked (MLflow puts the full tracking URI in them)."""
-    return re.sub(r"(?<=://)[^/@\s]+@", f"{REDACTED}@", text)
 
 
 class StepMetricsSink:
