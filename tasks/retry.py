@@ -7,7 +7,9 @@ throttling error, a NCCL / gloo collective timeout, the warehouse writer lock ti
 a bad config, a guard that stopped training, a verifier bug (TypeError, KeyError, …), a missing file, and
 out of memory at a batch size that will not shrink by itself: a CUDA or CPU allocation error, or a
 SIGKILL while the memory cgroup's `oom_kill` counter went up (`stage_death`). An out-of-memory failure
-carries the G-oom line (`oom_guard`) that says which settings to lower. Anything unrecognised is *not*
+carries the G-oom line (`oom_guard`) that says which settings to lower. The kill and out-of-memory rules are
+`rlvr_core.pipeline.child`'s (`classify_death`, `is_oom`), the one place that decides them for a stage child and
+for a launched training group alike. Anything unrecognised is *not*
 retried: re-running a bug burns GPU hours and hides the traceback.
 
 Only one layer retries a failure. `retry_condition_fn` is the stage tasks' Prefect hook
@@ -20,12 +22,13 @@ failure the same way and hands the verdict to its parent task.
 from __future__ import annotations
 
 import errno
-import os
-import signal
-from pathlib import Path
 from typing import Any
 
 from rlvr_core.experiment.config import ConfigError
+# The death classification and the G-oom rule live with the child protocol, shared with the multi-node launcher;
+# re-exported here for the stage tasks and flows.
+from rlvr_core.pipeline.child import (KILL_SIGNALS, _oom_counter_files, classify_death, is_oom,  # noqa: F401
+                                      killed_by_signal, oom_guard, oom_kill_count)
 
 # Substrings of messages that mark collective-communication and network timeouts inside generic
 # RuntimeErrors (torch.distributed raises DistBackendError/RuntimeError with these texts).
@@ -33,15 +36,10 @@ _TRANSIENT_TEXT = (
     "nccl", "watchdog caught collective operation timeout", "connection reset", "connection refused",
     "broken pipe", "timed out", "temporarily unavailable", "gloo", "socket",
 )
-_OOM_TEXT = ("out of memory", "cublas_status_alloc_failed", "can't allocate memory",  # CUDA; torch's CPU allocator
-             "cannot allocate memory")  # ENOMEM
 _TRANSIENT_ERRNO = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.EPIPE, errno.ETIMEDOUT,
                     errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EAGAIN, errno.EIO}
 _S3_TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
                        "Throttling", "ThrottlingException", "RequestLimitExceeded", "503", "500", "502", "504"}
-# Signals that mean "someone killed the process" (pre-emption, a lost node, Ctrl-C; the kernel's OOM killer
-# sends SIGKILL too, which `stage_death` tells apart by the cgroup's counter).
-KILL_SIGNALS = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
 class TransientError(RuntimeError):
@@ -67,91 +65,22 @@ class StageProcessError(RuntimeError):
         self.error_type = error_type
 
 
-def killed_by_signal(returncode: int | None) -> bool:
-    """Popen gives -N for death by signal N; shells and container runtimes report 128 + N."""
-    if returncode is None:
-        return False
-    if returncode < 0:
-        return -returncode in KILL_SIGNALS
-    return returncode - 128 in KILL_SIGNALS
-
-
-# What to lower when a stage runs out of memory: training's micro-batches and activations (grpo.memory, a section
-# declared out of the training folder's key: rlvr_core.experiment.config.grpo_key_dump), its rollout batches and
-# lengths; evaluation's generation batches.
-_OOM_ADVICE = {
-    "train": "lower grpo.memory.micro_batch_size or grpo.memory.max_tokens_per_micro_batch, or set "
-             "grpo.memory.gradient_checkpointing=true (training then resumes from its last checkpoint), else lower "
-             "grpo.rollout_batch_size or shorten "
-             "sampling.max_new_tokens (training starts over)",
-    "evaluate": "lower sampling.batch_size or shorten sampling.max_new_tokens",
-}
-
-
-def oom_guard(stage: str) -> str:
-    """The line an out-of-memory failure ends with: what to change, since a retry would run out again."""
-    return (f"G-oom: the {stage} stage ran out of memory and is not retried (the same batch would run out again): "
-            + _OOM_ADVICE.get(stage, _OOM_ADVICE["train"]))
-
-
-def oom_kill_count() -> int | None:
-    """How many processes the kernel's OOM killer has killed in this process's memory cgroup (the `oom_kill`
-    line of cgroup v2 `memory.events` or v1 `memory.oom_control`), or None where no such file can be read.
-    `RLVR_OOM_KILL_FILE` names the file instead (a cgroup mounted elsewhere)."""
-    for path in _oom_counter_files():
-        try:
-            lines = Path(path).read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    return None
-
-
-def _oom_counter_files() -> list[str]:
-    if os.environ.get("RLVR_OOM_KILL_FILE"):
-        return [os.environ["RLVR_OOM_KILL_FILE"]]
-    try:
-        entries = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return []
-    files = []
-    for entry in entries:  # "<id>:<controllers>:<path>"; v2's one entry has no controllers
-        _, controllers, path = entry.split(":", 2)
-        if "memory" in controllers.split(","):
-            files.append(os.path.normpath(f"/sys/fs/cgroup/memory/{path}/memory.oom_control"))
-        elif not controllers:
-            files.append(os.path.normpath(f"/sys/fs/cgroup/{path}/memory.events"))
-    return files
-
-
 def stage_death(stage: str, pid: int, returncode: int | None, oom_kills_before: int | None,
                 tail: list[str] = ()) -> StageProcessError:
-    """The error for a stage process that died without reporting (`tail`: its last output lines). A SIGKILL
-    while the cgroup's OOM-kill count went up is the kernel's OOM killer: deterministic, ending with the G-oom
-    line. Any other kill is pre-emption: transient, and the retry resumes. A crash without a signal is
-    deterministic."""
-    after = oom_kill_count() if oom_kills_before is not None else None
+    """The error for a stage process that died without reporting (`tail`: its last output lines), judged by
+    `rlvr_core.pipeline.child.classify_death`: a SIGKILL while the cgroup's OOM-kill count went up is the kernel's
+    OOM killer, deterministic and ending with the G-oom line; any other kill is pre-emption, transient (the retry
+    resumes); a crash without a signal is deterministic."""
+    death = classify_death(returncode, oom_kills_before)
     head = f"{stage} process {pid} exited with status {returncode} without a result"
     output = "".join(f"\n{line}" for line in tail)
-    if returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) and after is not None and after > oom_kills_before:
-        return StageProcessError(f"{head}: killed by the kernel's OOM killer (the memory cgroup's oom_kill count "
-                                 f"went {oom_kills_before} -> {after}){output}\n{oom_guard(stage)}",
-                                 transient=False, returncode=returncode, error_type="OOMKilled")
-    if killed_by_signal(returncode):
+    if death.kind == "oom":
+        return StageProcessError(f"{head}: {death.says}{output}\n{oom_guard(stage)}", transient=False,
+                                 returncode=returncode, error_type="OOMKilled")
+    if death.transient:
         return StageProcessError(f"{head} (killed by a signal, no OOM kill recorded: transient, a retry "
                                  f"resumes){output}", transient=True, returncode=returncode)
     return StageProcessError(head + output, transient=False, returncode=returncode)
-
-
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError):
-        return True
-    if type(exc).__name__ in ("OutOfMemoryError", "OutOfMemoryException"):  # torch.OutOfMemoryError (CUDA)
-        return True
-    return any(t in str(exc).lower() for t in _OOM_TEXT)
 
 
 def is_transient(exc: BaseException) -> bool:

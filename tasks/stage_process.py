@@ -4,7 +4,9 @@ GPU memory, DeepSpeed's process-group state and leaked threads go away with the 
 (pre-emption, a lost node) reaches the task as a `StageProcessError` marked transient, which the retry rule
 (`tasks.retry.retry_condition_fn`) re-runs; a retried training stage resumes from its last checkpoint. A
 SIGKILL from the kernel's OOM killer (the memory cgroup's OOM-kill count went up while the child ran) is
-not retried: it fails at once with the G-oom line (`tasks.retry.stage_death`).
+not retried: it fails at once with the G-oom line (`tasks.retry.stage_death`). The sealed request, the parent
+watch and the death classification are the protocol every pipeline child follows
+(`rlvr_core.pipeline.child`); this module adds only the Prefect run log.
 The pipeline flow runs stages this way unless it is told to run them in-process (`rlvr demo` on a laptop).
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from rlvr_core.core import settings
-from rlvr_core.experiment.secrets import seal
+from rlvr_core.pipeline.child import write_request
 from tasks.retry import StageProcessError, oom_kill_count, stage_death
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,14 +42,6 @@ def run_stage_process(stage: str, request: dict[str, Any], timeout_s: float | No
         return _run_child(stage, work, secrets, timeout_s)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def write_request(path: Path, request: dict[str, Any]) -> dict[str, str]:
-    """Write the sealed request, readable by its owner only; return the secrets it left out, by variable name."""
-    sealed, secrets = seal(request)
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(json.dumps(sealed, default=str))
-    return secrets
 
 
 def _run_child(stage: str, work: Path, secrets: dict[str, str], timeout_s: float | None) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Why a subprocess: GPU memory, DeepSpeed's process-group state and any leaked threads go away with the
 process, and a kill (pre-emption, a lost node) is visible to the parent as death by signal, which the
-retry policy treats as transient unless the kernel's OOM killer sent it (`tasks.retry.stage_death`). A
+retry policy treats as transient unless the kernel's OOM killer sent it (`tasks.retry.stage_death`; the
+protocol, request to death, is `rlvr_core.pipeline.child`'s). A
 retried training stage resumes because `rlvr_core.pipeline.stages.train_stage` keys its folder on its
 inputs and `train_grpo` resumes from the last DeepSpeed checkpoint there.
 
@@ -16,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
-import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
@@ -25,23 +24,9 @@ from typing import Any
 
 from rlvr_core.core.progress import Progress
 from rlvr_core.experiment.config import parse_config
-from rlvr_core.experiment.secrets import unseal
 from rlvr_core.pipeline import stages
-from tasks.retry import is_oom, is_transient, oom_guard
-
-
-def _die_with_parent() -> None:
-    """If the task process that launched us dies (a killed flow run), stop too: an orphaned trainer would keep
-    writing checkpoints into the folder a retry is about to resume from."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(137)
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+from rlvr_core.pipeline.child import needs_oom_guard, oom_guard, read_request, watch_parent
+from tasks.retry import is_transient
 
 
 def _artifacts(req: dict[str, Any]):
@@ -79,24 +64,24 @@ def run(stage: str, req: dict[str, Any]) -> dict[str, Any]:
 def failure_report(stage: str, exc: BaseException) -> dict[str, Any]:
     """The result file's account of a failure, with the child's own transient/deterministic verdict. Out of
     memory ends with the G-oom line (what to lower), the line a one-line summary of the error shows."""
-    tb = "".join(traceback.format_exception(exc)) + (oom_guard(stage) if is_oom(exc) else "")
+    tb = "".join(traceback.format_exception(exc)) + (oom_guard(stage) if needs_oom_guard(exc) else "")
     return {"ok": False, "error_type": f"{type(exc).__module__}.{type(exc).__name__}", "message": str(exc),
             "transient": is_transient(exc), "traceback": tb}
 
 
 def main(argv: list[str]) -> int:
     stage, request, result = argv[1], Path(argv[2]), Path(argv[3])
-    _die_with_parent()
+    # If the task process that launched us dies (a killed flow run), stop too: an orphaned trainer would keep
+    # writing checkpoints into the folder a retry is about to resume from.
+    watch_parent(interval_s=0.5)
     threads = int(os.environ.get("RLVR_STAGE_THREADS", "0"))
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    text = request.read_text()
-    request.unlink(missing_ok=True)  # no request file is left behind, even if this process is killed
     try:
-        # Its sealed secrets come from our environment (tasks.stage_process).
-        out = {"ok": True, "result": run(stage, unseal(json.loads(text), str(request)))}
+        # Its sealed secrets come from our environment (tasks.stage_process); no request file is left behind.
+        out = {"ok": True, "result": run(stage, read_request(request, delete=True))}
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent, classified
         out = failure_report(stage, e)

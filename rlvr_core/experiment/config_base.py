@@ -25,3 +25,7 @@ def _one_of(value: str, known: list[str], what: str) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
+
+# Users and the stage protocol know the error by its public home (`error_type` in a stage's failure report).
+ConfigError.__module__ = "rlvr_core.experiment.config"

@@ -10,11 +10,16 @@ train like one process: rlvr_core/grpo/distributed.py).
 
 A group stands or falls together: when one node's process ends badly, the others are given a few seconds to
 report their own error and are then killed (each node is its own process group; its ranks stop when
-their agent is gone), and `GroupFailure` says which node failed and how. A node killed by a signal or a rank that lost its
-peers (a gloo/NCCL error) is transient: the retry relaunches every node and `train_grpo` resumes from the
-last checkpoint in the folder. A rank's own error (a guard, a bad input) is not. The request file holds no
-secret (sealed, `rlvr_core.experiment.secrets`); the values travel in the nodes' environment. Ranks stop
-when the stage process that launched them is gone, so no orphan keeps writing checkpoints a retry resumes from.
+their agent is gone), and `GroupFailure` says which node failed and how. The nodes follow the protocol of
+every pipeline child (`rlvr_core.pipeline.child`): a sealed request (no secret in the file; the values travel
+in the nodes' environment), a parent watch (ranks stop when the stage process that launched them is gone, so
+no orphan keeps writing checkpoints a retry resumes from), and one death classification. A rank's own error
+is judged first (a guard, a bad input, out of memory: not transient; G-oom says what to lower). Otherwise the
+node died: if the memory cgroup's OOM-kill counter went up while the group ran, the kernel's OOM killer did it
+and the group fails once with the G-oom line, not retried; any other kill, or a rank that lost its peers (a
+gloo/NCCL error), is transient: the retry relaunches every node and `train_grpo` resumes from the last
+checkpoint in the folder. The counter is this host's: a node on another host killed by its OOM killer shows
+as a lost node (the fallback, `child.classify_death`).
 """
 
 from __future__ import annotations
@@ -23,19 +28,17 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from rlvr_core.core.net import free_port as _free_port
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.experiment.hostfile import encode_world_info, read_hostfile
-from rlvr_core.experiment.secrets import seal
-from rlvr_core.core.net import free_port as _free_port
+from rlvr_core.pipeline.child import classify_death, is_oom, oom_guard, oom_kill_count, watch_parent, write_request
 
 LAUNCH_DIR = "launch"
 FAILURES = "failures.jsonl"  # one line per failed attempt of the group, kept across retries
@@ -48,11 +51,13 @@ _PEER_LOST = ("gloo", "nccl", "connection", "socket", "broken pipe", "timed out"
 
 
 class GroupFailure(RuntimeError):
-    """A launched training group failed. `transient`: a retry (which relaunches every node) can fix it."""
+    """A launched training group failed. `transient`: a retry (which relaunches every node) can fix it;
+    `error_type` "OOMKilled" when the kernel's OOM killer stopped it."""
 
-    def __init__(self, message: str, *, transient: bool):
+    def __init__(self, message: str, *, transient: bool, error_type: str | None = None):
         super().__init__(message)
         self.transient = transient
+        self.error_type = error_type
 
 
 def node_commands(grpo, request: Path, port: int) -> list[list[str]]:
@@ -90,29 +95,28 @@ def train_group(cfg, data, base, curriculum, folder: Path, progress: Progress = 
     request = {"config": cfg.resolved(), "data": asdict(data), "base": asdict(base),
                "curriculum": asdict(curriculum), "folder": str(folder), "mlflow_run_id": mlflow_run_id,
                "base_eval": base_eval, "threads": torch.get_num_threads(), "launcher_pid": os.getpid()}
-    sealed, secrets = seal(request)
     req = work / "request.json"
-    with os.fdopen(os.open(req, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(json.dumps(sealed, default=str))
+    secrets = write_request(req, request)
     port = int(cfg.grpo.launch.rdzv_endpoint.rpartition(":")[2]) or _free_port()
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS} | secrets
     env.update(OMP_NUM_THREADS=str(request["threads"]), TOKENIZERS_PARALLELISM="false")
     g = cfg.grpo.launch
     progress("grpo", f"launching {g.nnodes} node(s) x {g.nproc_per_node} rank(s) ({g.mode}, rendezvous "
                      f"{g.rdzv_endpoint.rpartition(':')[0]}:{port})")
+    oom_kills = oom_kill_count()  # compared after a node's death: was it the OOM killer?
     procs = []
     for i, cmd in enumerate(node_commands(cfg.grpo, req, port)):
         out = None if i == 0 else open(work / f"node{i}.log", "w")  # node 0's lines join the stage's log
         procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
                                       start_new_session=True))
         (work / f"node{i}.pid").write_text(str(procs[-1].pid))
-    _wait_group(procs, work)
+    _wait_group(procs, work, oom_kills)
     out = json.loads((work / "result.json").read_text())
     return GRPOResult(Path(out["final_model_dir"]), Path(out["steps_path"]), Path(out["checkpoints_dir"]),
                       out["summary"], Path(out["rollouts_path"]) if out.get("rollouts_path") else None)
 
 
-def _wait_group(procs: list[subprocess.Popen], work: Path) -> None:
+def _wait_group(procs: list[subprocess.Popen], work: Path, oom_kills: int | None = None) -> None:
     """Wait for every node; on the first failure stop the group and raise `GroupFailure`."""
     failed: list[int] = []
     try:
@@ -131,7 +135,7 @@ def _wait_group(procs: list[subprocess.Popen], work: Path) -> None:
     codes = [p.returncode for p in procs]
     if not any(codes) and (work / "result.json").is_file():
         return
-    err = _failure(codes, failed[0] if failed else 0, work)
+    err = _failure(codes, failed[0] if failed else 0, work, oom_kills)
     with open(work / FAILURES, "a") as f:
         f.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "exit_codes": codes,
                             "transient": err.transient, "message": str(err).splitlines()[0]}) + "\n")
@@ -146,8 +150,9 @@ def _kill(p: subprocess.Popen) -> None:
     p.wait()
 
 
-def _failure(codes: list[int], first: int, work: Path) -> GroupFailure:
-    """Which node failed and why: a rank's own error first (it is the cause; its peers only lost it)."""
+def _failure(codes: list[int], first: int, work: Path, oom_kills: int | None = None) -> GroupFailure:
+    """Which node failed and why: a rank's own error first (it is the cause; its peers only lost it), then the
+    death of the first failed node, judged by `child.classify_death` with the OOM-kill count before the launch."""
     errors = [json.loads(p.read_text()) for p in sorted(work.glob("rank*.error.json"))]
     own = [e for e in errors if not e["peer_lost"]]
     how = f"signal {signal.Signals(-codes[first]).name}" if codes[first] < 0 else f"status {codes[first]}"
@@ -158,6 +163,9 @@ def _failure(codes: list[int], first: int, work: Path) -> GroupFailure:
         e = own[0]
         return GroupFailure(f"{head}\nrank {e['rank']}: {e['type']}: {e['message']}\n{e['traceback']}",
                             transient=e["transient"])
+    death = classify_death(codes[first], oom_kills, relayed=True)
+    if death.kind == "oom":
+        return GroupFailure(f"{head}: {death.says}\n{oom_guard('train')}", transient=False, error_type="OOMKilled")
     return GroupFailure(f"{head}: a node was lost, transient (a retry relaunches every node and resumes from the "
                         f"last checkpoint)", transient=True)
 
@@ -165,28 +173,18 @@ def _failure(codes: list[int], first: int, work: Path) -> GroupFailure:
 # ---------------------------------------------------------------------------- what a rank uses (rank.py)
 def stop_with_launcher(pid: int) -> None:
     """Exit when the stage process that launched the group is gone (a killed stage, a lost worker), or this
-    node's torchrun agent is (torchrun starts each rank in a session of its own, so killing the agent's
-    process group would leave the rank training on with its peers)."""
-    agent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                os._exit(137)
-            if os.getppid() != agent:
-                os._exit(137)
-            time.sleep(0.2)
-
-    threading.Thread(target=watch, daemon=True, name="launcher-watch").start()
+    node's torchrun agent is (`child.watch_parent`)."""
+    watch_parent(launcher_pid=pid)
 
 
 def report_failure(work: Path, rank: int, exc: BaseException) -> None:
+    """Write `rank<R>.error.json` for the launcher: the error, whether it only says the rank lost its peers (the
+    cause is elsewhere), and the rank's own verdict; out of memory is its own, not transient, ending with G-oom."""
     text = f"{type(exc).__name__}: {exc}".lower()
-    peer_lost = type(exc).__name__.startswith("Dist") or any(t in text for t in _PEER_LOST)
+    oom = is_oom(exc)
+    peer_lost = not oom and (type(exc).__name__.startswith("Dist") or any(t in text for t in _PEER_LOST))
     own_transient = type(exc).__name__ in ("ConnectionError", "TimeoutError")
+    tb = "".join(traceback.format_exception(exc))[-6000:] + (oom_guard("train") if oom else "")
     (work / f"rank{rank}.error.json").write_text(json.dumps({
         "rank": rank, "type": f"{type(exc).__module__}.{type(exc).__name__}", "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc))[-6000:], "peer_lost": peer_lost,
-        "transient": peer_lost or own_transient}))
+        "traceback": tb, "peer_lost": peer_lost, "transient": peer_lost or own_transient}))

@@ -2,7 +2,7 @@
 or deepspeed.launcher.launch (rlvr_core/pipeline/launch.py starts the group; both export RANK, LOCAL_RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT). It reads the sealed request, trains with every other rank through
 `stages.train_here`, and rank 0 writes `result.json` next to the request; a failure is written as
-`rank<R>.error.json` for the launcher to judge."""
+`rank<R>.error.json` for the launcher to judge (the child protocol: rlvr_core/pipeline/child.py)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ import torch
 
 from rlvr_core.core.progress import Progress
 from rlvr_core.experiment.config import parse_config
-from rlvr_core.experiment.secrets import unseal
 from rlvr_core.grpo.distributed import shutdown
 from rlvr_core.pipeline import stages
+from rlvr_core.pipeline.child import read_request
 from rlvr_core.pipeline.launch import report_failure, stop_with_launcher
 
 
 def rank_main(argv: list[str]) -> int:
     """One rank: read the request, train with every other rank, rank 0 writes `result.json`."""
     path = Path(argv[1])
-    req = unseal(json.loads(path.read_text()), str(path))
+    req = read_request(path, delete=False)  # every rank reads it; the launcher removes it with the next attempt
     rank, work = int(os.environ.get("RANK", "0")), path.parent
     stop_with_launcher(req["launcher_pid"])
     torch.set_num_threads(req["threads"])

@@ -7,6 +7,9 @@ on loopback, gloo), each the agent of one rank.
 * SIGKILLing one node's agent fails the stage as transient (the Prefect retry rule's verdict); the real
   `grpo-train` task's retry relaunches both nodes at another thread count, and they resume from the checkpoint:
   every step once in steps.parquet, the thread change recorded from that step.
+* A node SIGKILLed while the memory cgroup's OOM-kill counter goes up (what the kernel's OOM killer does) fails
+  the group with G-oom, not transient, so the `grpo-train` task's retry rule does not relaunch it
+  (`rlvr_core.pipeline.child`); the same kill with the counter unchanged is a lost node, transient.
 * `grpo.launch.mode: deepspeed`: a hostfile of two loopback hosts, one `deepspeed.launcher.launch` per node, trains
   the same weights under ZeRO-2; a SIGKILLed node 1 fails the group naming it; a bad hostfile is one error
   naming the file and line.
@@ -147,6 +150,46 @@ def test_a_killed_node_fails_the_stage_and_the_retry_resumes_both(tiny, rlvr_hom
     assert failure["message"].startswith("grpo: node 1 of 2 exited with signal SIGKILL"), failure
     assert failure["transient"]
     print(f"node 1 killed after step {at}; both relaunched and finished in {time.monotonic() - t0:.1f} s")
+
+
+def test_a_node_killed_while_the_oom_counter_rises_is_g_oom_and_any_other_kill_is_transient(tmp_path, monkeypatch):
+    """The launcher's wait and verdict over real node processes (sleepers): a node SIGKILLed while the cgroup's
+    `oom_kill` count rises fails the group as G-oom, not transient; the same kill with the count unchanged is a
+    lost node, transient. The kernel's OOM killer is stood in for, honestly but not for real: a child that
+    allocates until the kernel kills it would take the test machine's memory with it, and no test may set up a
+    cgroup; so the test raises the count of a cgroup `memory.events` file that `RLVR_OOM_KILL_FILE` points the
+    launcher at, then SIGKILLs the node. Before `rlvr_core.pipeline.child`, the launcher called this kill a lost
+    node: transient, retried."""
+    import subprocess
+    import sys
+
+    from rlvr_core.pipeline import launch
+    from rlvr_core.pipeline.child import oom_kill_count
+
+    monkeypatch.setattr(launch, "GRACE_S", 0.2)  # the sleepers would not report an error of their own anyway
+    counter = tmp_path / "memory.events"
+    monkeypatch.setenv("RLVR_OOM_KILL_FILE", str(counter))
+    verdicts = {}
+    for oom in (True, False):
+        counter.write_text("oom 0\noom_kill 0\noom_group_kill 0\n")
+        work = tmp_path / f"launch-{oom}"
+        work.mkdir()
+        before = oom_kill_count()
+        nodes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+                 for _ in range(2)]
+        if oom:
+            counter.write_text("oom 1\noom_kill 1\noom_group_kill 0\n")
+        nodes[1].send_signal(signal.SIGKILL)
+        with pytest.raises(GroupFailure) as e:
+            launch._wait_group(nodes, work, before)
+        assert all(p.returncode is not None for p in nodes)  # the whole group was stopped
+        verdicts[oom] = e.value
+        [failure] = [json.loads(line) for line in (work / launch.FAILURES).open()]
+        assert failure["transient"] is e.value.transient
+    assert not is_transient(verdicts[True]) and verdicts[True].error_type == "OOMKilled"
+    assert str(verdicts[True]).startswith("grpo: node 1 of 2 exited with signal SIGKILL")
+    assert str(verdicts[True]).splitlines()[-1].startswith("G-oom: the train stage ran out of memory")
+    assert is_transient(verdicts[False]) and "G-oom" not in str(verdicts[False])
 
 
 def test_a_lost_node_is_transient_and_a_ranks_own_error_is_not():
