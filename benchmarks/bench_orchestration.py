@@ -48,7 +48,7 @@ def direct(overrides: dict) -> dict:
     t0 = time.perf_counter()
     import pyarrow.parquet as pq
 
-    from rlvr_core.pipeline import stages
+    from rlvr_core.pipeline import run_record, stages
     from rlvr_core.records import warehouse
     from rlvr_core.experiment.config import dump_yaml, load_config
     from rlvr_core.records.runrecord import upload_run_folder, write_run_folder
@@ -81,11 +81,11 @@ def direct(overrides: dict) -> dict:
     # the run folder as MLflow artifacts (only the Prefect markdown/table artifacts are Prefect's own).
     import pyarrow as pa
 
-    tables = {**stages.record_tables(cfg, base, pr, cur),
+    tables = {**run_record.record_tables(cfg, base, pr, cur),
               "passk_curves.parquet": pa.Table.from_pylist([{"source": "eval/trained", "k": k, "value": v,
                                                              "n_problems": ev.summary["n"]} for k, v in ev.curve.items()]),
               "evals/samples.parquet": ev.samples, "evals/metrics.parquet": ev.metrics,
-              "train/steps.parquet": pq.read_table(tr.steps_path), "train/steps_long.parquet": stages.steps_long(tr.steps_path)}
+              "train/steps.parquet": pq.read_table(tr.steps_path), "train/steps_long.parquet": run_record.steps_long(tr.steps_path)}
     metrics = {"eval/synthetic/trained/accuracy_greedy": ev.summary["accuracy_greedy"],
                "eval/synthetic/accuracy_greedy": ev.summary["accuracy_greedy"],
                **{f"eval/synthetic/trained/pass_at_{k}": v for k, v in ev.curve.items()}}

@@ -25,6 +25,7 @@ from rlvr_core.artifacts.storage import ArtifactStore
 from rlvr_core.core import settings
 from rlvr_core.core.numerics import numerics
 from rlvr_core.core.progress import Progress
+from rlvr_core.data.templates import get_template
 from rlvr_core.eval.compare import compare, from_tables, write_report
 from rlvr_core.eval.metrics import regression_flag
 from rlvr_core.experiment.config import ExperimentConfig
@@ -199,7 +200,7 @@ def stopped_record(cfg: ExperimentConfig, run: PipelineRun, ev: StageOutputs, t0
                "mlflow_run_url": run.tracker.run_url(run.run_id), "duration_s": round(time.monotonic() - t0, 2)}
     row = {**_run_row(cfg, run, ev, t0), "status": "FAILED",
            "tags": {"collapsed": "true", "stopped_at_step": str(summary["stopped_at_step"])}}
-    tables = {**stages.record_tables(cfg, ev.model, ev.passrates, ev.curriculum), **_train_tables(trained),
+    tables = {**record_tables(cfg, ev.model, ev.passrates, ev.curriculum), **_train_tables(trained),
               "train/health_events.parquet": warehouse.health_events_table(
                   (train_summary.get("health_firings") or []) + eval_events(ev))}
     if ev.base_eval:
@@ -249,7 +250,7 @@ def _tables(cfg: ExperimentConfig, ev: StageOutputs) -> dict[str, pa.Table]:
     # "default" promotion: a column that is all-null in one eval (e.g. no extracted answers) still concatenates.
     # The curves are the evaluator's own: pass@k for every k = 1..n, per scoring, with eval_id, benchmark,
     # checkpoint and scoring as columns (warehouse `passk_curves`), so they match `rlvr eval`'s file.
-    tables = {**stages.record_tables(cfg, ev.model, ev.passrates, ev.curriculum),
+    tables = {**record_tables(cfg, ev.model, ev.passrates, ev.curriculum),
               "evals/samples.parquet": pa.concat_tables([e.samples for e in evals], promote_options="default"),
               "evals/metrics.parquet": pa.concat_tables([e.metrics for e in evals], promote_options="default"),
               "passk_curves.parquet": pa.concat_tables([e.curves for e in evals])}
@@ -280,7 +281,7 @@ def _train_tables(trained: stages.TrainArtifact) -> dict[str, pa.Table]:
     """The training stage's files in the run folder (docs/warehouse.md says which table each fills);
     train/health_events.parquet comes from `_tables`."""
     tables = {"train/steps.parquet": pq.read_table(trained.steps_path),
-              "train/steps_long.parquet": stages.steps_long(trained.steps_path)}
+              "train/steps_long.parquet": steps_long(trained.steps_path)}
     rollouts = Path(trained.folder) / ROLLOUTS_FILE  # absent with grpo.rollout_samples_per_step = 0
     if rollouts.is_file():
         tables["train/rollouts.parquet"] = pq.read_table(rollouts)
@@ -407,3 +408,38 @@ def coverage_lines(coverage: dict[str, str]) -> list[str]:
         return []
     lines = ["", f"Guards (docs/guards.md): {len(coverage) - len(needs)} of {len(coverage)} active."]
     return lines + [f"- {g} {v}" for g, v in needs.items()]
+
+
+def steps_long(steps_path: str | Path) -> pa.Table:
+    """Per-step metrics as (step, metric, value) rows: the warehouse schema stays fixed as metrics grow."""
+    table = pq.read_table(steps_path)
+    cols = table.to_pydict()
+    steps = cols.get("step", list(range(table.num_rows)))
+    out = {"step": [], "metric": [], "value": []}
+    for name, values in cols.items():
+        if name == "step":
+            continue
+        for step, v in zip(steps, values):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            out["step"].append(int(step))
+            out["metric"].append(name)
+            out["value"].append(float(v))
+    return pa.table(out, schema=pa.schema([("step", pa.int64()), ("metric", pa.string()), ("value", pa.float64())]))
+
+
+def record_tables(cfg: ExperimentConfig, model: stages.ModelArtifact, passrates: stages.PassRateArtifact,
+                  curriculum: stages.CurriculumArtifact) -> dict[str, pa.Table]:
+    """The pass-rate table and the curriculum as the run folder stores them: each row carries the settings
+    that produced it (table id, model hash, template, temperature, max tokens, verifier; curriculum id and
+    strategy), so the warehouse rows keep their context."""
+    pr_table = pq.read_table(passrates.table_path)
+    context = {"table_id": passrates.table_id, "model_hash": model.model_hash,
+               "prompt_template": get_template(cfg.prompt.template).key, "temperature": cfg.sampling.temperature,
+               "max_new_tokens": cfg.sampling.max_new_tokens, "verifier": cfg.reward.verifier}
+    for name, value in context.items():
+        pr_table = pr_table.append_column(name, pa.array([value] * pr_table.num_rows))
+    cur_table = pq.read_table(curriculum.path)
+    cur_table = cur_table.append_column("curriculum_id", pa.array([curriculum.curriculum_id] * cur_table.num_rows))
+    cur_table = cur_table.append_column("strategy", pa.array([cfg.curriculum.strategy] * cur_table.num_rows))
+    return {"passk/pass_rate_table.parquet": pr_table, "curriculum/curriculum.parquet": cur_table}

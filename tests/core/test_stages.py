@@ -6,7 +6,7 @@ import pytest
 
 from rlvr_core.data.curriculum import IdMismatchError, pass_rate_table
 from rlvr_core.experiment.config import parse_config
-from rlvr_core.pipeline import stages
+from rlvr_core.pipeline import run_record, stages
 from rlvr_core.records import warehouse
 
 
@@ -80,7 +80,7 @@ def test_steps_long_keeps_every_numeric_metric(tmp_path):
         {"step": 1, "reward_mean": 0.25, "lr": 1e-3, "guard": False, "note": "x", "kl_max": None},
         {"step": 2, "reward_mean": 0.5, "lr": 2e-3, "guard": True, "note": "y", "kl_max": 0.1},
     ]), path)
-    rows = stages.steps_long(path).to_pylist()
+    rows = run_record.steps_long(path).to_pylist()
     assert rows == [{"step": 1, "metric": "reward_mean", "value": 0.25}, {"step": 2, "metric": "reward_mean", "value": 0.5},
                     {"step": 1, "metric": "lr", "value": 1e-3}, {"step": 2, "metric": "lr", "value": 2e-3},
                     {"step": 2, "metric": "kl_max", "value": 0.1}]
