@@ -1,5 +1,6 @@
 """Training-health detectors over the GRPO trainer's step rows (BUGZOO G-collapse, G-entropy,
-G-reward-hacking, G-kl-explosion). Pure Python: no torch, no Prefect, no I/O.
+G-reward-hacking, G-kl-explosion). Pure Python: no torch, no Prefect, no I/O. One idea, kept in one file
+past 600 lines on purpose: the detectors, their thresholds and the monitor that runs them read as one table.
 
 Input: the trainer's step rows, a list of dicts in step order with the columns documented in
 docs/grpo_training.md (step, reward_mean, grad_norm, completion_len_mean, truncation_share, entropy,

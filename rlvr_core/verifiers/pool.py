@@ -1,4 +1,5 @@
-"""A verification pool that cannot hang: worker processes with a hard, per-item timeout.
+"""A verification pool that cannot hang: worker processes with a hard, per-item timeout. One idea, kept in one
+file past 600 lines on purpose: the workers, their budgets and their replacement are one state machine.
 
 Why not `concurrent.futures.ProcessPoolExecutor`: `future.result(timeout)` stops *waiting* but does
 not stop the worker, so a sympy expression that never finishes keeps its worker busy forever and
