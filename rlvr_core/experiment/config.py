@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -48,6 +49,19 @@ def _one_of(value: str, known: list[str], what: str) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
+
+class ConfigDeprecation(FutureWarning):
+    """A config key that moved (e.g. `sampling.server_push_backend` -> `sampling.push.type`): still read, with
+    this one-line warning naming the new place. A FutureWarning, so users see it by default."""
+
+
+_MOVED_SAID: dict = {}  # the warnings registry of `say_moved`: each line once per process (a sweep validates many)
+
+
+def say_moved(old: str, new: str, source: str) -> None:
+    """The one line `<source>:0: ConfigDeprecation: <old> is now <new>` (no source line under it: line 0)."""
+    warnings.warn_explicit(f"{old} is now {new}", ConfigDeprecation, source, 0, registry=_MOVED_SAID)
 
 
 class SyntheticDataConfig(_Strict):
@@ -202,8 +216,13 @@ class SamplingConfig(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _flat_push_keys(cls, data: Any) -> Any:
-        return move_flat_push_keys(data) if isinstance(data, dict) else data
+    def _flat_push_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        """The flat push keys (`server_push_backend`, ...) still work: each moves into `push` with a one-line
+        ConfigDeprecation naming the new place; giving both places is an error."""
+        if not isinstance(data, dict):
+            return data
+        source = (info.context or {}).get("source", "<config>")
+        return move_flat_push_keys(data, lambda old, new: say_moved(old, new, source))
 
     @field_validator("push", mode="before")
     @classmethod
@@ -759,7 +778,7 @@ def parse_config(data: Any, source: str = "<config>") -> ExperimentConfig:
     if not isinstance(data, dict):
         raise ConfigError(source, [("", f"top level must be a mapping, got {type(data).__name__}")])
     try:
-        return ExperimentConfig.model_validate(data)
+        return ExperimentConfig.model_validate(data, context={"source": source})
     except ValidationError as e:
         raise ConfigError(source, [(_field_path(err["loc"]), _why(err)) for err in e.errors()]) from None
 

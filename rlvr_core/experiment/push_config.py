@@ -12,8 +12,7 @@ pydantic only, because a `vllm serve` worker imports it too. The flat keys the s
 
 from __future__ import annotations
 
-import logging
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -25,8 +24,6 @@ PUSH_ALIASES = {"rlvr_file": "file"}  # another name of `file`, also accepted as
 # the flat sampling keys this section replaced -> their key in sampling.push
 FLAT_PUSH_KEYS = {"server_push_backend": "type", "server_push_timeout_s": "timeout_s",
                   "server_push_folder": "folder", "server_workers": "workers"}
-
-_log = logging.getLogger("rlvr_core.experiment.config")
 
 
 def push_type(name: Any) -> str:
@@ -92,10 +89,10 @@ def push_config(value: Any = None) -> FilePush | GlooPush | NcclPush | IpcPush:
     return _ADAPTER.validate_python(push_section({} if value is None else value))
 
 
-def move_flat_push_keys(sampling: dict) -> dict:
-    """The `sampling` mapping with the flat push keys moved into `push`, each with a one-line deprecation; a
-    key set both ways is a ValueError naming both. A moved key its transport does not have (a folder with gloo)
-    is dropped: it had no effect before either."""
+def move_flat_push_keys(sampling: dict, say_moved: Callable[[str, str], None]) -> dict:
+    """The `sampling` mapping with the flat push keys moved into `push`, each told to `say_moved(old, new)` (the
+    config's one-line deprecation); a key set both ways is a ValueError naming both. A moved key its transport
+    does not have (a folder with gloo) is dropped: it had no effect before either."""
     flat = {k: sampling[k] for k in FLAT_PUSH_KEYS if k in sampling}
     push = sampling.get("push")
     if not flat or not isinstance(push, (dict, str, type(None))):
@@ -104,8 +101,9 @@ def move_flat_push_keys(sampling: dict) -> dict:
     for old, value in flat.items():
         new = FLAT_PUSH_KEYS[old]
         if new in push:
-            raise ValueError(f"sampling.{old} and sampling.push.{new} are both set: keep sampling.push.{new} only")
-        _log.warning("sampling.%s is deprecated: write sampling.push.%s", old, new)
+            raise ValueError(f"sampling.{old} and sampling.push.{new} are both set: sampling.{old} is the old name, "
+                             f"keep sampling.push.{new}")
+        say_moved(f"sampling.{old}", f"sampling.push.{new}")
         push[new] = value
     name = push.get("type", "file")
     kind = _MODELS.get(PUSH_ALIASES.get(name, name)) if isinstance(name, str) else None  # None: the union names it

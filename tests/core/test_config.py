@@ -238,19 +238,25 @@ def test_push_backend_accepts_file_gloo_nccl_ipc_and_the_older_rlvr_file():
     assert [backend(b) for b in ("file", "gloo", "nccl", "ipc", "rlvr_file")] == ["file", "gloo", "nccl", "ipc", "file"]
 
 
-def test_the_flat_push_keys_are_read_into_sampling_push_with_a_deprecation(caplog):
-    def sampling(**keys):
-        return parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://a:1"], **keys}}).sampling
+def test_the_flat_push_keys_are_read_into_sampling_push_with_a_deprecation():
+    import warnings
 
-    with caplog.at_level("WARNING", logger="rlvr_core.experiment.config"):
+    from rlvr_core.experiment.config import ConfigDeprecation
+
+    def sampling(**keys):
+        return parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://a:1"], **keys}},
+                            "flat.yaml").sampling
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
         old = sampling(server_push_backend="gloo", server_workers=2, server_push_timeout_s=30,
                        server_push_folder="/shared/push")  # a folder means nothing to gloo: dropped, as it was ignored
     assert old.push == sampling(push={"type": "gloo", "workers": 2, "timeout_s": 30}).push
-    assert sorted(r.getMessage() for r in caplog.records) == [
-        "sampling.server_push_backend is deprecated: write sampling.push.type",
-        "sampling.server_push_folder is deprecated: write sampling.push.folder",
-        "sampling.server_push_timeout_s is deprecated: write sampling.push.timeout_s",
-        "sampling.server_workers is deprecated: write sampling.push.workers"]
+    assert sorted(f"{w.filename}:{w.lineno}: {w.message}" for w in said if w.category is ConfigDeprecation) == [
+        "flat.yaml:0: sampling.server_push_backend is now sampling.push.type",
+        "flat.yaml:0: sampling.server_push_folder is now sampling.push.folder",
+        "flat.yaml:0: sampling.server_push_timeout_s is now sampling.push.timeout_s",
+        "flat.yaml:0: sampling.server_workers is now sampling.push.workers"]
     assert sampling(server_push_backend="rlvr_file", push={"folder": "/f"}).push.model_dump() == {
         "type": "file", "folder": "/f", "timeout_s": 120.0}
     with pytest.raises(ConfigError, match="sampling.server_push_timeout_s and sampling.push.timeout_s are both set"):

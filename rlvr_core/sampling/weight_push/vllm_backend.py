@@ -18,7 +18,7 @@ one that works on vLLM's CPU backend) and so serves the new weights from the nex
 
 The backend is registered when this module is imported. A `vllm serve` process imports it through
 `--worker-extension-cls rlvr_core.sampling.weight_push.vllm_backend.RlvrWeightPushExtension` (the worker
-resolves that class before it builds its weight-transfer engine; `rlvr_core.sampling.vllm_push.` names the
+resolves that class before it builds its weight-transfer engine; `rlvr_core.sampling.vllm_push` names the
 same class), with `--weight-transfer-config '{"backend": "rlvr"}'` (the push aliases of push_config.py, such
 as `rlvr_file`, name the same backend).
 This module imports vLLM at import time: only the server and code that already has vLLM import it.
