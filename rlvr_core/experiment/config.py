@@ -26,7 +26,8 @@ from rlvr_core.data.curriculum import known_orderings
 from rlvr_core.data.templates import get_template, known_templates
 from rlvr_core.experiment.guards import health_config
 from rlvr_core.experiment.hostfile import read_hostfile
-from rlvr_core.experiment.push_config import PUSH_TYPES, FilePush, PushConfig, move_flat_push_keys, push_section
+from rlvr_core.experiment.push_config import (PUSH_TYPES, FilePush, PushConfig, move_flat_push_keys, moved_push_key,
+                                              push_section)
 from rlvr_core.verifiers.registry import can_hang, default_workers, verifier_class
 
 
@@ -833,6 +834,7 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     """Return a copy of `data` with dotted-key overrides set (`{"grpo.lr": 1e-5}`)."""
     out = json.loads(json.dumps(data))
     for dotted, value in overrides.items():
+        dotted = moved_override(dotted, value)
         node = out
         *parents, leaf = dotted.split(".")
         for key in parents:
@@ -843,6 +845,16 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
                 raise ConfigError("<overrides>", [(dotted, f"{key!r} is not a mapping")])
         node[leaf] = value
     return out
+
+
+def moved_override(dotted: str, value: Any = None, source: str = "<overrides>") -> str:
+    """A `--set` / sweep key by its current path: `sampling.server_push_backend` -> `sampling.push.type` (with
+    the ConfigDeprecation line); any other key as it is."""
+    new = moved_push_key(dotted)
+    if new is None:
+        return dotted
+    say_moved(dotted, new, source)
+    return new
 
 
 def check_files(cfg: ExperimentConfig, source: str = "<config>") -> None:

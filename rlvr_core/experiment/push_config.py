@@ -17,7 +17,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 __all__ = ["PUSH_TYPES", "PUSH_ALIASES", "PushConfig", "FilePush", "GlooPush", "NcclPush", "IpcPush", "push_type",
-           "push_section", "push_config", "move_flat_push_keys", "FLAT_PUSH_KEYS"]
+           "push_section", "push_config", "move_flat_push_keys", "moved_push_key", "FLAT_PUSH_KEYS"]
 
 PUSH_TYPES = ("file", "gloo", "nccl", "ipc")
 PUSH_ALIASES = {"rlvr_file": "file"}  # another name of `file`, also accepted as the servers' backend name
@@ -36,6 +36,11 @@ def push_type(name: Any) -> str:
 
 class _Push(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
+    @classmethod
+    def kind(cls) -> str:
+        """The transport's name (its `type`)."""
+        return cls.model_fields["type"].default
 
     timeout_s: float = Field(120.0, gt=0, description="each call of a weight push (start, update, finish) and each "
                              "version check; a server that does not answer within it is an error naming it")
@@ -69,17 +74,26 @@ class IpcPush(_Push):
 
 PushConfig = Annotated[Union[FilePush, GlooPush, NcclPush, IpcPush], Field(discriminator="type")]
 _ADAPTER: TypeAdapter = TypeAdapter(PushConfig)
-_MODELS = {m.model_fields["type"].default: m for m in (FilePush, GlooPush, NcclPush, IpcPush)}
+_MODELS = {m.kind(): m for m in (FilePush, GlooPush, NcclPush, IpcPush)}
 
 
 def push_section(value: Any) -> Any:
     """A `push` value as the union reads it: a type name becomes `{type: name}`, a missing type is `file`, an
-    alias is mapped. Anything else is left to the union's own check."""
+    alias is mapped, and a null option the type does not have is dropped (a resolved config's `folder: null`
+    after `--set sampling.push.type=gloo`). Anything else is left to the union's own check."""
     if isinstance(value, str):
         value = {"type": value}
     if isinstance(value, dict):
-        value = {**value, "type": push_type(value.get("type", "file"))}
+        kind = _MODELS[push_type(value.get("type", "file"))]
+        value = {**{k: v for k, v in value.items() if v is not None or k in kind.model_fields}, "type": kind.kind()}
     return value
+
+
+def moved_push_key(dotted: str) -> str | None:
+    """A flat push key's new path (`sampling.server_push_backend` -> `sampling.push.type`); None for any other."""
+    head, _, old = dotted.partition(".")
+    new = FLAT_PUSH_KEYS.get(old) if head == "sampling" else None
+    return f"sampling.push.{new}" if new else None
 
 
 def push_config(value: Any = None) -> FilePush | GlooPush | NcclPush | IpcPush:

@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rlvr_core.experiment.config import (ConfigError, ExperimentConfig, apply_overrides, check_files, config_hash,
-                                         parse_config, read_yaml_file)
+                                         moved_override, parse_config, read_yaml_file)
 from rlvr_core.pipeline.stages import held_out_spec
 from rlvr_core.records import warehouse_queries
 from rlvr_core.records.tracking import metric_key
@@ -160,7 +160,7 @@ def parse_sweep(data: Any, source: str = "<sweep>", base_dir: Path | None = None
                         *((f"variants[{i}]", v) for i, v in enumerate(spec.variants)),
                         ("seed_keys", {k: None for k in spec.seed_keys})):
         for key in keys:
-            if key not in known:
+            if moved_override(key, keys[key], source) not in known:  # a flat push key works by its new path
                 problems.append((f"{where}.{key}" if where != "seed_keys" else f"seed_keys: {key}",
                                  "not a field of the experiment config"))
     if problems:

@@ -261,6 +261,14 @@ def test_the_flat_push_keys_are_read_into_sampling_push_with_a_deprecation():
         "type": "file", "folder": "/f", "timeout_s": 120.0}
     with pytest.raises(ConfigError, match="sampling.server_push_timeout_s and sampling.push.timeout_s are both set"):
         sampling(server_push_timeout_s=30, push={"timeout_s": 40})
+    # --set on a resolved config (push.timeout_s, push.folder: null already there): the flat key by its new path
+    from rlvr_core.experiment.config import apply_overrides
+
+    resolved = demo_config().model_dump(mode="json")
+    for overrides, push in [({"sampling.server_push_backend": "gloo"}, {"type": "gloo", "workers": 1, "timeout_s": 120.0}),
+                            ({"sampling.server_push_timeout_s": 9}, {"type": "file", "folder": None, "timeout_s": 9.0})]:
+        with_server = {"sampling.engine": "vllm-server", "sampling.servers": ["http://a:1"], **overrides}
+        assert parse_config(apply_overrides(resolved, with_server)).sampling.push.model_dump() == push
 
 
 def test_vllm_server_settings_are_checked_before_any_work(tmp_path):
