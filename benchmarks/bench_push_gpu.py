@@ -50,7 +50,7 @@ def one_version(policy, folder: Path, v: int, cuda: bool) -> tuple[dict[str, Any
     from safetensors.torch import load_file
 
     from rlvr_core.grpo.vllm_rollout import _gathered, engine_weights
-    from rlvr_core.sampling.vllm_server import write_version_file
+    from rlvr_core.sampling.weight_push.file import write_version_file
 
     _sync(cuda)
     t0 = time.perf_counter()

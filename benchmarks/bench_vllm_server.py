@@ -50,7 +50,7 @@ def run_child(a: argparse.Namespace) -> dict:
                      precision=a.precision, zero_stage=2, max_staleness=1 if a.child.startswith("server-s1") else 0,
                      checkpoint_every=10**6, eval_every=0)
     engine, options = (("vllm", None) if a.child == "vllm" else
-                       ("vllm-server", {"servers": [a.server], "push_backend": a.push_backend}))
+                       ("vllm-server", {"servers": [a.server], "push": {"type": a.push_backend}}))
     res = train_grpo(a.base, rows, [r["id"] for r in rows], Path(a.child_work), cfg, template_id="qa",
                      reward=RewardConfig(verifier="gsm8k"), max_new_tokens=a.max_new_tokens, seed=0,
                      engine=engine, engine_options=options)
@@ -133,7 +133,7 @@ def main() -> None:
     for backend in backends:
         t0 = time.perf_counter()
         server, = launch_servers(a.base, 1, work / f"server-{backend}", threads=a.server_threads,
-                                 start_timeout_s=900, push_backend=backend, dtype=dtype)
+                                 start_timeout_s=900, push=backend, dtype=dtype)
         print(f"server {server.url} ({backend}) healthy after {time.perf_counter() - t0:.1f}s", flush=True)
         try:
             for rnd in range(a.rounds):

@@ -18,17 +18,20 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from rlvr_core.core import hub
 from rlvr_core.data.curriculum import known_orderings
 from rlvr_core.data.templates import get_template, known_templates
 from rlvr_core.experiment.config_base import ConfigError, _one_of, _Strict  # noqa: F401
+from rlvr_core.experiment.grpo_config import moved_override as moved_grpo_key
 from rlvr_core.experiment.grpo_config import (ConfigDeprecation, GRPOConfig, GRPOGuardsConfig,  # noqa: F401
                                               GRPOLaunchConfig, GRPOMemoryConfig, InKey, grpo_key_dump,
-                                              grpo_unkeyed_dump, moved_override, say_moved,
+                                              grpo_unkeyed_dump, say_moved,
                                               undeclared_key_fields)
+from rlvr_core.experiment.push_config import (PUSH_TYPES, FilePush, PushConfig, move_flat_push_keys, moved_push_key,
+                                              push_section)
 from rlvr_core.verifiers.registry import can_hang, default_workers, verifier_class
 
 
@@ -157,19 +160,12 @@ class SamplingConfig(_Strict):
                                                      "instead of naming them in sampling.servers")
     server_request_timeout_s: float = Field(300.0, gt=0, description="vllm-server: one generation request; a server "
                                             "that does not answer within it ends the step with an error naming it")
-    server_push_timeout_s: float = Field(120.0, gt=0, description="vllm-server: each call of a weight push (start, "
-                                         "update, finish); a server that does not finish within it is an error")
-    server_push_backend: Literal["file", "gloo", "nccl", "ipc"] = Field(
-        "file", description="vllm-server: how weights reach the servers: file = a safetensors file per version in "
-        "server_push_folder (CPU or GPU, any machine that sees the folder; rlvr_file is the same); gloo = a torch "
-        "gloo broadcast from the trainer (CPU, servers it can reach over TCP); nccl = vLLM's NCCL broadcast (CUDA, "
-        "servers on other GPUs); ipc = vLLM's CUDA IPC (servers on the trainer's GPU)")
-    server_workers: int = Field(1, ge=1, description="vllm-server with gloo/nccl pushes: worker processes of each "
-                                "server (its tensor x pipeline x data parallel size); the push group is the trainer "
-                                "plus these")
-    server_push_folder: str | None = Field(None, description="vllm-server: folder the trainer writes weight versions "
-                                           "to and the servers read (a shared disk across machines); default: the "
-                                           "GRPO run's own folder (weight_push/)")
+    push: PushConfig = Field(default_factory=FilePush, description="vllm-server: how weights reach the servers, "
+                             "one transport by `type`: file = a safetensors file per version in push.folder (CPU or "
+                             "GPU, any machine that sees the folder; rlvr_file is the same); gloo = a torch gloo "
+                             "broadcast from the trainer (CPU, servers it can reach over TCP; push.workers); nccl = "
+                             "vLLM's NCCL broadcast (CUDA, servers on other GPUs; push.workers); ipc = vLLM's CUDA IPC "
+                             "(servers on the trainer's GPU); push.timeout_s bounds each call (docs/engines.md)")
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vllm on a GPU: share of the device's "
                                                "memory vLLM may take (weights + KV cache); the rest is left to a "
                                                "colocated trainer. Ignored on CPU")
@@ -189,10 +185,20 @@ class SamplingConfig(_Strict):
                                     "(docs/engines.md)")
     seed: int = Field(0, description="run seed; each request's seed is derived from it (G-fixed-seed)")
 
-    @field_validator("server_push_backend", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _older_push_backend_names(cls, v):
-        return "file" if v == "rlvr_file" else v
+    def _flat_push_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        """The flat push keys (`server_push_backend`, ...) still work: each moves into `push` with a one-line
+        ConfigDeprecation naming the new place; giving both places is an error."""
+        if not isinstance(data, dict):
+            return data
+        source = (info.context or {}).get("source", "<config>")
+        return move_flat_push_keys(data, lambda old, new: say_moved(old, new, source))
+
+    @field_validator("push", mode="before")
+    @classmethod
+    def _push_type(cls, v: Any) -> Any:
+        return push_section(v)
 
     @field_validator("servers")
     @classmethod
@@ -215,14 +221,11 @@ class SamplingConfig(_Strict):
 
     def server_options(self) -> dict:
         """The vllm-server rollout engine's settings (rlvr_core/grpo/server_rollout.py)."""
-        opts = {"request_timeout_s": self.server_request_timeout_s, "push_timeout_s": self.server_push_timeout_s,
-                "push_backend": self.server_push_backend, "server_workers": self.server_workers}
+        opts = {"request_timeout_s": self.server_request_timeout_s, "push": self.push.model_dump(exclude_none=True)}
         if self.servers:
             opts["servers"] = list(self.servers)
         else:
             opts["launch"] = self.server_launch.model_dump()
-        if self.server_push_folder:
-            opts["push_folder"] = self.server_push_folder
         return opts
 
 
@@ -459,7 +462,8 @@ def config_hash(resolved: dict[str, Any]) -> str:
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc)
+    """Dotted, without the tag a discriminated union puts in (`sampling.push.file.folder` is `sampling.push.folder`)."""
+    return ".".join(str(p) for i, p in enumerate(loc) if not (i and loc[i - 1] == "push" and p in PUSH_TYPES))
 
 
 def _why(err: dict[str, Any]) -> str:
@@ -544,6 +548,17 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
                 raise ConfigError("<overrides>", [(dotted, f"{key!r} is not a mapping")])
         node[leaf] = value
     return out
+
+
+def moved_override(dotted: str, value: Any = None, source: str = "<overrides>") -> str:
+    """A `--set` / sweep key by its current path: `sampling.server_push_backend` -> `sampling.push.type`,
+    `grpo.micro_batch_size` -> `grpo.memory.micro_batch_size` (with the ConfigDeprecation line); any other
+    key as it is."""
+    new = moved_push_key(dotted)
+    if new is None:
+        return moved_grpo_key(dotted, value, source)
+    say_moved(dotted, new, source)
+    return new
 
 
 def check_files(cfg: ExperimentConfig, source: str = "<config>") -> None:

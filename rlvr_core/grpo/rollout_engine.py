@@ -144,10 +144,11 @@ def _vllm_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, cfg: GRPOCo
 @register("rollout_engine", "vllm-server")
 def _server_for_trainer(*, base_model_dir: str | Path, tokenizer: Any, engine_options: dict | None = None,
                         **_: Any) -> RolloutEngine:
-    """`vllm serve` processes (server_rollout.py): engine_options holds `servers` or `launch`, `push_folder`
-    (where the weight versions are written; the trainer puts it in its output folder) and the timeouts."""
+    """`vllm serve` processes (server_rollout.py): engine_options holds `servers` or `launch`, `push` (the
+    `sampling.push` section) and `request_timeout_s`; the trainer adds `out_dir`, its output folder (a file
+    push without a folder writes there)."""
     opts = dict(engine_options or {})
-    out_dir = opts.pop("out_dir", None) or Path(opts.get("push_folder") or ".").parent
+    out_dir = opts.pop("out_dir", None) or "."
     return build_server_rollout_engine(base_model_dir=base_model_dir, tokenizer=tokenizer, out_dir=out_dir,
                                        rank=int(os.environ.get("RANK", "0")), **opts)
 

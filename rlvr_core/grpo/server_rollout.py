@@ -33,8 +33,10 @@ import torch
 from rlvr_core.experiment.guards import GuardError
 from rlvr_core.grpo.vllm_rollout import _gathered, engine_weights
 from rlvr_core.sampling.base import Sample
-from rlvr_core.sampling.vllm_server import ServerError, VLLMServerEngine
+from rlvr_core.experiment.push_config import push_config
+from rlvr_core.sampling.vllm_server import VLLMServerEngine
 from rlvr_core.sampling.vllm_server_launch import launch_servers
+from rlvr_core.sampling.weight_push import wait_for_version
 
 __all__ = ["VLLMServerRolloutEngine", "check_sample_versions", "split_stale", "GUARD_WEIGHT_PUSH"]
 
@@ -97,7 +99,7 @@ class _CheckedSampler:
 class VLLMServerRolloutEngine:
     """The trainer's rollout engine over vLLM servers (see the module docstring).
 
-    sampler_engine: the HTTP engine (servers, push folder, timeouts). is_sender: rank 0 pushes; other ranks
+    sampler_engine: the HTTP engine (servers, weight-push transport, timeouts). is_sender: rank 0 pushes; other ranks
     wait for the servers to report each version. launched: servers this engine started, stopped by `close`.
     """
 
@@ -146,19 +148,10 @@ class VLLMServerRolloutEngine:
         if self.is_sender:
             self.server.push_weights(weights, v)
         else:
-            self._wait_for(v)
+            wait_for_version(self.server.clients, v, self.wait_timeout_s)
         self.version = v
         self.pushes += 1
         self.push_s.append(time.perf_counter() - t0)
-
-    def _wait_for(self, version: int) -> None:
-        deadline = time.monotonic() + self.wait_timeout_s
-        for c in self.server.clients:
-            while c.weight_version() != str(version):
-                if time.monotonic() > deadline:
-                    raise ServerError(f"vLLM server {c.url}: weight version {version} not there within "
-                                      f"{self.wait_timeout_s:g}s (rank 0 pushes it)")
-                time.sleep(0.05)
 
     def close(self) -> None:
         self.server.close()
@@ -168,12 +161,13 @@ class VLLMServerRolloutEngine:
 
 def build_server_rollout_engine(*, base_model_dir: str | Path, tokenizer: Any, out_dir: str | Path, rank: int,
                                 servers: list[str] | None = None, launch: dict | None = None,
-                                request_timeout_s: float = 300.0, push_timeout_s: float = 120.0,
-                                push_folder: str | Path | None = None,
-                                push_backend: str = "file", server_workers: int = 1) -> VLLMServerRolloutEngine:
+                                request_timeout_s: float = 300.0, push: Any = None) -> VLLMServerRolloutEngine:
     """The engine for a trainer: the given servers, or (rank 0 only) servers started here with `launch`
-    (`count`, `start_timeout_s`, `threads`, `kv_cache_bytes`, `dtype`). push_backend: `file`, `gloo`, `nccl` or `ipc`;
-    server_workers: each server's worker processes (the gloo/nccl group is the trainer plus these)."""
+    (`count`, `start_timeout_s`, `threads`, `kv_cache_bytes`, `dtype`). push: the `sampling.push` section (a
+    config, mapping or type name; default `file`); a file push without a folder writes into out_dir/weight_push."""
+    push = push_config(push)
+    if push.type == "file" and push.folder is None:
+        push = push.model_copy(update={"folder": str(Path(out_dir) / "weight_push")})
     launched = []
     if not servers:
         if launch is None:
@@ -183,13 +177,11 @@ def build_server_rollout_engine(*, base_model_dir: str | Path, tokenizer: Any, o
                              "give several ranks sampling.servers")
         opts = dict(launch)
         launched = launch_servers(base_model_dir, int(opts.pop("count", 1)), Path(out_dir) / "vllm-servers",
-                                  push_backend=push_backend, **opts)
+                                  push=push, **opts)
         servers = [s.url for s in launched]
-    folder = Path(push_folder) if push_folder is not None else Path(out_dir) / "weight_push"
     try:
-        engine = VLLMServerEngine(servers, base_model_dir, tokenizer=tokenizer, push_folder=folder,
-                                  request_timeout_s=request_timeout_s, push_timeout_s=push_timeout_s,
-                                  push_backend=push_backend, server_workers=server_workers)
+        engine = VLLMServerEngine(servers, base_model_dir, tokenizer=tokenizer, push=push,
+                                  request_timeout_s=request_timeout_s)
     except BaseException:
         for s in launched:
             s.stop()

@@ -160,7 +160,7 @@ def parse_sweep(data: Any, source: str = "<sweep>", base_dir: Path | None = None
                         *((f"variants[{i}]", v) for i, v in enumerate(spec.variants)),
                         ("seed_keys", {k: None for k in spec.seed_keys})):
         for key in keys:
-            if moved_override(key, keys[key], source) not in known:  # a pre-section key (grpo.micro_batch_size) works
+            if moved_override(key, keys[key], source) not in known:  # a moved key (grpo.micro_batch_size) works
                 problems.append((f"{where}.{key}" if where != "seed_keys" else f"seed_keys: {key}",
                                  "not a field of the experiment config"))
     if problems:

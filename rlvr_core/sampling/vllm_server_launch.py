@@ -2,7 +2,8 @@
 
 Each server serves one model folder on 127.0.0.1 with what the engine needs: the weight-transfer routes
 (`VLLM_SERVER_DEV_MODE=1`), the token-in/token-out generate route (`--enable-scale-out`), raw log-probs,
-the push backend (`rlvr` for the file and gloo pushes, else vLLM's `nccl`/`ipc`) (imported in the server's worker through `--worker-extension-cls`), and on CPU
+the push transport's server backend (`rlvr` for the file and gloo pushes, imported in the server's worker
+through `--worker-extension-cls`; else vLLM's `nccl`/`ipc`) and environment, and on CPU
 the in-process engine's settings (float32, eager, a fixed KV cache, no chunked prefill: see
 `rlvr_core.sampling.vllm.default_llm_kwargs`). Start-up is bounded: a server that exits or is not healthy
 within `start_timeout_s` is an error naming it, with the tail of its log.
@@ -17,9 +18,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rlvr_core.sampling.vllm import _on_gpu
-from rlvr_core.sampling.vllm_server import PUSH_BACKEND, SERVER_BACKEND, ServerClient, push_backend_name
+from rlvr_core.sampling.vllm_client import ServerClient
+from rlvr_core.sampling.weight_push import transport_class
 from rlvr_core.core.net import free_port as _free_port
 
 __all__ = ["LaunchedServer", "launch_servers", "server_command"]
@@ -28,17 +31,17 @@ _ROOT = Path(__file__).resolve().parents[2]  # the project root: the server's wo
 
 
 def server_command(model_dir: str | Path, port: int, *, dtype: str = "float32", kv_cache_bytes: int = 1 << 28,
-                   seed: int = 0, push_backend: str = PUSH_BACKEND, gpu_memory_utilization: float = 0.3,
+                   seed: int = 0, push: Any = "file", gpu_memory_utilization: float = 0.3,
                    extra_args: tuple[str, ...] = ()) -> list[str]:
-    """The command line of one server (CPU settings unless a GPU is visible to it). push_backend: the
-    trainer's (file | gloo | nccl | ipc); the server gets the matching --weight-transfer-config."""
-    backend = SERVER_BACKEND[push_backend_name(push_backend)]
+    """The command line of one server (CPU settings unless a GPU is visible to it). push: the trainer's
+    `sampling.push` (a config, mapping or type name); the server gets its transport's --weight-transfer-config."""
+    backend = transport_class(push).server_backend
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     max_len = min(int(cfg.get("max_position_embeddings") or 4096), 4096)
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_len),
            "--logprobs-mode", "raw_logprobs", "--seed", str(seed), "--enable-scale-out",
-           "--worker-extension-cls", "rlvr_core.sampling.vllm_push.RlvrWeightPushExtension",
+           "--worker-extension-cls", "rlvr_core.sampling.weight_push.vllm_backend.RlvrWeightPushExtension",
            "--weight-transfer-config", json.dumps({"backend": backend})]
     if _on_gpu():  # a share of the device: the trainer (and other servers) use the rest
         cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
@@ -75,13 +78,12 @@ class LaunchedServer:
             self._log_file.close()
 
 
-def _server_env(threads: int, ipc: bool) -> dict[str, str]:
+def _server_env(threads: int, push: Any) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(threads),
                TOKENIZERS_PARALLELISM="false")
-    if ipc:  # the ipc backend's CUDA handles travel pickled over HTTP (the server listens on loopback only)
-        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    env.update(transport_class(push).server_env)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # not part of a trainer's world
         env.pop(k, None)
     return env
@@ -99,7 +101,7 @@ def launch_servers(model_dir: str | Path, count: int, log_dir: str | Path, *, st
         log = log_dir / f"vllm-server-{i}.log"
         fh = open(log, "wb")
         proc = subprocess.Popen(server_command(model_dir, port, **command_kw),
-                                env=_server_env(threads, command_kw.get("push_backend") == "ipc"),
+                                env=_server_env(threads, command_kw.get("push", "file")),
                                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         servers.append(LaunchedServer(f"http://127.0.0.1:{port}", proc, log, fh))
     try:

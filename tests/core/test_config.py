@@ -265,17 +265,49 @@ def test_the_opt_out_does_not_allow_a_chat_template_on_a_base_model(tmp_path):
 def test_push_backend_accepts_file_gloo_nccl_ipc_and_the_older_rlvr_file():
     def backend(name):
         return parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://a:1"],
-                                          "server_push_backend": name}}).sampling.server_options()["push_backend"]
+                                          "push": {"type": name}}}).sampling.server_options()["push"]["type"]
 
     assert [backend(b) for b in ("file", "gloo", "nccl", "ipc", "rlvr_file")] == ["file", "gloo", "nccl", "ipc", "file"]
 
 
+def test_the_flat_push_keys_are_read_into_sampling_push_with_a_deprecation():
+    import warnings
+
+    from rlvr_core.experiment.config import ConfigDeprecation
+
+    def sampling(**keys):
+        return parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://a:1"], **keys}},
+                            "flat.yaml").sampling
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        old = sampling(server_push_backend="gloo", server_workers=2, server_push_timeout_s=30,
+                       server_push_folder="/shared/push")  # a folder means nothing to gloo: dropped, as it was ignored
+    assert old.push == sampling(push={"type": "gloo", "workers": 2, "timeout_s": 30}).push
+    assert sorted(f"{w.filename}:{w.lineno}: {w.message}" for w in said if w.category is ConfigDeprecation) == [
+        "flat.yaml:0: sampling.server_push_backend is now sampling.push.type",
+        "flat.yaml:0: sampling.server_push_folder is now sampling.push.folder",
+        "flat.yaml:0: sampling.server_push_timeout_s is now sampling.push.timeout_s",
+        "flat.yaml:0: sampling.server_workers is now sampling.push.workers"]
+    assert sampling(server_push_backend="rlvr_file", push={"folder": "/f"}).push.model_dump() == {
+        "type": "file", "folder": "/f", "timeout_s": 120.0}
+    with pytest.raises(ConfigError, match="sampling.server_push_timeout_s and sampling.push.timeout_s are both set"):
+        sampling(server_push_timeout_s=30, push={"timeout_s": 40})
+    # --set on a resolved config (push.timeout_s, push.folder: null already there): the flat key by its new path
+    from rlvr_core.experiment.config import apply_overrides
+
+    resolved = demo_config().model_dump(mode="json")
+    for overrides, push in [({"sampling.server_push_backend": "gloo"}, {"type": "gloo", "workers": 1, "timeout_s": 120.0}),
+                            ({"sampling.server_push_timeout_s": 9}, {"type": "file", "folder": None, "timeout_s": 9.0})]:
+        with_server = {"sampling.engine": "vllm-server", "sampling.servers": ["http://a:1"], **overrides}
+        assert parse_config(apply_overrides(resolved, with_server)).sampling.push.model_dump() == push
+
+
 def test_vllm_server_settings_are_checked_before_any_work(tmp_path):
     ok = parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://127.0.0.1:8000"],
-                                    "server_push_timeout_s": 30}})
+                                    "push": {"timeout_s": 30}}})
     assert ok.sampling.server_options() == {"servers": ["http://127.0.0.1:8000"], "request_timeout_s": 300.0,
-                                            "push_timeout_s": 30.0, "push_backend": "file",
-                                            "server_workers": 1}
+                                            "push": {"type": "file", "timeout_s": 30.0}}
     launched = parse_config({"sampling": {"engine": "vllm-server", "server_launch": {"count": 2}}})
     assert launched.sampling.server_options()["launch"] == {"count": 2, "start_timeout_s": 600.0, "threads": 1}
     for bad, where in [({"engine": "vllm-server"}, "exactly one of servers"),
@@ -284,9 +316,12 @@ def test_vllm_server_settings_are_checked_before_any_work(tmp_path):
                        ({"engine": "vllm-server", "servers": ["127.0.0.1:8000"]}, "http://host:port"),
                        ({"engine": "vllm-server", "servers": ["http://a:1", "http://a:1"]}, "listed twice"),
                        ({"engine": "vllm-server", "server_launch": {"count": 0}}, "greater than or equal to 1"),
-                       ({"engine": "vllm-server", "servers": ["http://a:1"], "server_push_timeout_s": 0}, "greater than 0"),
-                       ({"engine": "vllm-server", "servers": ["http://a:1"], "server_push_backend": "tcp"},
-                        "'file', 'gloo', 'nccl' or 'ipc'")]:
+                       ({"engine": "vllm-server", "servers": ["http://a:1"], "push": {"timeout_s": 0}},
+                        "push.timeout_s: .*greater than 0"),
+                       ({"engine": "vllm-server", "servers": ["http://a:1"], "push": {"type": "tcp"}},
+                        "sampling.push: .*'file', 'gloo', 'nccl' or 'ipc'"),
+                       ({"engine": "vllm-server", "servers": ["http://a:1"], "push": {"type": "gloo", "folder": "/f"}},
+                        "sampling.push.folder: unknown key")]:
         p = write(tmp_path, yaml.safe_dump({"sampling": bad}))
         with pytest.raises(ConfigError, match=where) as e:
             load_config(p)

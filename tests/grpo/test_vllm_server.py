@@ -71,10 +71,11 @@ def _teacher_forced_gap(model, tok, prompts, groups) -> float:
     return gap
 
 
-def _engine(server, model_dir, tmp_path, **kw):
+def _engine(server, model_dir, tmp_path, push="file", push_timeout_s=120.0, **kw):
     from rlvr_core.sampling.vllm_server import VLLMServerEngine
 
-    return VLLMServerEngine([server.url], model_dir, push_folder=tmp_path / "push", **kw)
+    folder = {"folder": str(tmp_path / "push")} if push == "file" else {}
+    return VLLMServerEngine([server.url], model_dir, push={"type": push, "timeout_s": push_timeout_s, **folder}, **kw)
 
 
 def _check_push(tiny, server, tmp_path, version: int, **engine_kw) -> float:
@@ -103,7 +104,8 @@ def _check_push(tiny, server, tmp_path, version: int, **engine_kw) -> float:
     sampled = engine.generate(prompts, ids, SamplingParams(n=4, temperature=1.0, max_new_tokens=16, seed=3), step=2)
     assert _teacher_forced_gap(new, tok, prompts, sampled) < TOL
     assert {s.weight_version for g in sampled + after for s in g} == {version}
-    print(f"{engine.push_backend} push of {sum(v.numel() for v in new.state_dict().values())} parameters: {push_s:.3f}s")
+    n = sum(v.numel() for v in new.state_dict().values())
+    print(f"{engine.transport.type} push of {n} parameters: {push_s:.3f}s")
     engine.close()
     return push_s
 
@@ -117,7 +119,7 @@ def test_gloo_pushed_weights_are_served_like_file_pushed_ones(vllm_servers, tmp_
     """The second server (started with the same `rlvr` backend) takes a gloo push: its init info picks the
     transport, so the file-push server needs no restart."""
     tiny, servers = vllm_servers
-    _check_push(tiny, servers[1], tmp_path, 3000, push_backend="gloo")
+    _check_push(tiny, servers[1], tmp_path, 3000, push="gloo")
 
 
 def _finish_open_update(client, wait_s: float = 15.0) -> None:
@@ -128,7 +130,7 @@ def _finish_open_update(client, wait_s: float = 15.0) -> None:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            client._call("POST", "/finish_weight_update", 30)
+            client.call("POST", "/finish_weight_update", 30)
             return
         except ServerError:
             time.sleep(0.3)
@@ -142,7 +144,7 @@ def test_a_gloo_push_into_a_hung_server_is_an_error_naming_it_within_the_timeout
 
     (model_dir, rows, _), servers = vllm_servers
     server = servers[1]
-    engine = _engine(server, model_dir, tmp_path, push_timeout_s=TIMEOUT_S, push_backend="gloo")
+    engine = _engine(server, model_dir, tmp_path, push_timeout_s=TIMEOUT_S, push="gloo")
     engine.push_weights(_perturbed(model_dir).state_dict().items(), 3001)  # the group exists
     os.killpg(server.proc.pid, signal.SIGSTOP)
     try:
@@ -173,19 +175,22 @@ def test_a_gloo_push_into_a_hung_server_is_an_error_naming_it_within_the_timeout
 def test_nccl_push_command_line_init_info_and_a_clear_error_without_cuda(tiny, monkeypatch):
     import socket
 
-    from rlvr_core.sampling.vllm_server import VLLMServerEngine, collective_init_info, rendezvous_address
+    from rlvr_core.sampling.vllm_server import VLLMServerEngine
     from rlvr_core.sampling.vllm_server_launch import server_command
+    from rlvr_core.sampling.weight_push.collective import rendezvous_address
+    from rlvr_core.sampling.weight_push.gloo import GlooTransport
+    from rlvr_core.sampling.weight_push.nccl import NcclTransport
 
     model_dir = tiny[0]
-    cmd = server_command(model_dir, 8000, push_backend="nccl")
+    cmd = server_command(model_dir, 8000, push="nccl")
     assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
     for push in ("file", "gloo", "rlvr_file"):  # one server backend serves both CPU transports
-        cmd = server_command(model_dir, 8000, push_backend=push)
+        cmd = server_command(model_dir, 8000, push=push)
         assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "rlvr"}
-    info = collective_init_info("nccl", 3, 5.0, port=29555)
+    info = NcclTransport.init_info(3, 5.0, port=29555)
     assert (type(info).backend, info.master_address, info.master_port, info.world_size, info.rank,
             info.is_sender) == ("nccl", "127.0.0.1", 29555, 3, 0, True)
-    assert collective_init_info("gloo", 2, 5.0).backend == "rlvr_gloo"
+    assert GlooTransport.init_info(2, 5.0).backend == "rlvr_gloo"
     monkeypatch.delenv("RLVR_PUSH_ADDRESS", raising=False)  # where a server's workers reach the trainer's group
     assert rendezvous_address("http://localhost:8000") == rendezvous_address("http://127.0.0.1:8") == "127.0.0.1"
     assert rendezvous_address("http://gpu-7:8000") == socket.gethostbyname(socket.gethostname())
@@ -193,9 +198,9 @@ def test_nccl_push_command_line_init_info_and_a_clear_error_without_cuda(tiny, m
     assert rendezvous_address("http://gpu-7:8000") == "10.0.0.5"
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="'nccl' needs CUDA.*'file' or 'gloo'"):
-            VLLMServerEngine(["http://127.0.0.1:1"], model_dir, push_backend="nccl")
-    with pytest.raises(ValueError, match="unknown weight push backend 'tcp'"):
-        VLLMServerEngine(["http://127.0.0.1:1"], model_dir, push_backend="tcp")
+            VLLMServerEngine(["http://127.0.0.1:1"], model_dir, push="nccl")
+    with pytest.raises(ValueError, match="unknown weight push type 'tcp'"):
+        VLLMServerEngine(["http://127.0.0.1:1"], model_dir, push="tcp")
 
 
 def test_a_hung_server_is_an_error_naming_it_within_the_timeout(vllm_server, tmp_path):
@@ -232,7 +237,7 @@ def _train_server(vllm_server, out: Path, *, servers=None, **cfg):
     urls = [s.url for s in servers] if servers else [server.url]
     return train_grpo(model_dir, rows, ids, out, tiny_cfg(steps=STEPS, **cfg), template_id="qa",
                       reward=RewardConfig(verifier=VERIFIER), max_new_tokens=12, seed=0, engine="vllm-server",
-                      engine_options={"servers": urls, "request_timeout_s": 120, "push_timeout_s": 60})
+                      engine_options={"servers": urls, "request_timeout_s": 120, "push": {"timeout_s": 60}})
 
 
 @pytest.fixture(scope="module")
@@ -281,15 +286,15 @@ def test_staleness_1_samples_carry_version_n_minus_1_or_n(vllm_server, tmp_path)
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_skipped_push_trips_the_weight_push_guard(vllm_server, tmp_path, monkeypatch, staleness):
     from rlvr_core.experiment.guards import GuardError
-    from rlvr_core.sampling.vllm_server import ServerClient
+    from rlvr_core.sampling.weight_push.file import FileTransport
 
-    real_push = ServerClient.push
+    real_push = FileTransport.push_one
 
-    def skip_version_1(self, path, nbytes, version):  # the planted bug: version 1 never reaches the server
+    def skip_version_1(self, client, payload, version):  # the planted bug: version 1 never reaches the server
         if version != 1:
-            real_push(self, path, nbytes, version)
+            real_push(self, client, payload, version)
 
-    monkeypatch.setattr(ServerClient, "push", skip_version_1)
+    monkeypatch.setattr(FileTransport, "push_one", skip_version_1)
     with pytest.raises(GuardError, match="G-weight-push.*weight version 1 .*by version 0"):
         _train_server(vllm_server, tmp_path / "run", max_staleness=staleness, dynamic_sampling=False)
 
@@ -315,7 +320,8 @@ def test_two_servers_sample_each_prompt_on_one_server_and_equal_one_server(vllm_
     (model_dir, rows, _), servers = vllm_servers
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts, ids = _prompts(rows, n=3)
-    both = VLLMServerEngine([s.url for s in servers], model_dir, tokenizer=tok, push_folder=tmp_path / "push")
+    both = VLLMServerEngine([s.url for s in servers], model_dir, tokenizer=tok,
+                            push={"folder": str(tmp_path / "push")})
     base = AutoModelForCausalLM.from_pretrained(model_dir)
     both.push_weights(base.state_dict().items(), 2000)  # the same weights on both servers
     assert [ServerClient(s.url).weight_version() for s in servers] == ["2000", "2000"]
@@ -340,17 +346,17 @@ def test_two_servers_sample_each_prompt_on_one_server_and_equal_one_server(vllm_
 @pytest.mark.parametrize("skipped_on", [[1], [0, 1]], ids=["server-1", "both"])
 def test_a_push_one_server_missed_drops_and_refills_its_groups(vllm_servers, tmp_path, monkeypatch, skipped_on):
     from rlvr_core.experiment.guards import GuardError
-    from rlvr_core.sampling.vllm_server import ServerClient
+    from rlvr_core.sampling.weight_push.file import FileTransport
 
     tiny, servers = vllm_servers
     missed = {servers[i].url for i in skipped_on}
-    real_push = ServerClient.push
+    real_push = FileTransport.push_one
 
-    def skip_version_1(self, path, nbytes, version):  # the planted lag: version 1 never reaches these servers
-        if version != 1 or self.url not in missed:
-            real_push(self, path, nbytes, version)
+    def skip_version_1(self, client, payload, version):  # the planted lag: version 1 never reaches these servers
+        if version != 1 or client.url not in missed:
+            real_push(self, client, payload, version)
 
-    monkeypatch.setattr(ServerClient, "push", skip_version_1)
+    monkeypatch.setattr(FileTransport, "push_one", skip_version_1)
     run = lambda: _train_server((tiny, servers[0]), tmp_path / "run", servers=servers, max_staleness=1,  # noqa: E731
                                 dynamic_sampling=False)
     if len(skipped_on) == 2:  # no server holds version 1: nothing to refill from
@@ -364,7 +370,7 @@ def test_a_push_one_server_missed_drops_and_refills_its_groups(vllm_servers, tmp
     assert [r["async/stale_groups_total"] for r in rows] == [0, 0, 2]
     assert rows[2]["async/stale_lag_max"] == 1
     assert [(r["weight_version/min"], r["weight_version/max"]) for r in rows] == [(0, 0), (0, 0), (1, 1)]
-    monkeypatch.setattr(ServerClient, "push", real_push)  # the same run with every push: the same steps
+    monkeypatch.setattr(FileTransport, "push_one", real_push)  # the same run with every push: the same steps
     _train_server((tiny, servers[0]), tmp_path / "clean", servers=servers, max_staleness=1, dynamic_sampling=False)
     for a, b in zip(rows, _rows(tmp_path / "clean"), strict=True):
         assert (a["reward_mean"], a["n_tokens"]) == (b["reward_mean"], b["n_tokens"])
@@ -392,18 +398,19 @@ def test_ranks_that_do_not_push_wait_for_rank_0s_version_or_fail_naming_the_serv
 
 # ------------------------------------------------------------------------- last: this test kills the server
 def test_killing_the_server_during_a_push_is_an_error_naming_it(vllm_server, tmp_path):
-    from rlvr_core.sampling.vllm_server import ServerClient, ServerError, write_version_file
+    from rlvr_core.experiment.push_config import FilePush
+    from rlvr_core.sampling.vllm_server import ServerClient, ServerError
+    from rlvr_core.sampling.weight_push.file import FileTransport
 
     (model_dir, _, _), server = vllm_server
     client = ServerClient(server.url, push_timeout_s=60)
-    folder = tmp_path / "push"
-    client.init_push(folder)
-    path, nbytes = write_version_file(folder, 7, _perturbed(model_dir).state_dict().items())
+    transport = FileTransport(FilePush(folder=str(tmp_path / "push"), timeout_s=60), [client])
+    path, nbytes = transport.prepare(_perturbed(model_dir).state_dict().items(), 7)  # the file; the folder told
     failure: dict = {}
 
     def push():  # announced one byte larger than written: the server waits in update_weights (shared-disk lag)
         try:
-            client.push(path, nbytes + 1, 7)
+            transport.push_one(client, (path, nbytes + 1), 7)
         except ServerError as e:
             failure.update(error=e, at=time.monotonic())
 
