@@ -41,7 +41,7 @@ TINY_EVAL = {k: v for k, v in SWEEP_SET.items() if k.startswith(("data.", "eval.
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, monkeypatch_module):
+def stack(tmp_path_factory, monkeypatch_module, demo_stage_cache):
     home = tmp_path_factory.mktemp("stack")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))  # compiled once
     # An MLflow tracking server (as on a team stack) over the sqlite file the tests also read directly:
@@ -52,6 +52,9 @@ def stack(tmp_path_factory, monkeypatch_module):
         state = prefect_up(home)
         state["mlflow_url"] = mlflow["url"]
         try:
+            # The demo's data and base model, built once per test session (shared with tests/e2e/test_demo_vllm.py):
+            # the sweep's shared stages find them cached. Seeded after the servers start, so the two overlap.
+            demo_stage_cache.seed(home)
             yield state
         finally:
             prefect_down(state)
