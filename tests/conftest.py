@@ -73,7 +73,7 @@ def demo_stage_cache(tmp_path_factory):
 
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
-    return DemoStages(shared / "demo-stages", tmp_path_factory.mktemp("demo-stages-own"))
+    return DemoStages(shared / "demo-stages", lambda: tmp_path_factory.mktemp("demo-stages-own"))
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_WAIT_S = 900  # the warm start takes ~1.5 min beside another worker; a holder stuck longer is not waited for
@@ -58,9 +59,9 @@ def build(folder: Path) -> dict[str, str]:
     return stages
 
 
-def shared_build(folder: Path, fallback: Path, wait_s: float = LOCK_WAIT_S) -> dict[str, str]:
-    """The stages built in `folder` by whichever process takes its lock first; built in `fallback` instead if
-    the lock is not free within `wait_s` (its holder hangs)."""
+def shared_build(folder: Path, fallback: Callable[[], Path], wait_s: float = LOCK_WAIT_S) -> dict[str, str]:
+    """The stages built in `folder` by whichever process takes its lock first; built in a folder of this
+    process's own (`fallback()`) instead if the lock is not free within `wait_s` (its holder hangs)."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "lock", "w") as lock:
         deadline = time.monotonic() + wait_s
@@ -70,7 +71,7 @@ def shared_build(folder: Path, fallback: Path, wait_s: float = LOCK_WAIT_S) -> d
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    return build(fallback)
+                    return build(fallback())
                 time.sleep(1)
         try:
             if (folder / RESULT).is_file():
@@ -99,7 +100,7 @@ def seed_home(home: Path, stages: dict[str, str]) -> list[Path]:
 class DemoStages:
     """The session's shared build, made (or waited for) on first use, so a test can start its servers first."""
 
-    def __init__(self, folder: Path, fallback: Path):
+    def __init__(self, folder: Path, fallback: Callable[[], Path]):
         self.folder, self.fallback, self.stages = folder, fallback, None
 
     def seed(self, home: Path) -> list[Path]:
