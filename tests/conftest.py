@@ -65,6 +65,18 @@ def prefect_api(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="session")
+def demo_stage_cache(tmp_path_factory):
+    """The demo's data and base-model stages, built once per test session for every xdist worker
+    (tests/demo_stages.py): `demo_stage_cache.seed(home)` copies them into an RLVR_HOME's cache before a test
+    runs the demo recipe there, so its runs find them cached instead of training the warm start again."""
+    from tests.demo_stages import DemoStages
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    return DemoStages(shared / "demo-stages", lambda: tmp_path_factory.mktemp("demo-stages-own"))
+
+
 @pytest.fixture
 def rlvr_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "rlvr-home"

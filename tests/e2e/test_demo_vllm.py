@@ -36,8 +36,9 @@ SHORT = ["--set", f"grpo.steps={STEPS}", "--set", f"grpo.eval_every={STEPS // 2}
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory):
+def both(tmp_path_factory, demo_stage_cache):
     home = tmp_path_factory.mktemp("home")
+    demo_stage_cache.seed(home)  # the demo's data and base model, built once per session (tests/conftest.py)
     out = {}
     for engine in ("hf", "vllm"):
         proc = rlvr(home, "demo", "--json", *SHORT, "--set", f"sampling.engine={engine}", timeout=2400)
