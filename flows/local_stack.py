@@ -45,8 +45,18 @@ PREFECT_FILE = ROOT / "infra" / "prefect" / "prefect.yaml"
 PROCESS_TEMPLATE = ROOT / "infra" / "prefect" / "process-base-job-template.json"
 GPU_POOL, CPU_POOL = "rlvr-gpu", "rlvr-cpu"
 HEARTBEAT_S = 30  # Prefect's minimum flow-run heartbeat interval
-LOST_AFTER_S = 75  # no heartbeat for this long: the flow run's worker is gone
+LOST_AFTER_S = 75  # no heartbeat for this long: the flow run's worker is gone (RLVR_LOST_AFTER_S overrides)
 NIGHTLY_CRON = "0 3 * * *"  # the nightly-eval deployment's schedule (UTC) unless prefect_up is given another
+
+
+def lost_after_s() -> int:
+    """Seconds without a heartbeat after which a flow run counts as lost: $RLVR_LOST_AFTER_S, else LOST_AFTER_S.
+    More than one heartbeat interval, or a healthy run would be marked Crashed between two heartbeats."""
+    value = int(os.environ.get("RLVR_LOST_AFTER_S") or LOST_AFTER_S)
+    if value <= HEARTBEAT_S + 5:
+        raise ValueError(f"RLVR_LOST_AFTER_S={value}: must exceed the {HEARTBEAT_S} s heartbeat interval by "
+                         "more than 5 s")
+    return value
 
 
 def _bin(name: str) -> str:
@@ -175,7 +185,7 @@ def deploy_fingerprint(env: dict[str, str], gpu_slots: int) -> str:
     for f in [PREFECT_FILE, PROCESS_TEMPLATE, *sorted((ROOT / "flows").glob("*.py"))]:
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     keys = ("RLVR_PROJECT_ROOT", "RLVR_GPU_POOL", "RLVR_CPU_POOL", "RLVR_NIGHTLY_CRON")
-    h.update(json.dumps([gpu_slots, LOST_AFTER_S, *(env[k] for k in keys)]).encode())
+    h.update(json.dumps([gpu_slots, lost_after_s(), *(env[k] for k in keys)]).encode())
     return h.hexdigest()[:32]
 
 
@@ -286,22 +296,27 @@ def _setup(gpu_slots: int) -> None:
             await client.create_concurrency_limit(tag="gpu", concurrency_limit=gpu_slots)
 
     asyncio.run(pools())
+    lost_after = lost_after_s()
     name = "rlvr-crash-lost-flow-runs"
     try:
-        Automation.read(name=name)
+        kept = Automation.read(name=name)
+        if kept.trigger.within == timedelta(seconds=lost_after):
+            return
+        kept.delete()  # set up with another RLVR_LOST_AFTER_S: replaced, not silently kept
     except ValueError:
-        Automation(
-            name=name, description="A flow run whose heartbeats stopped lost its worker: mark it Crashed so the "
-                                   "sweep launches it again (it resumes from its checkpoint).",
-            trigger=EventTrigger(
-                after={"prefect.flow-run.heartbeat"},
-                expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
-                        "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
-                match={"prefect.resource.id": ["prefect.flow-run.*"]}, for_each={"prefect.resource.id"},
-                posture=Posture.Proactive, threshold=1, within=timedelta(seconds=LOST_AFTER_S)),
-            actions=[ChangeFlowRunState(state=StateType.CRASHED,
-                                        message=f"no heartbeat for {LOST_AFTER_S} s: its worker was lost")],
-        ).create()
+        pass
+    Automation(
+        name=name, description="A flow run whose heartbeats stopped lost its worker: mark it Crashed so the "
+                               "sweep launches it again (it resumes from its checkpoint).",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+                    "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
+            match={"prefect.resource.id": ["prefect.flow-run.*"]}, for_each={"prefect.resource.id"},
+            posture=Posture.Proactive, threshold=1, within=timedelta(seconds=lost_after)),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED,
+                                    message=f"no heartbeat for {lost_after} s: its worker was lost")],
+    ).create()
 
 
 def _alive(pid: int) -> bool:

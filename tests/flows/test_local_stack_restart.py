@@ -52,3 +52,27 @@ def test_stopping_several_processes_asks_them_all_at_once_then_kills_what_stays(
     assert not any(ls._alive(p.pid) for p in procs)  # SIGTERM was noted, not obeyed: SIGKILL ended both
     asked = [float(m.read_text().split()[0]) for m in marks]
     assert abs(asked[0] - asked[1]) < 1.0, asked  # one after the other would be >= the 2 s grace apart
+
+
+def test_the_lost_worker_wait_comes_from_the_environment_and_replaces_the_automation(prefect_api, monkeypatch):
+    # RLVR_LOST_AFTER_S sets the automation's wait; setting the stack up again with another value replaces the
+    # automation (a kept one would silently go on with the old wait), and changes the deploy fingerprint.
+    from datetime import timedelta
+
+    import pytest
+    from prefect.automations import Automation
+
+    env = ls.stack_env(Path("/tmp/unused"), "http://127.0.0.1:1/api")
+    monkeypatch.delenv("RLVR_LOST_AFTER_S", raising=False)
+    assert ls.lost_after_s() == ls.LOST_AFTER_S == 75
+    default_fp = ls.deploy_fingerprint(env, gpu_slots=2)
+    for wait in (50, 60):
+        monkeypatch.setenv("RLVR_LOST_AFTER_S", str(wait))
+        ls._setup(gpu_slots=2)
+        automation = Automation.read(name="rlvr-crash-lost-flow-runs")
+        assert automation.trigger.within == timedelta(seconds=wait)
+        assert automation.actions[0].message == f"no heartbeat for {wait} s: its worker was lost"
+    assert ls.deploy_fingerprint(env, gpu_slots=2) != default_fp
+    monkeypatch.setenv("RLVR_LOST_AFTER_S", "30")  # not more than one heartbeat interval: a healthy run would crash
+    with pytest.raises(ValueError, match="RLVR_LOST_AFTER_S=30"):
+        ls.lost_after_s()
