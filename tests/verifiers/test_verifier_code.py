@@ -84,9 +84,11 @@ def test_bad_tests_are_an_error_not_incorrect():
         V.verify(fenced(GOOD), 42)
 
 
-def test_scratch_dirs_are_cleaned_up():
+def test_scratch_dirs_are_cleaned_up(tmp_path, monkeypatch):
     import tempfile
 
+    # This test's own temp folder: another xdist worker's verifications in the shared /tmp cannot show up here.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("rlvr-code-")}
     V.verify(fenced(GOOD), TESTS)
     after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("rlvr-code-")}
