@@ -149,6 +149,7 @@ def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int
     state["server_pid"] = server.pid
     try:
         _wait_healthy(api_url, server, log)
+        state["crashed_orphans"] = crash_orphaned_runs(api_url)  # before any worker of this start claims a run
         # The schedule is the user's: --nightly-cron, else $RLVR_NIGHTLY_CRON, else the one deployed on this
         # database (a restart keeps a cron set earlier, or edited in Prefect's UI), else NIGHTLY_CRON.
         deployed = (nightly_schedule(api_url) or {}).get("cron")
@@ -208,6 +209,25 @@ def _deployments_there(api_url: str) -> bool:
             return names <= {d["name"] for d in json.loads(r.read())}
     except (OSError, ValueError):
         return False
+
+
+def crash_orphaned_runs(api_url: str) -> int:
+    """Flow runs of this stack's pools left Pending by the workers of its previous start (`down` stopped them
+    while they submitted a run) are marked Crashed; the number marked. Such a run never heartbeats, so the
+    lost-worker automation does not see it, and it holds its deployment's concurrency slot: with the nightly
+    deployment's limit 1 (CANCEL_NEW), every later nightly run would be cancelled. Best effort: a failed call
+    leaves the runs as they are."""
+    try:
+        runs = _api(api_url, "/flow_runs/filter", {"flow_runs": {"state": {"type": {"any_": ["PENDING"]}}},
+                                                   "work_pools": {"name": {"any_": [GPU_POOL, CPU_POOL]}},
+                                                   "limit": 200})
+        for run in runs:
+            _api(api_url, f"/flow_runs/{run['id']}/set_state",
+                 {"state": {"type": "CRASHED", "name": "Crashed",
+                            "message": "left Pending when the stack stopped: its worker is gone"}})
+        return len(runs)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def _api(api_url: str, path: str, body: Any = None, method: str = "POST") -> Any:

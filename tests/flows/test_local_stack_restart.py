@@ -76,3 +76,33 @@ def test_the_lost_worker_wait_comes_from_the_environment_and_replaces_the_automa
     monkeypatch.setenv("RLVR_LOST_AFTER_S", "30")  # not more than one heartbeat interval: a healthy run would crash
     with pytest.raises(ValueError, match="RLVR_LOST_AFTER_S=30"):
         ls.lost_after_s()
+
+
+def test_runs_left_pending_by_a_stopped_stack_are_crashed_at_the_next_start(prefect_api):
+    # A worker stopped while it submitted a run leaves it Pending for good (no heartbeat, so the lost-worker
+    # automation never sees it), holding the nightly deployment's only concurrency slot; `prefect_up` marks
+    # such runs Crashed before its workers start. Runs in other states and other pools are left alone.
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.settings import PREFECT_API_URL
+    from prefect.states import Pending, Scheduled
+
+    api = PREFECT_API_URL.value().rstrip("/")
+    runs = {}
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name(f"orphans-{uuid.uuid4().hex[:6]}")
+        for pool in (ls.GPU_POOL, "someone-elses-pool"):
+            try:
+                client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+            except Exception:  # noqa: BLE001 - made by an earlier test of this session
+                pass
+            dep = client.create_deployment(flow_id=flow_id, name=f"d-{pool}-{uuid.uuid4().hex[:6]}", work_pool_name=pool)
+            for kind, state in (("pending", Pending()), ("scheduled", Scheduled())):
+                run = client.create_flow_run_from_deployment(dep, state=state)
+                runs[(pool, kind)] = run.id
+        assert ls.crash_orphaned_runs(api) >= 1
+        states = {k: client.read_flow_run(v).state.type.value for k, v in runs.items()}
+    assert states == {(ls.GPU_POOL, "pending"): "CRASHED", (ls.GPU_POOL, "scheduled"): "SCHEDULED",
+                      ("someone-elses-pool", "pending"): "PENDING", ("someone-elses-pool", "scheduled"): "SCHEDULED"}
