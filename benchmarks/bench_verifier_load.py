@@ -181,14 +181,18 @@ RUNNERS = {"in-process": in_process_run, "ours": ours, "pebble": pebble}
 
 # ------------------------------------------------------------------------------------------------ load
 class Load:
-    """`per_core` busy-loop processes per usable core while the block runs."""
+    """`per_core` busy-loop processes per usable core while the block runs, at niceness `nice` (0: they compete
+    with the runners as equals; a smoke run inside a test suite raises it so they take only idle CPU)."""
+
+    nice = 0
 
     def __init__(self, per_core: int):
         self.n = per_core * len(os.sched_getaffinity(0))
         self.procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> "Load":
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        hog = f"import os; os.nice({self.nice})\nwhile True: pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(self.n)]
         time.sleep(0.5 if self.n else 0)
         return self
 
@@ -254,15 +258,19 @@ def main() -> None:
     ap.add_argument("--hang-timeout-s", type=float, default=2.0)
     ap.add_argument("--tight-timeout-s", type=float, default=1.0, help="the math set again at this timeout ...")
     ap.add_argument("--heavy-load", type=int, default=6, help="... under this many busy loops per core")
+    ap.add_argument("--load-nice", type=int, default=0, help="niceness of the busy loops (19: a smoke run that "
+                    "checks the benchmark's mechanics without taking CPU from other work)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
+    Load.nice = args.load_nice
 
     sets = {"ifeval": ifeval_pairs()[:args.ifeval_limit], "math": math_pairs(args.math_limit)}
     refs = {name: in_process(name, pairs, args.timeout_s)[1] for name, pairs in sets.items()}
     loads = [0, args.load]
     print(f"machine: {len(os.sched_getaffinity(0))} cores; workers {args.workers}; timeout {args.timeout_s:g} s; "
-          f"loaded = {args.load} busy loops per core")
+          f"loaded = {args.load} busy loops per core"
+          + (f" at nice {args.load_nice}" if args.load_nice else ""))
     tp = throughput(args, sets, refs, loads)
     print("\n| load (busy loops/core) | set | timeout s | runner | items | wall s | items/s | false timeouts | "
           "verdicts ≠ in-process |")
