@@ -66,16 +66,17 @@ def test_the_lost_worker_wait_comes_from_the_environment_and_replaces_the_automa
     monkeypatch.delenv("RLVR_LOST_AFTER_S", raising=False)
     assert ls.lost_after_s() == ls.LOST_AFTER_S == 75
     default_fp = ls.deploy_fingerprint(env, gpu_slots=2)
-    for wait in (50, 60):
+    for wait in (60, 90):
         monkeypatch.setenv("RLVR_LOST_AFTER_S", str(wait))
         ls._setup(gpu_slots=2)
         automation = Automation.read(name="rlvr-crash-lost-flow-runs")
         assert automation.trigger.within == timedelta(seconds=wait)
         assert automation.actions[0].message == f"no heartbeat for {wait} s: its worker was lost"
     assert ls.deploy_fingerprint(env, gpu_slots=2) != default_fp
-    monkeypatch.setenv("RLVR_LOST_AFTER_S", "30")  # not more than one heartbeat interval: a healthy run would crash
-    with pytest.raises(ValueError, match="RLVR_LOST_AFTER_S=30"):
-        ls.lost_after_s()
+    for wait in (30, 59):  # under two heartbeat intervals: a healthy run whose heartbeat arrives late would crash
+        monkeypatch.setenv("RLVR_LOST_AFTER_S", str(wait))
+        with pytest.raises(ValueError, match=f"RLVR_LOST_AFTER_S={wait}: must be at least two"):
+            ls.lost_after_s()
 
 
 def test_runs_left_pending_by_a_stopped_stack_are_crashed_at_the_next_start(prefect_api):
