@@ -23,6 +23,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+# DeepSpeed JIT-compiles its shared-memory all-reduce op the first time several processes train together (~50 CPU
+# seconds). Every test and every process it starts shares torch's own default cache for such ops
+# ($XDG_CACHE_HOME or ~/.cache, then torch_extensions; torch keys it by Python and torch version and rebuilds when
+# the source changes), so the op is compiled once per machine instead of once per clone. Not imported from torch:
+# torch must not load before OMP_NUM_THREADS is set above.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                                  / "torch_extensions"))
+
 # Stacks the tests start deploy nightly-eval on its cron. The default (03:00 UTC) comes due whenever the suite runs
 # around 03:00, and that run then shows up in (or collides with) the runs a test counts. Twelve hours from now
 # never comes due within a test session; a test that wants the cron to fire passes its own.

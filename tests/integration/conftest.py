@@ -46,8 +46,8 @@ def clean_env(home: Path) -> dict[str, str]:
            and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["RLVR_HOME"] = str(home)
     env.setdefault("OMP_NUM_THREADS", "1")
-    # DeepSpeed's JIT-compiled op is compiled once per cache folder (~35 s): share the project's.
-    env["TORCH_EXTENSIONS_DIR"] = str(ROOT / ".rlvr" / "torch_extensions")
+    # DeepSpeed's JIT-compiled op is compiled once per cache folder (~35 s): share the suite's (tests/conftest.py).
+    env["TORCH_EXTENSIONS_DIR"] = os.environ["TORCH_EXTENSIONS_DIR"]
     return env
 
 
