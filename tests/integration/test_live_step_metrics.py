@@ -17,6 +17,7 @@ import pytest
 
 from rlvr_core.records.tracking import StepMetricsSink, Tracker
 from rlvr_core.core.net import free_port
+from tests.mlflow_server import server_env
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,8 @@ def _serve(db: Path, port: int, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
                              "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{db}",
                              "--default-artifact-root", str(db.parent / "artifacts")],
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env=server_env())
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()[-3000:]
