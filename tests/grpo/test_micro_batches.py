@@ -519,25 +519,31 @@ def big_vocab_dir(tmp_path_factory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp("big-vocab"), vocab=MEM_VOCAB, hidden=64, layers=1, tied=False)
 
 
-def test_peak_memory_follows_the_micro_batch_not_the_batch(big_vocab_dir, tmp_path):
-    """Measured (2 CPU cores): 47.1 MiB at 16 sequences, 47.3 at 32 (x1.004) with micro-batches of 4 and
-    chunks of 64 positions; 328 and 661 MiB (x2.01) for the same updates in one full-vocabulary pass."""
+@pytest.fixture(scope="module")
+def peaks(big_vocab_dir, tmp_path_factory) -> dict[str, int]:
+    """Both memory tests' configurations, measured one after the other in one fresh process (one start-up
+    of torch and DeepSpeed instead of two; each configuration's peak is taken from its own reset)."""
     split = dict(micro_batch_size=4, logprob_chunk_size=64)
     whole = dict(logprob_chunk_size=0)
-    peaks = _peaks(tmp_path, big_vocab_dir, {
+    budget = dict(max_tokens_per_micro_batch=160, logprob_chunk_size=64)
+    return _peaks(tmp_path_factory.mktemp("mem"), big_vocab_dir, {
         "split_16": dict(n=16, completion=32, cfg=split), "split_32": dict(n=32, completion=32, cfg=split),
-        "whole_16": dict(n=16, completion=32, cfg=whole), "whole_32": dict(n=32, completion=32, cfg=whole)})
+        "whole_16": dict(n=16, completion=32, cfg=whole), "whole_32": dict(n=32, completion=32, cfg=whole),
+        **{f"budget_{c}": dict(n=8, completion=c, cfg=budget) for c in (32, 128)}})
+
+
+def test_peak_memory_follows_the_micro_batch_not_the_batch(peaks):
+    """Measured (2 CPU cores): 47.1 MiB at 16 sequences, 47.3 at 32 (x1.004) with micro-batches of 4 and
+    chunks of 64 positions; 328 and 661 MiB (x2.01) for the same updates in one full-vocabulary pass."""
     # The measurement sees the batch: one full-vocabulary pass over twice the sequences needs ~twice the memory.
     assert peaks["whole_32"] > 1.6 * peaks["whole_16"], peaks
     assert peaks["split_32"] < 1.1 * peaks["split_16"], peaks
     assert peaks["split_16"] < 0.5 * peaks["whole_16"], peaks
 
 
-def test_peak_memory_follows_the_token_budget_not_the_completion_length(big_vocab_dir, tmp_path):
+def test_peak_memory_follows_the_token_budget_not_the_completion_length(peaks):
     """Measured: 47.2 MiB with completions of 32 tokens and of 128 (x1.00) under a budget of 160 tokens
     (4 x (8 + 32) or 1 x (8 + 128) per micro-batch)."""
-    budget = dict(max_tokens_per_micro_batch=160, logprob_chunk_size=64)
-    peaks = _peaks(tmp_path, big_vocab_dir, {f"budget_{c}": dict(n=8, completion=c, cfg=budget) for c in (32, 128)})
     assert peaks["budget_128"] < 1.1 * peaks["budget_32"], peaks
 
 
