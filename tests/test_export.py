@@ -27,7 +27,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from rlvr_core.artifacts.export import (MANIFEST_FILE, ExportError, ExportVerificationError, export_checkpoint,  # noqa: E402

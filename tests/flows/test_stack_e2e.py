@@ -45,7 +45,6 @@ TINY_EVAL = {k: v for k, v in SWEEP_SET.items() if k.startswith(("data.", "eval.
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, monkeypatch_module, demo_stage_cache):
     home = tmp_path_factory.mktemp("stack")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))  # compiled once
     # An MLflow tracking server (as on a team stack) over the sqlite file the tests also read directly:
     # flows and `rlvr sweep` get MLFLOW_TRACKING_URI through stack_env, so links point at its UI.
     mlflow = start_mlflow(home)

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig  # noqa: E402

@@ -25,7 +25,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from rlvr_core.experiment.config import ConfigError, GRPOConfig, GRPOMemoryConfig, parse_config  # noqa: E402
