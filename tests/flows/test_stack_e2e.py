@@ -49,8 +49,8 @@ def stack(tmp_path_factory, monkeypatch_module, demo_stage_cache):
     # flows and `rlvr sweep` get MLFLOW_TRACKING_URI through stack_env, so links point at its UI.
     mlflow = start_mlflow(home)
     monkeypatch_module.setenv("MLFLOW_TRACKING_URI", mlflow["url"])
-    # The lost-worker automation keeps its default wait (75 s): at 50 s a healthy sweep was marked Crashed here
-    # while the machine was loaded (its heartbeat reached the SQLite server late).
+    # The lost-worker automation keeps its default wait (flows/local_stack.py LOST_AFTER_S): shorter waits marked
+    # healthy sweeps Crashed here (50 s and 75 s) while the stack's SQLite server stalled on its database lock.
     monkeypatch_module.delenv("RLVR_LOST_AFTER_S", raising=False)
     try:
         state = prefect_up(home)
