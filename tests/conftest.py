@@ -24,12 +24,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 # DeepSpeed JIT-compiles its shared-memory all-reduce op the first time several processes train together (~50 CPU
-# seconds). Every test and every process it starts shares torch's own default cache for such ops
-# ($XDG_CACHE_HOME or ~/.cache, then torch_extensions; torch keys it by Python and torch version and rebuilds when
-# the source changes), so the op is compiled once per machine instead of once per clone. Not imported from torch:
-# torch must not load before OMP_NUM_THREADS is set above.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                                  / "torch_extensions"))
+# seconds). Every test and every process it starts shares one cache for it, the project's .rlvr/torch_extensions
+# (the product's default is $RLVR_HOME/torch_extensions, one per test home), so a run compiles it once. Not a
+# machine-wide folder: torch keys the build on its command, which holds the venv's path, so checkouts with
+# different venvs sharing one folder rebuild it in turn.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".rlvr" / "torch_extensions"))
 
 # Stacks the tests start deploy nightly-eval on its cron. The default (03:00 UTC) comes due whenever the suite runs
 # around 03:00, and that run then shows up in (or collides with) the runs a test counts. Twelve hours from now

@@ -6,9 +6,9 @@ has an even number of characters; tests/grpo/grpo_helpers.py, with the tiny mode
 tests share): groups then nearly always have reward variance, so every step produces a gradient. Everything else is the production path: HFEngine rollouts, VerifierPool,
 grpo_loss, DeepSpeed ZeRO, checkpoints.
 
-Multi-process runs make DeepSpeed compile its shared-memory op on first use (~35 s); the suite shares torch's
-default cache for it (TORCH_EXTENSIONS_DIR, tests/conftest.py), so that cost is paid once per machine. A single
-process compiles nothing (test below).
+Multi-process runs make DeepSpeed compile its shared-memory op on first use (~35 s); the suite shares the
+project's cache for it (TORCH_EXTENSIONS_DIR, tests/conftest.py), so that cost is paid once per checkout. A
+single process compiles nothing (test below).
 """
 
 from __future__ import annotations
