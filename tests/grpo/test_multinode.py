@@ -54,9 +54,16 @@ def _two_hosts(tmp_path: Path) -> dict:
     return {**TWO_NODES, "mode": "deepspeed", "hostfile": str(hostfile)}
 
 
+@pytest.fixture(scope="module")
+def one_process_runs(tmp_path_factory) -> tuple[Path, dict]:
+    """The one-process reference trainings, one per ZeRO stage, each in a home of its own: the torchrun and the
+    deepspeed launch of ZeRO-2 compare against the same run (same config, same inputs: the same folder key)."""
+    return tmp_path_factory.mktemp("one-process-homes"), {}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launch,zero", [("torchrun", 2), ("torchrun", 3), ("deepspeed", 2)])
-def test_two_nodes_train_like_one_process(tiny, rlvr_home, tmp_path, monkeypatch, launch, zero):
+def test_two_nodes_train_like_one_process(tiny, rlvr_home, tmp_path, monkeypatch, launch, zero, one_process_runs):
     cfg, data, base, cur = _inputs(tiny, tmp_path)
     cfg = _with(cfg, steps=2, lr=1e-3, checkpoint_every=1, zero_stage=zero)
     group = stages.train_stage(_with(cfg, launch=TWO_NODES if launch == "torchrun" else _two_hosts(tmp_path)),
@@ -64,8 +71,11 @@ def test_two_nodes_train_like_one_process(tiny, rlvr_home, tmp_path, monkeypatch
     if launch == "deepspeed":  # node 1 ran under DeepSpeed's per-node launcher as global rank 1
         assert "'localhost': [1]" in (Path(group.folder) / "launch" / "node1.log").read_text()
         assert group.summary["numerics"]["grpo.launch"] == "deepspeed"
-    monkeypatch.setenv("RLVR_HOME", str(tmp_path / "one-process-home"))
-    one = stages.train_stage(cfg, data, base, cur)
+    homes, runs = one_process_runs
+    if zero not in runs:
+        monkeypatch.setenv("RLVR_HOME", str(homes / f"zero{zero}"))
+        runs[zero] = stages.train_stage(cfg, data, base, cur)
+    one = runs[zero]
     # Same inputs, same key: the launch settings are recorded, not keyed.
     assert Path(group.folder).name == Path(one.folder).name and group.folder != one.folder
     assert group.summary["numerics"]["grpo.nnodes"] == 2 and one.summary["numerics"]["grpo.nnodes"] == 1
