@@ -23,11 +23,14 @@ from tests.mlflow_server import start_mlflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
-TINY = {"data.synthetic.n_train": 200, "data.synthetic.n_test": 12, "model.warm_start.steps": 20,
+# The checks are about where a secret could land, not about accuracy: the smallest sizes that run every stage
+# (8-token generations, a 4-step warm start, 4 held-out problems).
+TINY = {"data.synthetic.n_train": 16, "data.synthetic.n_test": 4, "model.warm_start.steps": 4,
         "passk.max_prompts": 8, "passk.n_samples": 2, "passk.ks": [1, 2], "eval.n_samples": 2,
-        "eval.max_problems": 8, "tracking.experiment": "secrets"}
+        "eval.max_problems": 4, "sampling.max_new_tokens": 8, "eval.max_new_tokens": 8,
+        "tracking.experiment": "secrets"}
 TRAIN = {"grpo.enabled": True, "grpo.steps": 2, "grpo.warmup_steps": 0, "grpo.prompts_per_step": 2,
-         "grpo.group_size": 2, "grpo.checkpoint_every": 2}
+         "grpo.group_size": 2, "grpo.dynamic_sampling": False, "grpo.checkpoint_every": 2}
 
 
 def _hits(canaries: dict[str, str], data: bytes | str) -> list[str]:
