@@ -1,5 +1,6 @@
-"""End to end on a real local stack: Prefect server + process workers on 127.0.0.1 (flows/local_stack.py),
-deployments from infra/prefect/prefect.yaml, driven with the `prefect` CLI like a user would.
+"""End to end on a real local stack: Prefect server (on PostgreSQL, as `rlvr stack up` runs it) + process workers
+on 127.0.0.1 (flows/local_stack.py), deployments from infra/prefect/prefect.yaml, driven with the `prefect` CLI
+like a user would.
 
 One stack for the module (its start-up and the tiny base model are paid once):
 1. `rlvr sweep run demo-lr --watch` (2 cells x 2 seeds): one MLflow parent with four child runs,
@@ -33,6 +34,8 @@ import pytest
 import yaml
 
 from flows.local_stack import GPU_POOL, ROOT, prefect_down, prefect_up, stack_env, start_worker, stop_pid
+from rlvr_core.core.net import free_port
+from rlvr_core.pipeline.stack import _start_postgres, _stop
 from tests.mlflow_server import start_mlflow
 
 pytestmark = pytest.mark.slow
@@ -52,8 +55,12 @@ def stack(tmp_path_factory, monkeypatch_module, demo_stage_cache):
     # The lost-worker automation keeps its default wait (flows/local_stack.py LOST_AFTER_S): shorter waits marked
     # healthy sweeps Crashed here (50 s and 75 s) while the stack's SQLite server stalled on its database lock.
     monkeypatch_module.delenv("RLVR_LOST_AFTER_S", raising=False)
+    # Prefect's database is PostgreSQL, as `rlvr stack up` runs it: on SQLite the server stalled for its 60 s
+    # busy timeout when writers collided (a sweep's next trials were created a minute late).
+    pg = None
     try:
-        state = prefect_up(home)
+        pg = _start_postgres(free_port(), home / "postgres", home / "logs")
+        state = prefect_up(home, database_url=pg["url"])
         state["mlflow_url"] = mlflow["url"]
         try:
             # The demo's data and base model, built once per test session (shared with tests/e2e/test_demo_vllm.py):
@@ -63,6 +70,8 @@ def stack(tmp_path_factory, monkeypatch_module, demo_stage_cache):
         finally:
             prefect_down(state)
     finally:
+        if pg is not None:
+            _stop(pg, sig=pg["stop_signal"])
         stop_pid(mlflow["pid"])
 
 
