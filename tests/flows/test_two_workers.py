@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from flows.local_stack import CPU_POOL, GPU_POOL, ROOT, prefect_down, prefect_up, stack_env, start_worker
+from rlvr_core.core.net import free_port
+from rlvr_core.pipeline.stack import _start_postgres, _stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -81,11 +83,16 @@ def test_shared_stages_on_one_worker_training_on_another(tmp_path, s3_env, monke
     endpoint, bucket = s3_env
     for k, v in {"RLVR_STAGE_STORE": f"s3://{bucket}/stage-cache", "RLVR_ARTIFACT_URI": f"s3://{bucket}/runs",
                  "RLVR_S3_ENDPOINT_URL": endpoint, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-                 "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
-                                                        str(ROOT / ".rlvr" / "torch_extensions"))}.items():
+                 "TORCH_EXTENSIONS_DIR": os.environ["TORCH_EXTENSIONS_DIR"]}.items():  # tests/conftest.py's
         monkeypatch.setenv(k, v)  # what every stack process inherits (stack_env copies this environment)
     home_a, home_b = tmp_path / "worker-a", tmp_path / "worker-b"
-    state = prefect_up(tmp_path / "server", workers=False)
+    # Prefect's database is PostgreSQL, as `rlvr stack up` runs it (tests/flows/test_stack_e2e.py: why not SQLite).
+    pg = _start_postgres(free_port(), tmp_path / "postgres", tmp_path / "logs")
+    try:
+        state = prefect_up(tmp_path / "server", workers=False, database_url=pg["url"])
+    except BaseException:
+        _stop(pg, sig=pg["stop_signal"])
+        raise
     try:
         start_worker(state, CPU_POOL, "cpu-a", home=home_a)
         start_worker(state, GPU_POOL, "gpu-b", home=home_b)
@@ -96,6 +103,7 @@ def test_shared_stages_on_one_worker_training_on_another(tmp_path, s3_env, monke
         reference = _one_process(tmp_path / "one-home", state["api_url"])
     finally:
         prefect_down(state)
+        _stop(pg, sig=pg["stop_signal"])
 
     # A built the shared stages, B fetched them from the store and trained; neither has the other's work.
     for stage in ("data", "base_model", "pass_rate_table", "curriculum"):
