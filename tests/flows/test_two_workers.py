@@ -70,7 +70,8 @@ def _one_process(home: Path, api_url: str) -> dict:
     no stage store: the reference."""
     env = {k: v for k, v in stack_env(home, api_url).items() if k not in ("RLVR_STAGE_STORE", "RLVR_ARTIFACT_URI")}
     code = ("import json, sys; from flows.pipeline import pipeline_flow; "
-            f"print(json.dumps(pipeline_flow(**json.loads(sys.argv[1]), in_process=True, show_progress=False), default=str))")
+            "print(json.dumps(pipeline_flow(**json.loads(sys.argv[1]), in_process=True, show_progress=False), "
+            "default=str))")
     p = subprocess.run([sys.executable, "-c", code, json.dumps(PARAMS)], env=env, cwd=str(ROOT),
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
