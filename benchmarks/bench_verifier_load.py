@@ -184,10 +184,8 @@ class Load:
     """`per_core` busy-loop processes per usable core while the block runs, at niceness `nice` (0: they compete
     with the runners as equals; a smoke run inside a test suite raises it so they take only idle CPU)."""
 
-    nice = 0
-
-    def __init__(self, per_core: int):
-        self.n = per_core * len(os.sched_getaffinity(0))
+    def __init__(self, per_core: int, nice: int = 0):
+        self.n, self.nice = per_core * len(os.sched_getaffinity(0)), nice
         self.procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> "Load":
@@ -216,7 +214,7 @@ def throughput(args, sets: dict, refs: dict, loads: list[int]) -> list[dict]:
     rows = []
     for per_core, heavy in [*((n, False) for n in loads), (args.heavy_load, True)]:
         runs = [("math", args.tight_timeout_s)] if heavy else [(s, args.timeout_s) for s in sets]
-        with Load(per_core) as load:
+        with Load(per_core, args.load_nice) as load:
             if "math" in sets and not heavy:
                 rows.append(dict(load=per_core, hogs=load.n, set="math", runner="plain math-verify loop",
                                  timeout_s=None, items=len(sets["math"]), wall=plain_math_verify(sets["math"]),
@@ -238,7 +236,7 @@ def hangs(args, loads: list[int]) -> list[dict]:
     batch = good[:3] + [SYMPY_HANG] + good[3:6] + [C_HANG] + good[6:]
     rows = []
     for per_core in loads:
-        with Load(per_core) as load:
+        with Load(per_core, args.load_nice) as load:
             for runner in ("ours", "pebble"):
                 wall, outs, done = RUNNERS[runner](PLANTED, batch, args.workers, args.hang_timeout_s)
                 rows.append(dict(load=per_core, hogs=load.n, runner=runner, sympy_s=done[3], c_s=done[7],
@@ -263,7 +261,6 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
-    Load.nice = args.load_nice
 
     sets = {"ifeval": ifeval_pairs()[:args.ifeval_limit], "math": math_pairs(args.math_limit)}
     refs = {name: in_process(name, pairs, args.timeout_s)[1] for name, pairs in sets.items()}

@@ -34,9 +34,8 @@ import pytest
 import yaml
 
 from flows.local_stack import GPU_POOL, ROOT, prefect_down, prefect_up, stack_env, start_worker, stop_pid
-from rlvr_core.core.net import free_port
-from rlvr_core.pipeline.stack import _start_postgres, _stop
 from tests.mlflow_server import start_mlflow
+from tests.prefect_postgres import prefect_database
 
 pytestmark = pytest.mark.slow
 
@@ -52,26 +51,21 @@ def stack(tmp_path_factory, monkeypatch_module, demo_stage_cache):
     # flows and `rlvr sweep` get MLFLOW_TRACKING_URI through stack_env, so links point at its UI.
     mlflow = start_mlflow(home)
     monkeypatch_module.setenv("MLFLOW_TRACKING_URI", mlflow["url"])
-    # The lost-worker automation keeps its default wait (flows/local_stack.py LOST_AFTER_S): shorter waits marked
-    # healthy sweeps Crashed here (50 s and 75 s) while the stack's SQLite server stalled on its database lock.
+    # The lost-worker automation keeps its default wait (flows/local_stack.py LOST_AFTER_S: why not shorter).
     monkeypatch_module.delenv("RLVR_LOST_AFTER_S", raising=False)
-    # Prefect's database is PostgreSQL, as `rlvr stack up` runs it: on SQLite the server stalled for its 60 s
-    # busy timeout when writers collided (a sweep's next trials were created a minute late).
-    pg = None
     try:
-        pg = _start_postgres(free_port(), home / "postgres", home / "logs")
-        state = prefect_up(home, database_url=pg["url"])
-        state["mlflow_url"] = mlflow["url"]
-        try:
-            # The demo's data and base model, built once per test session (shared with tests/e2e/test_demo_vllm.py):
-            # the sweep's shared stages find them cached. Seeded after the servers start, so the two overlap.
-            demo_stage_cache.seed(home)
-            yield state
-        finally:
-            prefect_down(state)
+        with prefect_database(home) as database_url:  # PostgreSQL, as `rlvr stack up` runs it
+            state = prefect_up(home, database_url=database_url)
+            state["mlflow_url"] = mlflow["url"]
+            try:
+                # The demo's data and base model, built once per test session (shared with
+                # tests/e2e/test_demo_vllm.py): the sweep's shared stages find them cached. Seeded after the servers
+                # start, so the two overlap.
+                demo_stage_cache.seed(home)
+                yield state
+            finally:
+                prefect_down(state)
     finally:
-        if pg is not None:
-            _stop(pg, sig=pg["stop_signal"])
         stop_pid(mlflow["pid"])
 
 

@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 from flows.local_stack import CPU_POOL, GPU_POOL, ROOT, prefect_down, prefect_up, stack_env, start_worker
-from rlvr_core.core.net import free_port
-from rlvr_core.pipeline.stack import _start_postgres, _stop
+from tests.prefect_postgres import prefect_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -87,24 +86,18 @@ def test_shared_stages_on_one_worker_training_on_another(tmp_path, s3_env, monke
                  "TORCH_EXTENSIONS_DIR": os.environ["TORCH_EXTENSIONS_DIR"]}.items():  # tests/conftest.py's
         monkeypatch.setenv(k, v)  # what every stack process inherits (stack_env copies this environment)
     home_a, home_b = tmp_path / "worker-a", tmp_path / "worker-b"
-    # Prefect's database is PostgreSQL, as `rlvr stack up` runs it (tests/flows/test_stack_e2e.py: why not SQLite).
-    pg = _start_postgres(free_port(), tmp_path / "postgres", tmp_path / "logs")
-    try:
-        state = prefect_up(tmp_path / "server", workers=False, database_url=pg["url"])
-    except BaseException:
-        _stop(pg, sig=pg["stop_signal"])
-        raise
-    try:
-        start_worker(state, CPU_POOL, "cpu-a", home=home_a)
-        start_worker(state, GPU_POOL, "gpu-b", home=home_b)
-        shared = _run_deployment(state, "shared-stages")
-        assert shared["state_type"] == "COMPLETED", shared["state"]
-        run = _run_deployment(state, "pipeline")
-        assert run["state_type"] == "COMPLETED", run["state"]
-        reference = _one_process(tmp_path / "one-home", state["api_url"])
-    finally:
-        prefect_down(state)
-        _stop(pg, sig=pg["stop_signal"])
+    with prefect_database(tmp_path) as database_url:  # PostgreSQL, as `rlvr stack up` runs it
+        state = prefect_up(tmp_path / "server", workers=False, database_url=database_url)
+        try:
+            start_worker(state, CPU_POOL, "cpu-a", home=home_a)
+            start_worker(state, GPU_POOL, "gpu-b", home=home_b)
+            shared = _run_deployment(state, "shared-stages")
+            assert shared["state_type"] == "COMPLETED", shared["state"]
+            run = _run_deployment(state, "pipeline")
+            assert run["state_type"] == "COMPLETED", run["state"]
+            reference = _one_process(tmp_path / "one-home", state["api_url"])
+        finally:
+            prefect_down(state)
 
     # A built the shared stages, B fetched them from the store and trained; neither has the other's work.
     for stage in ("data", "base_model", "pass_rate_table", "curriculum"):
