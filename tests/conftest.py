@@ -17,9 +17,9 @@ from rlvr_core.core.net import free_port
 ROOT = Path(__file__).resolve().parent.parent
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Two workers share two cores: one torch/BLAS thread each (and in every process a test starts, unless the
-    # test sets its own), instead of two threads per worker contending for the same cores. Set before torch
-    # is imported: torch reads it once.
+    # Two computing workers share two cores: one torch/BLAS thread each (and in every process a test starts,
+    # unless the test sets its own), instead of two threads per worker contending for the same cores. Set before
+    # torch is imported: torch reads it once.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
@@ -139,8 +139,9 @@ def s3_env(moto_endpoint, monkeypatch):
 
 
 # ------------------------------------------------------------------ spreading the suite over xdist workers
-# `make test` runs the suite on two pytest-xdist workers (`-n 2`, docs/testing.md). The scheduler below hands a
-# worker a whole group at a time, so a group's module- and session-scoped fixtures are built once:
+# `make test` runs the suite on two computing pytest-xdist workers and a waiting one (`-n 3`, docs/testing.md).
+# The scheduler below hands a worker a whole group at a time, so a group's module- and session-scoped fixtures
+# are built once:
 #   * by default a group is one test file;
 #   * the files that use one of the expensive session fixtures form the fixture's group (SHARED_GROUPS), so
 #     every test that reads the fixture runs on the worker that built it (once per run, not once per worker);
@@ -160,11 +161,15 @@ SPLIT_BY_TEST = ("tests/test_benchmarks.py",)
 # The groups (or single tests of a split file) that take minutes, longest first, from the `--durations` table
 # of a whole run: groups are handed out in this order, so the long ones start at once and the short ones fill
 # in around them. A new slow file belongs here, or it may start last and leave one worker idle at the end.
+# A worker is handed the next group when two tests or fewer are left of its current ones. The HumanEval check
+# (80 s) goes before the stack e2e module, on the other worker than the vLLM pair: the stack's sweep then finds
+# the demo's shared base model (demo_stage_cache), which the pair's worker builds first, ready instead of waiting
+# idle for it.
 SLOWEST_FIRST = (
     "tests/e2e/test_demo_vllm.py",                  # two demos, 10 GRPO steps each (~3-4 min)
+    "tests/verifiers/test_humaneval_reference.py",
     "tests/flows/test_stack_e2e.py",                # Prefect stack, a 4-trial sweep, nightly runs, a lost worker
     "tests/e2e/test_demo.py",
-    "tests/verifiers/test_humaneval_reference.py",
     "tiny_checkpoints",
     "tests/test_benchmarks.py::test_bench_engines_smoke",
     "tests/grpo/test_micro_batches.py",
@@ -198,15 +203,43 @@ def xdist_group(nodeid: str) -> str:
     return nodeid if path in SPLIT_BY_TEST else path
 
 
+# Groups that mostly wait (on a cron minute, on a server's schedule) rather than compute. With three workers or
+# more, the last one is their lane: it runs these and nothing else, beside the two that compute, so their waiting
+# no longer holds one of the two cores' workers idle. Without such a worker, they go out like any other group.
+WAITING_LANE = ("tests/integration/test_stack_lifecycle.py",)  # two waits for a per-minute cron, ~1 CPU-s/s idle
+
+
 @pytest.hookimpl(optionalhook=True)  # pytest without xdist (-p no:xdist) runs too
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduler (a worker takes a whole scope; scopes go out in collection order with
-    `--no-loadscope-reorder`) with our groups as the scopes."""
+    `--no-loadscope-reorder`) with our groups as the scopes, and the waiting lane above."""
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group(nodeid)
+
+        def _lane(self):
+            nodes = sorted(self.assigned_work, key=lambda n: int(n.gateway.id.removeprefix("gw")))
+            return nodes[-1] if len(nodes) >= 3 else None
+
+        def _assign_work_unit(self, node) -> None:
+            """The next group for this node: the lane worker takes only waiting groups (and stops when none is
+            left), the others take the rest, and a waiting group too once nothing else is left."""
+            lane = self._lane()
+            if lane is None:
+                return super()._assign_work_unit(node)
+            waiting = [scope for scope in self.workqueue if scope in WAITING_LANE]
+            if node is lane:
+                if not waiting:
+                    node.shutdown()  # it finishes what it has first
+                    return
+                pick = waiting[0]
+            else:
+                rest = [scope for scope in self.workqueue if scope not in WAITING_LANE]
+                pick = (rest or waiting)[0]
+            self.workqueue.move_to_end(pick, last=False)
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 

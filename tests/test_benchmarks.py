@@ -685,17 +685,20 @@ def test_bench_decode_smoke():
 
 # ------------------------------------------------------------------------------ benchmarks/bench_traces.py
 @pytest.mark.slow
-def test_bench_traces_smoke(tmp_path):
+def test_bench_traces_smoke(tmp_path, demo_stage_cache):
     """The traces-on/off benchmark at one small step per arm: both arms train, the `on` arm writes its traced
     groups to MLflow (the step's trained groups, at most 4, none dropped) and the table has the ratio row."""
     import json
 
     out = tmp_path / "traces.json"
-    # The demo's token cap: at 8 tokens every answer is cut off, every reward is 0 and no group is trained (or
-    # traced). Seeded requests on a deterministic base: the same groups have reward variance on every run.
+    # The demo's base model, the session's shared build (tests/demo_stages.py), instead of the benchmark building
+    # its own (a warm start and its evaluation, ~45 CPU-s). The demo's token cap: at 8 tokens every answer is cut
+    # off, every reward is 0 and no group is trained (or traced). Seeded requests on a deterministic base: the
+    # same groups have reward variance on every run.
+    [base] = [p for p in demo_stage_cache.seed(tmp_path / "home") if p.parent.name == "base_model"]
     proc = _run_script("bench_traces.py", ["--steps", "1", "--warmup-steps", "0", "--prompts-per-step", "4",
                                            "--group-size", "4", "--max-new-tokens", "48", "--groups", "4",
-                                           "--base", str(tmp_path / "base"), "--threads", "1", "--json", str(out)])
+                                           "--base", str(base), "--threads", "1", "--json", str(out)])
     res = json.loads(out.read_text())
     # one trace per trained group of the step (dynamic sampling may train fewer than the 2 prompts)
     assert 0 < res["traces"] == res["expected"] <= 4 and res["runs"]["on"][0]["dropped"] == 0

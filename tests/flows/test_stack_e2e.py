@@ -51,8 +51,9 @@ def stack(tmp_path_factory, monkeypatch_module, demo_stage_cache):
     # flows and `rlvr sweep` get MLFLOW_TRACKING_URI through stack_env, so links point at its UI.
     mlflow = start_mlflow(home)
     monkeypatch_module.setenv("MLFLOW_TRACKING_URI", mlflow["url"])
-    # The lost-worker automation keeps its default wait (flows/local_stack.py LOST_AFTER_S: why not shorter).
-    monkeypatch_module.delenv("RLVR_LOST_AFTER_S", raising=False)
+    # The lost-worker automation waits the shortest it accepts (flows/local_stack.py: one heartbeat interval plus
+    # the longest a SQLite-backed server stalls); this server is on PostgreSQL, which does not stall like that.
+    monkeypatch_module.setenv("RLVR_LOST_AFTER_S", "90")
     try:
         with prefect_database(home) as database_url:  # PostgreSQL, as `rlvr stack up` runs it
             state = prefect_up(home, database_url=database_url)
