@@ -206,7 +206,7 @@ def xdist_group(nodeid: str) -> str:
 # Groups that mostly wait (on a cron minute, on a server's schedule) rather than compute. With three workers or
 # more, the last one is their lane: it runs these and nothing else, beside the two that compute, so their waiting
 # no longer holds one of the two cores' workers idle. Without such a worker, they go out like any other group.
-WAITING_LANE = ("tests/integration/test_stack_lifecycle.py",)  # two waits for a per-minute cron, ~1 CPU-s/s idle
+WAITING_LANE = ("tests/integration/test_stack_lifecycle.py",)  # sleeps through two waits for a per-minute cron
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest without xdist (-p no:xdist) runs too

@@ -249,7 +249,7 @@ def test_the_sweep_in_a_browser(stack):
     from tests.dashboards.browser import page, screenshot
 
     parent, children = sweep_runs(stack, "demo-lr")
-    exp, names = parent.info.experiment_id, sorted(c.info.run_name for c in children)
+    names = sorted(c.info.run_name for c in children)
     tracker = Tracker("rlvr-sweeps", tracking_uri=stack["mlflow_url"])
     with page(width=1600, height=1000) as (pg, errors):
         pg.goto(tracker.view_url(charts=False))  # the runs without stage runs: the sweep run, its trials under it
