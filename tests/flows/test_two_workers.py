@@ -10,7 +10,6 @@ equals the same pipeline run by one process in a third home without a store.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -82,8 +81,8 @@ def test_shared_stages_on_one_worker_training_on_another(tmp_path, s3_env, monke
 
     endpoint, bucket = s3_env
     for k, v in {"RLVR_STAGE_STORE": f"s3://{bucket}/stage-cache", "RLVR_ARTIFACT_URI": f"s3://{bucket}/runs",
-                 "RLVR_S3_ENDPOINT_URL": endpoint, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-                 "TORCH_EXTENSIONS_DIR": os.environ["TORCH_EXTENSIONS_DIR"]}.items():  # tests/conftest.py's
+                 "RLVR_S3_ENDPOINT_URL": endpoint,
+                 "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}.items():
         monkeypatch.setenv(k, v)  # what every stack process inherits (stack_env copies this environment)
     home_a, home_b = tmp_path / "worker-a", tmp_path / "worker-b"
     with prefect_database(tmp_path) as database_url:  # PostgreSQL, as `rlvr stack up` runs it
