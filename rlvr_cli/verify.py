@@ -24,6 +24,7 @@ import typer
 
 from rlvr_core.data.gold import line_gold
 from rlvr_core.data.jsonl import DataFormatError, iter_jsonl
+from rlvr_core.sandbox.host import SandboxUnavailable
 from rlvr_core.verifiers.base import Status
 from rlvr_core.verifiers.pool import VerifierPool
 from rlvr_core.verifiers.registry import default_workers, get_verifier
@@ -52,10 +53,15 @@ def read_rows(path: Path, verifier: str) -> list[tuple[dict[str, Any], str, Any]
 
 def run_verify(
     verifier: str, input: Path, output: Path, mode: str | None = None, workers: int | None = None,
-    timeout_s: float = 5.0,
+    timeout_s: float = 5.0, isolation: str | None = None,
 ) -> Counter[str]:
-    """Library form of the command: returns the counts per status. workers None: the verifier's default."""
-    options = {"mode": mode} if mode is not None else {}
+    """Library form of the command: returns the counts per status. workers None: the verifier's default;
+    isolation (code only): `os` (the default) or `hook-only`."""
+    options: dict[str, Any] = {"mode": mode} if mode is not None else {}
+    if isolation is not None:
+        if verifier != "code":
+            raise ValueError(f"--isolation applies to the code verifier only, not {verifier!r}")
+        options["isolation"] = isolation
     get_verifier(verifier, **options)  # fail fast on an unknown verifier or mode, before reading input
     workers = default_workers(verifier) if workers is None else workers
     rows = read_rows(input, verifier)
@@ -82,11 +88,15 @@ def verify_command(
     timeout_s: Annotated[float, typer.Option(
         "--timeout-s", help="per-item limit in the item's own time: CPU time plus time blocked, not time spent "
         "waiting for a busy CPU; a hang is killed shortly after it")] = 5.0,
+    isolation: Annotated[Optional[str], typer.Option(
+        "--isolation", help="code: how model-written programs are isolated; os (default: bubblewrap namespaces, "
+        "refused where the host has none) or hook-only (the audit hook alone, an explicit opt-in)")] = None,
 ) -> None:
     """Verify responses in a JSONL file; print the counts per status."""
     try:
-        counts = run_verify(verifier, input, output, mode=mode, workers=workers, timeout_s=timeout_s)
-    except InputError as exc:
+        counts = run_verify(verifier, input, output, mode=mode, workers=workers, timeout_s=timeout_s,
+                            isolation=isolation)
+    except (InputError, SandboxUnavailable) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     except (KeyError, ValueError, TypeError) as exc:  # unknown verifier, bad mode

@@ -100,38 +100,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
-import secrets
-import select
-import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from rlvr_core.sandbox.host import bwrap_features, check_isolation
+from rlvr_core.sandbox.process import Limits, SandboxProcess, start
+from rlvr_core.sandbox.run import signalled, start_program
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier
-from rlvr_core.verifiers.code_child import BOOT, PASS_LINE, RUNNER
+from rlvr_core.verifiers.code_child import RUNNER
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
-
-@lru_cache(maxsize=1)
-def _unshare_prefix() -> tuple[str, ...]:
-    """["unshare", "-rn"] when an unprivileged network namespace can be created here, else ()."""
-    exe = shutil.which("unshare")
-    if not exe:
-        return ()
-    try:
-        ok = subprocess.run([exe, "-rn", "true"], capture_output=True, timeout=5).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    return (exe, "-rn") if ok else ()
-
 
 def extract_code(response: str) -> str | None:
     """The last fenced code block (```python … ```); else the whole response if it looks like code."""
@@ -176,37 +158,32 @@ def test_spec(tests: Any) -> dict[str, str | None]:
 class CodeVerifier:
     name = "code"
     # 2: the pass signal (a nonce) besides exit status 0. 3: the tests run in a process of their own against
-    # stand-ins of the solution's functions; only plain data crosses (module docstring).
-    version = "3"
+    # stand-ins of the solution's functions; only plain data crosses (module docstring). 4: both processes in
+    # OS sandboxes of their own (rlvr_core/sandbox): no other item's files, no data on disk, no process outside.
+    version = "4"
     # The program runs in a child with its own limits, but the verifier waits for it (and for the
     # sandbox's set-up): it runs in pool workers like the others.
     can_hang = True
 
     def warm_up(self) -> None:
-        _unshare_prefix()  # probes the sandbox once (a subprocess) before any item's clock runs
+        bwrap_features()  # probes the sandbox once (subprocesses) before any item's clock runs
 
     def __init__(
         self,
         time_limit_s: float = 5.0,
         memory_limit_mb: int = 512,
         protected_roots: list[str] | None = None,
-        network_namespace: bool = True,
         prepend_prompt: bool = False,
+        isolation: str = "os",
     ) -> None:
         self.prepend_prompt = prepend_prompt  # HumanEval: solution = prompt + completion (see above)
         self.time_limit_s = time_limit_s
         self.memory_limit_mb = memory_limit_mb
+        self.limits = Limits(time_s=time_limit_s, memory_mb=memory_limit_mb)
+        # Read-refused by the audit hook too (the second layer; under `os` isolation they are not in the view).
         self.protected_roots = [_PROJECT_ROOT] if protected_roots is None else list(protected_roots)
-        self.network_namespace = network_namespace
-
-    def _limits(self) -> None:  # runs in the child between fork and exec
-        os.setsid()  # own process group, so a timeout kills everything it started
-        mem = self.memory_limit_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        cpu = int(self.time_limit_s) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024 * 1024,) * 2)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        check_isolation(isolation)  # `os` where bwrap cannot isolate: refused here, before any item runs
+        self.isolation = isolation
 
     def verify(self, response: str, gold: Any) -> Outcome:
         if not isinstance(response, str):
@@ -228,111 +205,74 @@ class CodeVerifier:
     def run(self, program: str) -> ProgramRun:
         """Run a whole `program` in the sandbox, the tests (if any) inside it (see the module docstring); passed
         when its last statement ran (the pass signal) and it exited 0. `verify` uses `run_tests` instead."""
-        with self._private() as private:
-            return self._run_whole(private, program)
+        _check_sigchld()
+        with tempfile.TemporaryFile() as err:
+            child, signal_fd, nonce = start_program(program, isolation=self.isolation, limits=self.limits,
+                                                    protected=self.protected_roots, stderr=err)
+            try:
+                with child:
+                    if not child.wait(self.time_limit_s):
+                        return ProgramRun(None, False, "", timed_out=True)
+                    child.kill()  # whatever it left running in its namespace
+                    return ProgramRun(child.returncode, signalled(signal_fd, nonce), _tail(err))
+            finally:
+                os.close(signal_fd)
 
     def run_tests(self, solution: str, spec: dict[str, str | None]) -> ProgramRun:
-        """Run `solution` in the sandbox and the tests of `spec` (`test_spec`) in a trusted process of their own
-        that calls it; passed when the solution loaded (the pass signal) and every test passed."""
-        with self._private() as private:
-            return self._run_split(private, solution, spec)
-
-    @contextmanager
-    def _private(self):
-        if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
-            # The kernel would reap the program at once and subprocess would read exit status 0: every
-            # program would "pass". Refuse (an `error` outcome) rather than score that.
-            raise RuntimeError("SIGCHLD is ignored in this process: the program's exit status cannot be read")
-        private = tempfile.mkdtemp(prefix="rlvr-code-")  # the harness's files; the program's scratch inside
-        try:
-            yield private
-        finally:
-            shutil.rmtree(private, ignore_errors=True)
-
-    def _start_solution(self, private: str, program: str, serve_fds: tuple[int, ...]) -> _Started:
-        """The sandboxed child: `program` in scratch, its nonce, the pipe for the pass signal; started."""
-        scratch = os.path.join(private, "run")
-        os.mkdir(scratch)
-        Path(scratch, "program.py").write_text(program + "\n")
-        nonce = secrets.token_hex(16).encode()
-        nonce_path = os.path.join(private, "nonce")
-        Path(nonce_path).write_bytes(nonce)
-        prefix = _unshare_prefix() if self.network_namespace else ()
-        env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8"}
-        read_end, write_end = os.pipe()
-        cmd = [*prefix, sys.executable, "-I", "-S", "-c", BOOT, scratch, os.pathsep.join(self.protected_roots),
-               nonce_path, str(write_end), str(PASS_LINE), *map(str, serve_fds)]
-        # stdout is not kept (nothing reads it; a program printing gigabytes costs nothing); stderr goes to
-        # a file under RLIMIT_FSIZE, of which only the tail is read.
-        err_file = open(os.path.join(private, "stderr"), "w+b")
-        try:
-            proc = subprocess.Popen(cmd, cwd=scratch, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=err_file, pass_fds=(write_end, *serve_fds), preexec_fn=self._limits)
-        except BaseException:
-            err_file.close()
-            os.close(read_end)
-            raise
-        finally:
-            os.close(write_end)
-        return _Started(proc, err_file, read_end, nonce)
-
-    def _run_whole(self, private: str, program: str) -> ProgramRun:
-        child = self._start_solution(private, program, ())
-        with child:
-            if not _wait(child.proc, self.time_limit_s):
-                child.kill()
-                return ProgramRun(None, False, "", timed_out=True)
-            return ProgramRun(child.proc.returncode, child.signalled(), _tail(child.err_file))
-
-    def _run_split(self, private: str, solution: str, spec: dict[str, str | None]) -> ProgramRun:
-        spec_path = os.path.join(private, "tests.json")  # in the private folder: the solution cannot read it
-        Path(spec_path).write_text(json.dumps(spec))
+        """Run `solution` in the sandbox and the tests of `spec` (`test_spec`) in a sandbox of their own that calls
+        it; passed when the solution loaded (the pass signal) and every test passed."""
+        _check_sigchld()
         calls_r, calls_w = os.pipe()
         answers_r, answers_w = os.pipe()
-        verdict_r, verdict_w = os.pipe()
-        try:
-            child = self._start_solution(private, solution, (calls_r, answers_w))
-        except BaseException:  # a pool worker lives long: no descriptor may leak on an `error` outcome
-            for fd in (calls_w, answers_r, verdict_r, verdict_w):
-                os.close(fd)
-            raise
-        finally:
-            os.close(calls_r)
-            os.close(answers_w)
-        with child:
+        with tempfile.TemporaryFile() as err:
             try:
-                tests = self._start_tests(private, spec_path, (calls_w, answers_r, verdict_w))
-            except BaseException:
-                os.close(verdict_r)
+                child, signal_fd, nonce = start_program(solution, isolation=self.isolation, limits=self.limits,
+                                                        protected=self.protected_roots, stderr=err,
+                                                        serve_fds=(calls_r, answers_w))
+            except BaseException:  # a pool worker lives long: no descriptor may leak on an `error` outcome
+                for fd in (calls_w, answers_r):
+                    os.close(fd)
                 raise
             finally:
-                for fd in (calls_w, answers_r, verdict_w):
-                    os.close(fd)
+                os.close(calls_r)
+                os.close(answers_w)
             try:
-                if not _wait(tests, self.time_limit_s):
-                    os.killpg(tests.pid, signal.SIGKILL)
-                    tests.wait()
-                    child.kill()
+                with child:
+                    return self._against_tests(child, (signal_fd, nonce), err, spec, (calls_w, answers_r))
+            finally:
+                os.close(signal_fd)
+
+    def _against_tests(self, child: SandboxProcess, signal: tuple[int, bytes], err: Any,
+                       spec: dict[str, str | None], link: tuple[int, int]) -> ProgramRun:
+        """The tests' process against the started solution; the verdict."""
+        verdict_r, verdict_w = os.pipe()
+        try:
+            tests = self._start_tests(spec, (*link, verdict_w))
+        except BaseException:
+            os.close(verdict_r)
+            raise
+        finally:
+            for fd in (*link, verdict_w):
+                os.close(fd)
+        try:
+            with tests:
+                if not tests.wait(self.time_limit_s):
                     return ProgramRun(None, False, "", timed_out=True)
                 verdict = _verdict(_read_all(verdict_r), tests.returncode)
-                if not verdict["passed"]:  # the child may be ending by itself (a crash, the CPU limit): its status
-                    try:
-                        child.proc.wait(timeout=0.5)
-                    except subprocess.TimeoutExpired:
-                        pass
-                own_exit = child.proc.poll()  # None: still serving the tests, as it should
-                child.kill()
-            finally:
-                os.close(verdict_r)
-            return ProgramRun(own_exit, child.signalled(), _tail(child.err_file), tests=verdict)
+            if not verdict["passed"]:  # the solution may be ending by itself (a crash, the CPU limit): its status
+                child.wait(0.5)
+            own_exit = child.poll()  # None: still serving the tests, as it should
+            child.kill()
+            return ProgramRun(own_exit, signalled(*signal), _tail(err), tests=verdict)
+        finally:
+            os.close(verdict_r)
 
-    def _start_tests(self, private: str, spec_path: str, fds: tuple[int, int, int]) -> subprocess.Popen:
-        """The trusted tests' process: no sandbox (it runs only the benchmark's own test code), the same limits."""
-        with open(os.path.join(private, "tests_stderr"), "wb") as err:
-            return subprocess.Popen([sys.executable, "-I", "-S", "-c", RUNNER, spec_path, *map(str, fds)],
-                                    cwd=private, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, pass_fds=fds,
-                                    preexec_fn=self._limits)
+    def _start_tests(self, spec: dict[str, str | None], fds: tuple[int, int, int]) -> SandboxProcess:
+        """The trusted tests' process, in a sandbox of its own (it runs only the benchmark's test code, but beside a
+        solution that may have tampered with what it reads): its spec is a read-only harness file there."""
+        return start(lambda paths: ["-I", "-S", "-c", RUNNER, f"{paths.harness}/tests.json", *map(str, fds)],
+                     isolation=self.isolation, limits=self.limits, harness={"tests.json": json.dumps(spec).encode()},
+                     pass_fds=fds)
 
     def _outcome(self, run: ProgramRun, code: str) -> Outcome:
         if run.timed_out:
@@ -348,6 +288,13 @@ class CodeVerifier:
         return Outcome(Status.INCORRECT, 0.0, code, self.name, self.version, _failure(run)[:500], extra)
 
 
+def _check_sigchld() -> None:
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        # The kernel would reap the program at once and subprocess would read exit status 0: every program would
+        # "pass". Refuse (an `error` outcome) rather than score that.
+        raise RuntimeError("SIGCHLD is ignored in this process: the program's exit status cannot be read")
+
+
 def _failure(run: ProgramRun) -> str:
     """Why a run did not pass, in one line."""
     if run.tests is not None and run.pass_signal:  # the solution loaded: the tests say what failed
@@ -359,40 +306,6 @@ def _failure(run: ProgramRun) -> str:
     if run.returncode is None and run.tests is not None:  # still serving, yet no pass signal: cannot happen
         return str(run.tests.get("detail") or "no pass signal from the harness")
     return (run.stderr_tail.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
-
-
-@dataclass
-class _Started:
-    """The sandboxed child while it runs: its process, stderr file and the read end of the pass-signal pipe."""
-
-    proc: subprocess.Popen
-    err_file: Any
-    signal_fd: int
-    nonce: bytes
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
-
-    def signalled(self) -> bool:
-        """The pipe holds exactly this run's nonce."""
-        os.set_blocking(self.signal_fd, False)
-        try:
-            return os.read(self.signal_fd, len(self.nonce) + 1) == self.nonce
-        except BlockingIOError:
-            return False
-
-    def __enter__(self) -> _Started:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.kill()
-        self.err_file.close()
-        os.close(self.signal_fd)
 
 
 @dataclass(frozen=True)
@@ -436,28 +349,6 @@ def _read_all(fd: int) -> bytes:
     except BlockingIOError:
         pass
     return b"".join(chunks)
-
-
-def _wait(proc: subprocess.Popen, timeout: float) -> bool:
-    """Wait for `proc` to exit (True) or `timeout` seconds (False). A pidfd wakes the caller at the exit itself;
-    `Popen.wait(timeout)` polls with sleeps growing to 50 ms, which added ~10 ms to a 35 ms run."""
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfd here (old kernel, seccomp): subprocess's polling wait
-        try:
-            proc.wait(timeout=timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-    try:
-        poller = select.poll()  # not select.select: a pool worker's fd numbers may pass FD_SETSIZE
-        poller.register(pidfd, select.POLLIN)
-        if not poller.poll(timeout * 1000):
-            return False
-    finally:
-        os.close(pidfd)
-    proc.wait()
-    return True
 
 
 def _tail(f, size: int = 64 * 1024) -> str:
