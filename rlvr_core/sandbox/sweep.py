@@ -17,13 +17,21 @@ _LEGACY_AGE_S = 3600.0
 
 
 def _alive(pid: int) -> bool:
+    """The process runs (a zombie, killed and not yet reaped by its parent, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
         return False
-    except PermissionError:  # another user's live process
+    except OSError:  # no /proc here: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's live process
+            return True
         return True
-    return True
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
 
 
 def _stale(entry: os.DirEntry, now: float) -> bool:

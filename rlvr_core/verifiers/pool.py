@@ -84,6 +84,7 @@ from multiprocessing import forkserver, reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from rlvr_core.sandbox.sweep import sweep_stale
 from rlvr_core.verifiers.base import Outcome, Status, safe_verify
 from rlvr_core.verifiers.registry import can_hang, get_verifier
 
@@ -357,6 +358,7 @@ class VerifierPool:
         # Built here too: validates name and options before any process starts, gives the version for
         # timeout outcomes, and is the verifier itself when workers=0.
         self._local = get_verifier(name, **self.options)
+        sweep_stale()  # sandbox folders a crashed earlier run left (rlvr_core/sandbox/sweep.py)
         if hasattr(self._local, "set_time_limit"):
             self._local.set_time_limit(timeout_s)
         if workers == 0:
@@ -463,14 +465,19 @@ class VerifierPool:
 
     def _reap(self, timeout: float = 0.0) -> None:
         give_up = time.monotonic() + timeout
+        reaped = False
         for w in list(self._dying):
             w.process.join(timeout=max(0.0, give_up - time.monotonic()))
             if not w.process.is_alive():
                 self._dying.remove(w)
+                reaped = True
+        if reaped:  # a killed worker's sandboxed item ended with it; a hook-only item's folder may be left
+            sweep_stale()
 
     def _replace(self, w: _Worker) -> None:
         """Kill `w` and put a spare in its slot (a ready one if any), then start a new spare."""
         self._kill(w)
+        sweep_stale()  # the folder of a hook-only item it was running
         self._restarts += 1
         self._workers[self._workers.index(w)] = self._take_spare()
         self._fill_spares()
@@ -494,6 +501,7 @@ class VerifierPool:
                 w.process.join(timeout=max(0.0, give_up - time.monotonic()))
             self._kill(w)
         self._reap(timeout=5)
+        sweep_stale()
         self._workers, self._sidelined, self._spares = [], [], []
 
     def _drop_pending_fork(self, w: _Worker) -> None:

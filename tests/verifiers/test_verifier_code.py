@@ -84,15 +84,16 @@ def test_bad_tests_are_an_error_not_incorrect():
         V.verify(fenced(GOOD), 42)
 
 
-def test_scratch_dirs_are_cleaned_up(tmp_path, monkeypatch):
+@pytest.mark.parametrize("isolation", ["os", "hook-only"])
+def test_scratch_dirs_are_cleaned_up(tmp_path, monkeypatch, isolation):
     import tempfile
 
     # This test's own temp folder: another xdist worker's verifications in the shared /tmp cannot show up here.
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("rlvr-code-")}
-    V.verify(fenced(GOOD), TESTS)
-    after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("rlvr-code-")}
-    assert after <= before
+    verifier = get_verifier("code", time_limit_s=2.0, isolation=isolation)
+    assert verifier.verify(fenced(GOOD), TESTS).status is Status.CORRECT
+    assert verifier.verify(fenced("raise ValueError('no')"), TESTS).status is Status.INCORRECT
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(("rlvr-code-", "rlvr-sandbox-"))]
 
 
 def test_the_hooks_state_cannot_be_rebound(tmp_path):
