@@ -583,13 +583,14 @@ def test_bench_verifier_load_smoke(tmp_path):
 
 def test_bench_code_verifier_smoke():
     """The code verifier's cost benchmark at a tiny size: every arm passes its correct item (the script asserts
-    it), and the JSON line holds the three medians."""
+    it), and the JSON line holds the medians and the OS sandbox's ratio to the hook-only arm."""
     import json
 
     proc = _run_script("bench_code_verifier.py", ["--n", "2", "--rounds", "1", "--json"])
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["ours_ms"] > 0 and res["whole_program_ms"] > 0 and res["plain_ms"] > 0
-    assert "x1.00 of the whole-program sandbox" in proc.stdout
+    assert res["ours_ms"] > 0 and res["hook_only_ms"] > 0 and res["whole_program_ms"] > 0 and res["plain_ms"] > 0
+    assert res["ratio_os_to_hook_only"] == res["ours_ms"] / res["hook_only_ms"]
+    assert "x1.00 of hook only" in proc.stdout
 
 def test_bench_gpu_grpo_train_only_tiny(tmp_path):
     """--train-only on the CPU (tiny shape, seconds): update_policy alone on fixed-length random completions;

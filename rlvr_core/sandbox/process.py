@@ -32,7 +32,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from rlvr_core.sandbox.host import BWRAP_ENV, bwrap_exe, bwrap_features, check_isolation
-from rlvr_core.sandbox.view import HARNESS, SCRATCH, bwrap_argv, python_executable
+from rlvr_core.sandbox.view import HARNESS, SCRATCH, bwrap_argv, prepare_view, python_executable
 
 PRIVATE_PREFIX = "rlvr-sandbox-"  # hook-only items' folders: rlvr-sandbox-<pid of the starter>-<random>
 _PR_SET_PDEATHSIG = 1
@@ -95,6 +95,17 @@ def _data_fd(data: bytes) -> int:
         view = view[os.write(fd, view):]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def warm_up(isolation: str) -> None:
+    """Do once what every start needs (probes, the view's binds, libc's prctl), before any item's clock runs."""
+    check_isolation(isolation)
+    _prctl()
+    if isolation == "os":
+        bwrap_features()
+        prepare_view()
+    else:
+        _unshare_net()
 
 
 def start(python_args: Callable[[Paths], list[str]], *, isolation: str, limits: Limits,

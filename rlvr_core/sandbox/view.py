@@ -67,6 +67,12 @@ def _python_binds() -> tuple[str, ...]:
     return tuple(args)
 
 
+def prepare_view() -> None:
+    """Compute the binds once (they read sysconfig and the host's top-level folders)."""
+    _system_binds()
+    _python_binds()
+
+
 def bwrap_argv(exe: str, features: frozenset[str], scratch_bytes: int, files: dict[str, int], harness: dict[str, int],
                info_fd: int) -> list[str]:
     """bwrap's arguments up to the command: `files` (name -> readable fd) copied into the scratch folder,

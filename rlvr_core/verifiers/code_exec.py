@@ -106,8 +106,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlvr_core.sandbox.host import bwrap_features, check_isolation
-from rlvr_core.sandbox.process import Limits, SandboxProcess, start
+from rlvr_core.sandbox.host import check_isolation
+from rlvr_core.sandbox.process import Limits, SandboxProcess, start, warm_up
 from rlvr_core.sandbox.run import signalled, start_program
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier
 from rlvr_core.verifiers.code_child import RUNNER
@@ -166,7 +166,7 @@ class CodeVerifier:
     can_hang = True
 
     def warm_up(self) -> None:
-        bwrap_features()  # probes the sandbox once (subprocesses) before any item's clock runs
+        warm_up(self.isolation)  # probes the sandbox once (subprocesses) before any item's clock runs
 
     def __init__(
         self,
