@@ -127,7 +127,8 @@ def _start_bwrap(python_args, limits, files, harness, pass_fds, stdio) -> Sandbo
     info_r, info_w = os.pipe()
     try:
         features = bwrap_features() or frozenset()
-        argv = bwrap_argv(str(bwrap_exe()), features, limits.file_mb * 1024 * 1024, fds["files"], fds["harness"], info_w)
+        argv = bwrap_argv(str(bwrap_exe()), features, limits.file_mb * 1024 * 1024, fds["files"], fds["harness"],
+                          info_w)
         argv += [python_executable(), *python_args(Paths(SCRATCH, HARNESS))]
         proc = subprocess.Popen(argv, env=BWRAP_ENV, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
                                 pass_fds=(*pass_fds, *data_fds, info_w), preexec_fn=_preexec(limits))
@@ -137,21 +138,29 @@ def _start_bwrap(python_args, limits, files, harness, pass_fds, stdio) -> Sandbo
     finally:
         for fd in (*data_fds, info_w):
             os.close(fd)
-    try:
-        child_pid = _read_child_pid(info_r, limits.time_s + 10)
-    finally:
-        os.close(info_r)
-    return SandboxProcess(proc, "os", _pidfd(child_pid), None)
+    return SandboxProcess(proc, "os", info_r, None)
 
 
-def _pidfd(pid: int | None) -> int | None:
-    """A pidfd of the sandbox's PID 1, so the kill cannot reach a process that reused its number."""
+def _init_pidfd(info_fd: int, bwrap_pid: int) -> int | None:
+    """A pidfd of the sandbox's PID 1 (bwrap's child, reported on `--info-fd`), or None when it is gone. Read when
+    the item is killed, not at the start, so that two sandboxes of one item set up at the same time. The pidfd
+    pins the process, and its parent must still be bwrap: a number reused since cannot be signalled."""
+    pid = _read_child_pid(info_fd, 10.0)
     if pid is None:
         return None
     try:
-        return os.pidfd_open(pid)
+        pidfd = os.pidfd_open(pid)
     except OSError:  # already gone (its namespace with it)
         return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        if int(stat[stat.rfind(b")") + 2:].split()[1]) == bwrap_pid:
+            return pidfd
+    except (OSError, ValueError, IndexError):
+        pass
+    os.close(pidfd)
+    return None
 
 
 def _read_child_pid(fd: int, timeout_s: float) -> int | None:
@@ -205,8 +214,8 @@ class SandboxProcess:
     """One sandboxed program while it runs; `close` (or leaving a `with`) ends every process it started and removes
     its files."""
 
-    def __init__(self, proc: subprocess.Popen, isolation: str, init_pidfd: int | None, private: str | None) -> None:
-        self.proc, self.isolation, self.init_pidfd, self.private = proc, isolation, init_pidfd, private
+    def __init__(self, proc: subprocess.Popen, isolation: str, info_fd: int | None, private: str | None) -> None:
+        self.proc, self.isolation, self.info_fd, self.private = proc, isolation, info_fd, private
 
     @property
     def pid(self) -> int:
@@ -247,8 +256,14 @@ class SandboxProcess:
 
     def kill(self) -> None:
         """End every process of the item and wait until they are gone."""
-        if self.proc.poll() is None and self.init_pidfd is not None:
-            _signal(lambda: signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL))  # the namespace's PID 1
+        pidfd = None
+        if self.proc.poll() is None and self.info_fd is not None:
+            pidfd = _init_pidfd(self.info_fd, self.proc.pid)
+        if pidfd is not None:
+            try:
+                _signal(lambda: signal.pidfd_send_signal(pidfd, signal.SIGKILL))  # the namespace's PID 1
+            finally:
+                os.close(pidfd)
             try:
                 self.proc.wait(timeout=10)  # bwrap reports PID 1's end once the kernel emptied its namespace
             except subprocess.TimeoutExpired:
@@ -261,9 +276,9 @@ class SandboxProcess:
         try:
             self.kill()
         finally:
-            if self.init_pidfd is not None:
-                os.close(self.init_pidfd)
-                self.init_pidfd = None
+            if self.info_fd is not None:
+                os.close(self.info_fd)
+                self.info_fd = None
             if self.private is not None:
                 shutil.rmtree(self.private, ignore_errors=True)
 
