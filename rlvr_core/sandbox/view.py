@@ -2,7 +2,7 @@
 
 Read-only: `/usr` (with the `/bin`, `/lib`, `/lib64`, `/sbin` links or folders of the host) and the interpreter's
 own prefix (its standard library and `lib-dynload`), with every `site-packages` of that prefix hidden under an empty
-tmpfs. Writable: the scratch folder, a size-capped tmpfs that holds the program's files and is its cwd, HOME and
+tmpfs; bwrap's root and `/dev` (so no tmpfs but the scratch folder can fill memory). Writable: the scratch folder, a size-capped tmpfs that holds the program's files and is its cwd, HOME and
 TMPDIR. Read-only harness files (a pass-signal nonce, a tests' spec) appear under `HARNESS`, copied in from file
 descriptors, so neither exists on the host's disk. Nothing else: no `/etc`, no `/home`, no temp root, no project
 checkout, no dataset, no cache. `/proc` is the sandbox's own PID namespace's: the program sees its own processes
@@ -80,7 +80,8 @@ def bwrap_argv(exe: str, features: frozenset[str], scratch_bytes: int, files: di
     args = [exe, *_NAMESPACES]
     if "--disable-userns" in features:
         args.append("--disable-userns")
-    args += [*_system_binds(), *_python_binds(), "--proc", "/proc", "--dev", "/dev"]
+    # /dev read-only too: its devices still work, but no unbounded tmpfs (/dev/shm) is left to fill memory with.
+    args += [*_system_binds(), *_python_binds(), "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
     if "--size" in features:
         args += ["--size", str(scratch_bytes)]
     args += ["--tmpfs", SCRATCH]
@@ -88,6 +89,7 @@ def bwrap_argv(exe: str, features: frozenset[str], scratch_bytes: int, files: di
         args += ["--file", str(fd), f"{SCRATCH}/{name}"]
     for name, fd in harness.items():
         args += ["--ro-bind-data", str(fd), f"{HARNESS}/{name}"]
+    args += ["--remount-ro", "/"]  # bwrap's root is a tmpfs: read-only, so only the size-capped scratch fills
     env = {"PATH": "/usr/bin:/bin", "HOME": SCRATCH, "TMPDIR": SCRATCH, "LANG": "C.UTF-8"}
     args += ["--chdir", SCRATCH, "--clearenv", *[a for k, v in env.items() for a in ("--setenv", k, v)]]
     return [*args, "--info-fd", str(info_fd), "--"]
