@@ -1,34 +1,35 @@
-"""Run model-written Python against tests (MBPP / HumanEval style) in a separate, fenced process.
+"""Run model-written Python against tests (MBPP / HumanEval style) in the OS sandbox.
 
-Layers, each planted-tested in tests/verifiers/test_verifier_code.py:
+Layers, each planted-tested (tests/verifiers/test_verifier_code.py, test_sandbox_isolation.py, tests/sandbox/):
 
-- **Separate process** (`python -I -S`: no user site, no site-packages, no PYTHONPATH, no cwd on
-  sys.path), started in a fresh **scratch directory** that is its cwd, HOME and TMPDIR and is
-  deleted afterwards. The environment is emptied.
-- **Time limit**: wall-clock `subprocess` timeout (the process group is killed) plus `RLIMIT_CPU`.
-- **Memory limit**: `RLIMIT_AS`; also `RLIMIT_FSIZE` (no huge files) and `RLIMIT_CORE=0`.
-- **No network**: when `unshare -rn` works (unprivileged user + network namespace, the default on
-  most Linux), the child runs in a namespace with no network interfaces at all. Independently, an
-  audit hook installed before the model's code runs refuses every `socket.*` event.
-- **No writes outside scratch**: the audit hook refuses `open()` for writing, and
-  remove/rename/mkdir/rmdir/chmod/link/truncate/utime, on any path outside the scratch directory, and
-  symlink and chdir everywhere; it refuses starting processes (`subprocess`, `os.system`, `exec*`, `fork`,
-  `posix_spawn`, importing `_posixsubprocess`, whose `fork_exec` raises no audit event) and loading
-  `ctypes` or `readline` (whose `read_history_file` reads any file without an audit event), which would get
-  around the hook; `import subprocess` therefore fails too. It also refuses *reading* anything under the protected roots
-  (the project's directory by default) and other processes' `/proc` entries. stdout is discarded and
-  stderr goes to a file (only its tail is read), so a program printing gigabytes costs the caller nothing.
+- **The OS sandbox** (`rlvr_core.sandbox`, bubblewrap): the solution sees the read-only interpreter and its own
+  scratch folder, nothing else (no other item, no temp root, no data, no checkout); its own PID namespace (it can
+  see and signal no process outside its item, and everything it started dies with the item), no network, uid
+  65534 with no capabilities. `isolation="hook-only"` is the explicit opt-in to run without it where bubblewrap
+  cannot isolate (the constructor refuses `os` there, naming both ways out).
+- **Separate process** (`python -I -S`: no user site, no site-packages, no PYTHONPATH, no cwd on sys.path), its
+  scratch folder its cwd, HOME and TMPDIR; the environment emptied.
+- **Time limit**: a wall-clock deadline (the whole sandbox is killed) plus `RLIMIT_CPU`.
+- **Memory limit**: `RLIMIT_AS`; also `RLIMIT_FSIZE` (no huge files; the scratch tmpfs has the same size) and
+  `RLIMIT_CORE=0`.
+- **The audit hook**, installed before the model's code runs (`rlvr_core/sandbox/boot.py`), the second layer: it
+  refuses every `socket.*` event, `open()` for writing and remove/rename/mkdir/rmdir/chmod/link/truncate/utime
+  outside the scratch directory, symlink and chdir everywhere, starting processes (`subprocess`, `os.system`,
+  `exec*`, `fork`, `posix_spawn`, importing `_posixsubprocess`, whose `fork_exec` raises no audit event), loading
+  `ctypes` or `readline` (whose `read_history_file` reads any file without an audit event), *reading* or listing
+  anything under the protected roots (the project's directory by default) or other items' folders, and other
+  processes' `/proc` entries. stdout is discarded and stderr goes to a file with no name on disk (only its tail
+  is read), so a program printing gigabytes costs the caller nothing.
 
-Audit hooks cannot be removed from Python code, but they are a guard rail, not a security boundary
-against code written to escape (CPython's own docs say so). For untrusted code at scale, run this
-verifier inside a container/VM as well; the interface stays the same.
+Audit hooks cannot be removed from Python code, but they are a guard rail, not a security boundary against code
+written to escape (CPython's own docs say so): that is why the OS sandbox comes first.
 
 **The pass signal.** Exit status 0 alone is forgeable: `sys.exit(0)`, `os._exit(0)`, an `atexit` or
 `sys.excepthook` that exits 0 after a failed assert, a signal handler... all end the process with status 0
 before or after the tests fail. So "passed" needs a signal the program cannot produce:
 
-- the parent writes a fresh 128-bit nonce into a file in its private directory (the scratch directory is a
-  subdirectory of it), and passes the child the write end of a pipe;
+- the parent puts a fresh 128-bit nonce into a read-only harness file of the sandbox (copied in from memory: it
+  is on no disk), and passes the child the write end of a pipe;
 - the child's boot code runs the program with `exec`; after it, on its *pass line*, it opens the nonce file,
   writes its content on the pipe and exits at once (`os._exit(0)`: no program `atexit` handler or finalizer
   runs after that). That line is reached only when `exec` returned: every statement of the program, tests
@@ -56,13 +57,14 @@ program cannot read its tests back from disk) and fails a program that replaced 
 runs none of the program's code (best effort: a thread of the program could restore the builtin between
 the tests' end and the check).
 
-**The tests run in a process of their own** (`verify`; `run` keeps the single-process form above). Everything a
+**The tests run in a process of their own** (`verify`; `run` keeps the single-process form above), in a sandbox of
+their own whose only harness file is the tests' spec, so the solution's sandbox never holds them. Everything a
 test compares against is out of the solution's reach, so nothing inside the tests' meaning can be gamed either:
 an always-equal return value, an `int`/`str`/`list` subclass with a rigged `__eq__`, reading the expected value
 from the caller's frame or the tests' code object, a patched `math.isclose`, a module-level `abs` shadowing the
 builtin. The sandboxed child runs only the solution, sends the pass signal once it loaded, then *serves* calls; a
-second, trusted child (`code_child.RUNNER`, no sandbox: it runs only the benchmark's own test code, under the same
-limits) runs the tests against stand-ins of the solution's functions:
+second, trusted child (`code_child.RUNNER`: it runs only the benchmark's own test code, under the same limits and
+view, but no audit hook) runs the tests against stand-ins of the solution's functions:
 - a call sends its arguments as plain data and gets the result back as plain data (`code_child.CODEC`: exactly
   int, float, complex, bool, str, bytes, None, list, tuple, dict, set, frozenset and the `collections` containers,
   rebuilt on the tests' side, so comparisons run the tests' own unpatched code); any other result comes back as a
