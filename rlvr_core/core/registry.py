@@ -97,6 +97,7 @@ KINDS: dict[str, Registry] = {
                                                                  "mcq", "minerva"))),
     "sampling_engine": _registry("sampling engine", ("hf", "vllm"), "rlvr_core.sampling.registry"),
     "rollout_engine": _registry("rollout engine", ("hf", "vllm", "vllm-server"), "rlvr_core.grpo.rollout_engine"),
+    "environment": _registry("environment", ("single_turn", "tools"), "rlvr_core.environments.envs"),
     "ordering": _registry("curriculum ordering", ("bucketed", "easy_to_hard", "hard_to_easy", "interleaved",
                                                   "random"), "rlvr_core.data.curriculum"),
 }
@@ -109,6 +110,7 @@ VERIFIERS: Registry[Callable] = KINDS["verifier"]
 SAMPLING_ENGINES: Registry[Callable] = KINDS["sampling_engine"]
 ROLLOUT_ENGINES: Registry[Callable] = KINDS["rollout_engine"]
 ORDERINGS: Registry[Callable] = KINDS["ordering"]
+ENVIRONMENTS: Registry[Callable] = KINDS["environment"]
 
 
 def register(kind: str, name: str) -> Callable[[T], T]:

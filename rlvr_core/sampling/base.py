@@ -76,6 +76,8 @@ class Sample:
     seed: the per-request seed that produced this sample.
     weight_version: the policy version (optimizer steps) whose weights sampled it, where the engine reports
         one (`vllm-server`); None otherwise.
+    prompt_token_ids: the ids the sample was conditioned on, where the engine reports them (`hf`, and every
+        engine's `generate_ids`): the multi-turn loop checks them against the trajectory it stored.
     """
 
     prompt_id: str
@@ -86,6 +88,7 @@ class Sample:
     logprobs: list[float]
     seed: int
     weight_version: int | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 @runtime_checkable
@@ -113,7 +116,7 @@ def find_stop(text: str, stop: tuple[str, ...]) -> int:
     return min(hits) if hits else -1
 
 
-def check_prompt_ids(prompts: list[str], prompt_ids: list[str]) -> None:
+def check_prompt_ids(prompts: list, prompt_ids: list[str]) -> None:
     """Seeds derive from prompt ids: a length mismatch or a repeated id would silently share samples."""
     if len(prompts) != len(prompt_ids):
         raise ValueError(f"{len(prompts)} prompts but {len(prompt_ids)} prompt ids")

@@ -235,12 +235,21 @@ class HFEngine:
         `Sample` for fields."""
         check_prompt_ids(prompts, prompt_ids)
         encoded = [self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"] for p in prompts]
+        return self.generate_ids(encoded, prompt_ids, params, step=step, epoch=epoch,
+                                 first_sample_index=first_sample_index)
+
+    def generate_ids(self, prompt_token_ids: list[list[int]], prompt_ids: list[str], params: SamplingParams, *,
+                     step: int = 0, epoch: int = 0, first_sample_index: int = 0) -> list[list[Sample]]:
+        """`generate` on prompts given as token ids (token-in/token-out: a multi-turn rollout's context is never
+        decoded and re-encoded). Each sample's `prompt_token_ids` are the ids it was conditioned on."""
+        check_prompt_ids(prompt_token_ids, prompt_ids)
+        encoded = [list(map(int, ids)) for ids in prompt_token_ids]
         for pid, ids in zip(prompt_ids, encoded):
             if len(ids) == 0:
                 raise ValueError(f"prompt {pid!r} encodes to zero tokens")
         rows = [
             _Row(i, s, request_seed(params.seed, prompt_ids[i], step, s, epoch=epoch), list(encoded[i]))
-            for i in range(len(prompts)) for s in range(first_sample_index, first_sample_index + params.n)
+            for i in range(len(encoded)) for s in range(first_sample_index, first_sample_index + params.n)
         ]
         # Rows of similar length share a batch (less padding); results do not depend on the grouping.
         order = sorted(range(len(rows)), key=lambda r: -len(rows[r].prompt_tokens))
@@ -253,7 +262,7 @@ class HFEngine:
             for start in range(0, n_batches * self.batch_size, self.batch_size):
                 self._decode_batch([rows[r] for r in order[start:start + self.batch_size]], params)
 
-        out: list[list[Sample]] = [[] for _ in prompts]
+        out: list[list[Sample]] = [[] for _ in encoded]
         for row in rows:
             out[row.prompt_index].append(self._to_sample(row, prompt_ids[row.prompt_index], params))
         return out
@@ -422,7 +431,8 @@ class HFEngine:
         if cut >= 0:
             text = text[:cut]
         return Sample(prompt_id=prompt_id, sample_index=row.sample_index, text=text, token_ids=row.tokens,
-                      finish_reason=row.finish_reason, logprobs=row.logprobs, seed=row.seed)
+                      finish_reason=row.finish_reason, logprobs=row.logprobs, seed=row.seed,
+                      prompt_token_ids=list(row.prompt_tokens))
 
 
 # ---- the graphed decode step -------------------------------------------------------------------------

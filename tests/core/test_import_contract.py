@@ -8,6 +8,7 @@ Layers, bottom to top; a module may import modules of its own layer and of lower
     rlvr_core.data                          data sets, synthetic task, prompt templates, curriculum
     rlvr_core.sandbox                       the OS sandbox for model-written code (verifiers, tool calls)
     rlvr_core.verifiers                     reward functions (and their process pool)
+    rlvr_core.environments                  multi-turn environments, tools, token-in/token-out trajectories
     rlvr_core.experiment                    config (validated against the registries below), benchmarks, guards
     rlvr_core.sampling, rlvr_core.tiny      sampling engines, model loading, sample-and-verify; the tiny model
     rlvr_core.grpo                          the GRPO trainer
@@ -51,6 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rlvr_core.data",),
     ("rlvr_core.sandbox",),
     ("rlvr_core.verifiers",),
+    ("rlvr_core.environments",),
     ("rlvr_core.experiment",),
     ("rlvr_core.sampling", "rlvr_core.tiny"),
     ("rlvr_core.grpo",),
