@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 _SENTINEL = "\u2063rlvr-boundary-probe\u2063"
+# The probe's assistant content: plain, or with a reasoning block for templates that render a last assistant turn
+# differently from an earlier one unless it reasons (Qwen3 adds an empty <think></think> to a last turn only).
+_PROBES = (_SENTINEL, "<think>\nprobe\n</think>\n\n" + _SENTINEL)
 
 
 class BoundaryError(ValueError):
@@ -63,14 +66,24 @@ class ChatBoundary:
         self.end_of_turn = end_of_turn if end_of_turn is not None else tokenizer.eos_token
         if not self.end_of_turn:
             raise BoundaryError("the template's end-of-turn text is unknown: pass end_of_turn")
+        self.probe = next((p for p in _PROBES if self._appends(p)), None)
+        if self.probe is None:
+            raise BoundaryError("the chat template rewrites the conversation when a tool message is added: a "
+                                "boundary piece cannot be cut out of it")
         self.separator = self._separator()
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
-    def _history(self) -> list[dict]:
+    def _history(self, probe: str | None = None) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}]
+        return head + [{"role": "user", "content": "q"}, {"role": "assistant", "content": probe or self.probe}]
+
+    def _appends(self, probe: str) -> bool:
+        """Adding a tool message leaves the rendering of the conversation before it as it was."""
+        before = self._render(self._history(probe), False)
+        after = self._render(self._history(probe) + [{"role": self.tool_role, "content": "x"}], True)
+        return after.startswith(before)
 
     def _separator(self) -> str:
         """What the template writes between the assistant's end-of-turn token and the next message."""
@@ -88,8 +101,8 @@ class ChatBoundary:
         before = self._render(self._history(), False)
         after = self._render(self._history() + [{"role": self.tool_role, "content": observation}], True)
         if not after.startswith(before):
-            raise BoundaryError("the chat template rewrites the conversation when a tool message is added: a "
-                                "boundary piece cannot be cut out of it")
+            raise BoundaryError("the chat template rewrites the conversation for this observation: a boundary piece "
+                                "cannot be cut out of it")
         return self.separator + after[len(before):]
 
     def observation_ids(self, observation: str) -> list[int]:
