@@ -91,3 +91,36 @@ def check_aligned(ids: list[int], logprobs: list[float], mask: list[int], *, whe
                               "they must be cut together")
     if any(m not in (0, 1) for m in mask):
         raise TrajectoryError(f"{where}: the loss mask holds values other than 0 and 1")
+
+
+# The warehouse's `rollout_segments` rows: one per segment (segment 0 is the first prompt, role "prompt"), each
+# with the trajectory's outcome, so a trajectory can be read back and replayed through the trainer.
+SEGMENT_COLUMNS = ("segment", "role", "turn", "token_ids", "logprobs", "weight_version", "reward", "end",
+                   "tool_calls", "tool_errors", "text")
+
+
+def to_rows(traj: Trajectory) -> list[dict]:
+    """The trajectory as plain rows (SEGMENT_COLUMNS), in order."""
+    common = {"reward": traj.reward, "end": traj.end, "tool_calls": traj.tool_calls,
+              "tool_errors": traj.tool_errors, "text": traj.text}
+    rows = [{"segment": 0, "role": "prompt", "turn": -1, "token_ids": list(traj.prompt_ids), "logprobs": None,
+             "weight_version": None, **common}]
+    for i, s in enumerate(traj.segments, 1):
+        rows.append({"segment": i, "role": s.role, "turn": s.turn, "token_ids": list(s.token_ids),
+                     "logprobs": None if s.logprobs is None else list(s.logprobs),
+                     "weight_version": s.weight_version, **common})
+    return rows
+
+
+def from_rows(rows: list[dict]) -> Trajectory:
+    """`to_rows` read back (rows in any order); raises TrajectoryError on a missing or doubled segment."""
+    ordered = sorted(rows, key=lambda r: int(r["segment"]))
+    if [int(r["segment"]) for r in ordered] != list(range(len(ordered))) or ordered[0]["role"] != "prompt":
+        raise TrajectoryError("rollout_segments rows: segments must be 0..n with the prompt as segment 0")
+    head = ordered[0]
+    segments = [Segment(r["role"], tuple(int(t) for t in r["token_ids"]), int(r["turn"]),
+                        None if r["logprobs"] is None else tuple(float(x) for x in r["logprobs"]),
+                        None if r["weight_version"] is None else int(r["weight_version"])) for r in ordered[1:]]
+    return Trajectory(tuple(int(t) for t in head["token_ids"]), segments, float(head["reward"]),
+                      end=str(head["end"]), tool_calls=int(head["tool_calls"]), tool_errors=int(head["tool_errors"]),
+                      text=str(head["text"]))

@@ -69,6 +69,7 @@ from rlvr_core.experiment.guards import GuardError
 from rlvr_core.grpo.distributed import DataParallel, global_normalisers, reduce_loss_metrics
 from rlvr_core.grpo.kl import token_kl
 from rlvr_core.grpo.logprobs import sequence_logprobs
+from rlvr_core.environments.trajectory import check_aligned
 from rlvr_core.grpo.losses import mask_from_lengths, truncated_is_weights
 from rlvr_core.grpo.micro_batches import empty_like, plan_micro_batches, take_rows
 from rlvr_core.grpo.policy import (Policy, build_policy, ds_config, enable_gradient_checkpointing,  # noqa: F401
@@ -139,21 +140,49 @@ class TrainInputs:
     n_seqs: int                      # completions trained this step, all ranks (the sequence normaliser)
 
 
+def _prompt_tokens(groups: list, tokenizer: Any, sampler: Any) -> list[list[int]]:
+    """Each completion's prompt ids: the ids the engine reports it sampled from (token-in/token-out; a multi-turn
+    trajectory's first prompt), else the prompt encoded exactly as the engine encoded it (same call and flag)."""
+    out = []
+    for g in groups:
+        encoded = None
+        for x in g.samples:
+            if x.prompt_token_ids is not None:
+                out.append(list(x.prompt_token_ids))
+                continue
+            if encoded is None:
+                encoded = tokenizer(g.prompt, add_special_tokens=sampler.add_special_tokens)["input_ids"]
+            out.append(encoded)
+    return out
+
+
+def loss_mask(samples: list, lengths: torch.Tensor, T: int) -> torch.Tensor:
+    """(B, T) tokens the loss sees: each completion's length, and within a multi-turn trajectory only the ids the
+    policy wrote (`Sample.loss_mask`: 0 on observations and template tokens). Ids, log-probs and mask must have
+    one length (TRL #5145)."""
+    mask = mask_from_lengths(lengths, T)
+    for b, x in enumerate(samples):
+        if x.loss_mask is None:
+            continue
+        check_aligned(x.token_ids, x.logprobs, x.loss_mask, where=f"completion {b} ({x.prompt_id})")
+        if x.loss_mask:
+            mask[b, :len(x.loss_mask)] &= torch.tensor(x.loss_mask, dtype=torch.bool, device=mask.device)
+    return mask
+
+
 def _groups_batch(groups: list, tokenizer: Any, sampler: Any, device: torch.device):
     """(batch, rollout log-probs (B, T), mask) of these groups' completions on `device`; with no group, one
     empty completion (mask all False), so the forwards and their collectives still run on this rank."""
     samples = [x for g in groups for x in g.samples]
     if samples:
-        # Prompt tokens exactly as the engine encoded them (same tokenizer call and flag).
-        enc = [tokenizer(g.prompt, add_special_tokens=sampler.add_special_tokens)["input_ids"] for g in groups]
-        batch = build_batch([e for e, g in zip(enc, groups) for _ in g.samples],
-                            [x.token_ids for x in samples], sampler.pad_token_id)
+        batch = build_batch(_prompt_tokens(groups, tokenizer, sampler), [x.token_ids for x in samples],
+                            sampler.pad_token_id)
         old_rows = [x.logprobs for x in samples]
     else:
         batch, old_rows = build_batch([[sampler.pad_token_id]], [[]], sampler.pad_token_id), [[]]
     batch = {k: v.to(device) for k, v in batch.items()}
     T = batch["targets"].shape[1]
-    return batch, _pad_2d(old_rows, T).to(device), mask_from_lengths(batch["lengths"], T)
+    return batch, _pad_2d(old_rows, T).to(device), loss_mask(samples, batch["lengths"], T).to(device)
 
 
 def train_inputs(rollouts: "RolloutBatch", adv_all: torch.Tensor, *, tokenizer: Any, sampler: Any,

@@ -78,6 +78,9 @@ class Sample:
         one (`vllm-server`); None otherwise.
     prompt_token_ids: the ids the sample was conditioned on, where the engine reports them (`hf`, and every
         engine's `generate_ids`): the multi-turn loop checks them against the trajectory it stored.
+    loss_mask: a multi-turn trajectory's (rlvr_core/environments): 1 on the ids the policy wrote, 0 on the
+        environment's; token_ids then hold every id after the first prompt, logprobs 0.0 on the environment's.
+        None: every id is the policy's.
     """
 
     prompt_id: str
@@ -89,6 +92,7 @@ class Sample:
     seed: int
     weight_version: int | None = None
     prompt_token_ids: list[int] | None = None
+    loss_mask: list[int] | None = None
 
 
 @runtime_checkable
