@@ -51,14 +51,27 @@ class _Live:
 def rollout(engine: Any, env: Any, problems: list[dict], keys: list[str], params: Any, budgets: Budgets, *,
             score: Callable[[list[tuple[str, Any]]], list[float]], step: int = 0, epoch: int = 0,
             tools_log: Callable[[dict], None] | None = None) -> list[list[Trajectory]]:
-    """`params.n` trajectories per problem (input order), each scored: `score([(final text, gold), ...])` gives
-    the rewards (the verifier pool's `verify_many`, mapped to rewards)."""
+    """`params.n` trajectories per problem (input order), from `env.reset`, each scored: `score([(final text,
+    gold), ...])` gives the rewards (the verifier pool's, mapped to rewards)."""
+    trajs = run_turns(engine, env, [list(env.reset(p)) for p in problems], keys, params, budgets, step=step,
+                      epoch=epoch, tools_log=tools_log)
+    score_trajectories(trajs, [p["gold"] for p in problems], score, budgets)
+    return trajs
+
+
+def run_turns(engine: Any, env: Any, prompts: list[list[int]], keys: list[str], params: Any, budgets: Budgets, *,
+              step: int = 0, epoch: int = 0, first_sample_index: int = 0,
+              tools_log: Callable[[dict], None] | None = None) -> list[list[Trajectory]]:
+    """`params.n` unscored trajectories per first prompt (given as ids), samples numbered from
+    `first_sample_index` (the engine's own numbering, so request seeds match a single-turn call's)."""
     started = time.monotonic()
     turn_params = replace(params, stop=tuple(dict.fromkeys((*params.stop, *env.stop))))
-    prompts = [list(env.reset(p)) for p in problems]
-    first = engine.generate_ids(prompts, keys, turn_params, step=step, epoch=epoch)
-    live = [_Live(i, s, Trajectory(tuple(prompts[i]))) for i in range(len(problems)) for s in range(params.n)]
+    first = engine.generate_ids(prompts, keys, turn_params, step=step, epoch=epoch,
+                                first_sample_index=first_sample_index)
+    live = [_Live(i, s, Trajectory(tuple(prompts[i]))) for i in range(len(prompts)) for s in range(params.n)]
     samples = [first[x.problem][x.sample] for x in live]
+    for x, sample in zip(live, samples):
+        x.traj.seed = sample.seed
     done: list[_Live] = []
     for turn in range(budgets.max_turns):
         live = _take_turn(env, live, samples, turn, budgets, done, tools_log)
@@ -66,18 +79,28 @@ def rollout(engine: Any, env: Any, problems: list[dict], keys: list[str], params
             break
         if budgets.deadline_s is not None and time.monotonic() - started > budgets.deadline_s:
             _end(live, "deadline", done)
-            live = []
             break
         if turn + 1 == budgets.max_turns:
             _end(live, "max_turns", done)
-            live = []
             break
-        samples = _sample_next(engine, live, keys, turn_params, turn + 1, budgets, step, epoch)
-    _score(done, problems, score, budgets)
-    out: list[list[Trajectory]] = [[None] * params.n for _ in problems]  # type: ignore[list-item]
+        samples = _sample_next(engine, live, keys, turn_params, turn + 1, budgets, step, epoch,
+                               first_sample_index)
+    out: list[list[Trajectory]] = [[None] * params.n for _ in prompts]  # type: ignore[list-item]
     for x in done:
         out[x.problem][x.sample] = x.traj
     return out
+
+
+def score_trajectories(trajs: list[list[Trajectory]], golds: list[Any], score: Callable, budgets: Budgets) -> None:
+    """Set each trajectory's reward: its final turn verified, or 0 for a cut one under `on_cut: zero`."""
+    flat = [(t, gold) for group, gold in zip(trajs, golds) for t in group]
+    judged = [(t, g) for t, g in flat if not (t.cut and budgets.on_cut == "zero")]
+    rewards = score([(t.text, g) for t, g in judged]) if judged else []
+    for (t, _), reward in zip(judged, rewards):
+        t.reward = float(reward)
+    for t, _ in flat:
+        if t.cut and budgets.on_cut == "zero":
+            t.reward = 0.0
 
 
 def _take_turn(env: Any, live: list[_Live], samples: list[Any], turn: int, budgets: Budgets, done: list[_Live],
@@ -112,12 +135,12 @@ def _take_turn(env: Any, live: list[_Live], samples: list[Any], turn: int, budge
 
 
 def _sample_next(engine: Any, live: list[_Live], keys: list[str], params: Any, turn: int, budgets: Budgets,
-                 step: int, epoch: int) -> list[Any]:
+                 step: int, epoch: int, first_sample_index: int) -> list[Any]:
     """One sample per live trajectory from its stored ids; the turn's token cap leaves room in the total budget."""
     room = min(budgets.max_total_tokens - len(x.traj.completion_ids()) for x in live)
     turn_params = replace(params, n=1, max_new_tokens=max(1, min(params.max_new_tokens, room)))
     contexts = [x.traj.context_ids() for x in live]
-    ids = [f"{keys[x.problem]}/turn{turn}/sample{x.sample}" for x in live]
+    ids = [f"{keys[x.problem]}/turn{turn}/sample{first_sample_index + x.sample}" for x in live]
     return [group[0] for group in engine.generate_ids(contexts, ids, turn_params, step=step, epoch=epoch)]
 
 
@@ -125,13 +148,3 @@ def _end(xs: list[_Live], why: str, done: list[_Live]) -> None:
     for x in xs:
         x.traj.end = why
         done.append(x)
-
-
-def _score(done: list[_Live], problems: list[dict], score: Callable, budgets: Budgets) -> None:
-    judged = [x for x in done if not (x.traj.cut and budgets.on_cut == "zero")]
-    rewards = score([(x.traj.text, problems[x.problem]["gold"]) for x in judged]) if judged else []
-    for x, reward in zip(judged, rewards):
-        x.traj.reward = float(reward)
-    for x in done:
-        if x.traj.cut and budgets.on_cut == "zero":
-            x.traj.reward = 0.0

@@ -57,6 +57,7 @@ class Trajectory:
     tool_calls: int = 0
     tool_errors: int = 0
     text: str = ""  # the model's final turn, decoded, for the verifier and for people (never re-encoded)
+    seed: int = 0  # the first turn's request seed
 
     @property
     def turns(self) -> int:

@@ -25,6 +25,7 @@ from rlvr_core.core import hub
 from rlvr_core.data.curriculum import known_orderings
 from rlvr_core.data.templates import get_template, known_templates
 from rlvr_core.experiment.config_base import ConfigError, _one_of, _Strict  # noqa: F401
+from rlvr_core.experiment.environment_config import EnvironmentConfig
 from rlvr_core.experiment.grpo_config import moved_override as moved_grpo_key
 from rlvr_core.experiment.grpo_config import (ConfigDeprecation, GRPOConfig, GRPOGuardsConfig,  # noqa: F401
                                               GRPOLaunchConfig, GRPOMemoryConfig, InKey, grpo_key_dump,
@@ -318,6 +319,8 @@ class ExperimentConfig(_Strict):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig, description="training and pass-rate scoring")
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="what the policy talks "
+                                           "to over its turns; single_turn (the default) is one completion")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
 
@@ -340,6 +343,23 @@ class ExperimentConfig(_Strict):
         if why:
             raise ValidationError.from_exception_data("ExperimentConfig", [InitErrorDetails(
                 type=PydanticCustomError("value_error", why), loc=("prompt", "template"), input=self.prompt.template)])
+        return self
+
+    @model_validator(mode="after")
+    def _environment_fits(self) -> "ExperimentConfig":
+        """A multi-turn environment needs an engine that takes token ids (hf) and on-policy, fixed-size groups."""
+        env, why, loc = self.environment, None, ("environment", "name")
+        if not env.multi_turn:
+            return self
+        if self.sampling.engine != "hf":
+            why, loc = (f"environment {env.name!r} runs its turns token-in/token-out, which the {self.sampling.engine!r} "
+                        "engine does not do yet: use sampling.engine: hf"), ("sampling", "engine")
+        elif self.grpo.max_staleness or self.grpo.adaptive_sampling:
+            why = (f"environment {env.name!r} runs on-policy with fixed groups: set grpo.max_staleness: 0 and "
+                   "grpo.adaptive_sampling: false")
+        if why:
+            raise ValidationError.from_exception_data("ExperimentConfig", [InitErrorDetails(
+                type=PydanticCustomError("value_error", why), loc=loc, input=env.name)])
         return self
 
     @model_validator(mode="before")

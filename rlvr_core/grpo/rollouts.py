@@ -110,6 +110,8 @@ class RolloutBatch:
     generate_s: float | None = None  # with the ahead sampler: its generation time for this step
     push_s: float = 0.0             # on-policy: the weight sync into the engine (part of t_rollout_s)
     stale: dict[str, int] | None = None  # vllm-server: stale groups dropped and refilled (async/* columns)
+    env: dict[str, float] | None = None  # a multi-turn environment's env/* columns (this rank's trajectories)
+    trajectories: list | None = None  # (prompt id, sample index, Trajectory) of this rank's rollouts, multi-turn
 
     @property
     def K(self) -> int:
@@ -205,8 +207,16 @@ class RolloutCollector:
             selected += [rounds * P + i for i in range(P) if keep[i]][:P - len(selected)]
             rounds += 1
         stale = getattr(self.engine, "stale_columns", None)
+        trajectories = self._trajectories()
         return RolloutBatch(local, stats, selected, rounds, dropped, self.M, t_roll, taken.get("version"),
-                            taken.get("generate_s"), push_s, stale(step) if stale else None)
+                            taken.get("generate_s"), push_s, stale(step) if stale else None,
+                            self.engine.sampler.health([t for _, _, t in trajectories]) if trajectories else None,
+                            trajectories)
+
+    def _trajectories(self) -> list | None:
+        """The step's multi-turn trajectories, when the sampler runs an environment (environment_engine.py)."""
+        take = getattr(self.engine.sampler, "take", None)
+        return take() if take is not None else None
 
     def _stats(self, samples: list[Sample], outcomes: list[Any]) -> GroupStats:
         cfg = self.cfg

@@ -158,6 +158,8 @@ def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch"
         row.update({"weight_version/min": min(versions), "weight_version/max": max(versions)})
     if b.stale is not None:  # vllm-server: stale groups dropped (and sampled again) on this rank
         row.update(b.stale)
+    if b.env is not None:  # a multi-turn environment: turns, tool calls, errors, cuts, re-render drift
+        row.update(b.env)
     if cfg.adaptive_sampling:  # share of groups that got their k_success and k_failure before the cap
         enough = [s.n_correct >= cfg.adaptive_k_success and s.size - s.n_correct >= cfg.adaptive_k_failure
                   for s in b.stats]

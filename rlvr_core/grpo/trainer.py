@@ -80,6 +80,7 @@ from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, ROLLOUTS_FIL
 from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutdown
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
+from rlvr_core.sampling.environment_engine import with_environment
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
 from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, _summary, base_columns,
                                          progress_line, rollout_sample_rows, step_flags, step_row, verifier_hang_line)
@@ -149,7 +150,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                engine_options: dict | None = None, on_step: Callable[[dict], None] | None = None,
                base_eval: dict[str, float] | None = None,
                base_rollouts: Mapping[str, Mapping[str, float]] | None = None,
-               on_rollouts: Callable[[dict, RolloutBatch], None] | None = None) -> GRPOResult:
+               on_rollouts: Callable[[dict, RolloutBatch], None] | None = None,
+               environment: Any = None) -> GRPOResult:
     """Train the policy in `base_model_dir` with GRPO on the curriculum; see the module docstring.
 
     Resumes from `out_dir/checkpoints` when it holds a checkpoint. `stop_after_steps` ends this call
@@ -164,6 +166,8 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     `rlvr_core.pipeline.traces.TraceSink` that writes sampled groups as MLflow traces. Returns a GRPOResult;
     `final_model_dir` exists only when all `cfg.steps` steps are done. `reward` says how completions are scored
     (verifier, mode, worker processes, time limit, what a timeout scores, the G-verifier-hang threshold).
+    `environment` (the config's `environment:` section; None or single_turn: one completion per prompt) makes every
+    rollout a multi-turn trajectory (rlvr_core/sampling/environment_engine.py): the loss sees only the policy's ids.
     `base_eval` ({name: value} of the base model, on what `evaluate` scores) is G-reward-hacking's reference
     point; without it the first eval point is. `base_rollouts` ({prompt id: {"reward_mean", "truncation_share",
     "completion_len_mean"}}, the pass-rate table's numbers for the base model) gives every step row the base's
@@ -176,7 +180,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     run = _setup(base_model_dir, train_rows, curriculum_ids, Path(out_dir), cfg, template_id=template_id,
                  reward=reward, max_new_tokens=max_new_tokens, seed=seed,
                  progress=progress, stop_after_steps=stop_after_steps, evaluate=evaluate, engine=engine,
-                 engine_options=engine_options, base_eval=base_eval)
+                 engine_options=engine_options, base_eval=base_eval, environment=environment)
     run.base_rollouts = base_rollouts
     policy, state, dp, say = run.policy, run.state, run.policy.dp, run.say
     ahead = None
@@ -249,7 +253,8 @@ class _Run:
 
 def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOConfig, *, template_id: str,
            reward: RewardConfig, max_new_tokens: int, seed: int, progress, stop_after_steps,
-           evaluate, engine: str, engine_options: dict | None, base_eval: dict[str, float] | None = None) -> _Run:
+           evaluate, engine: str, engine_options: dict | None, base_eval: dict[str, float] | None = None,
+           environment: Any = None) -> _Run:
     """Check the request and start the verifier pool (before any work), then `_load` the rest."""
     t_start = time.perf_counter()
     rows = rows_for_curriculum(train_rows, list(curriculum_ids))
@@ -268,7 +273,7 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
         return _load(base_model_dir, rows, out_dir, cfg, template_id=template_id, reward=reward, pool=pool,
                      max_new_tokens=max_new_tokens, seed=seed, progress=progress, stop_after_steps=stop_after_steps,
                      evaluate=evaluate, engine=engine, engine_options=engine_options, t_start=t_start,
-                     health=run_health(cfg, base_eval))
+                     health=run_health(cfg, base_eval), environment=environment)
     except BaseException:
         pool.close()
         raise
@@ -276,7 +281,8 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
 
 def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, template_id: str,
           reward: RewardConfig, pool: Any, max_new_tokens: int, seed: int, progress, stop_after_steps, evaluate,
-          engine: str, engine_options: dict | None, t_start: float, health: HealthConfig) -> _Run:
+          engine: str, engine_options: dict | None, t_start: float, health: HealthConfig,
+          environment: Any = None) -> _Run:
     """The expensive half of `_setup`: the policy under DeepSpeed, its resume state, the rollout side."""
     from transformers import AutoTokenizer
 
@@ -304,6 +310,8 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                                          own_copy=lambda: load_policy_model(base_model_dir, cfg, seed),
                                          engine_options=engine_options,
                                          lockstep=(lambda n: int(dp.max([float(n)])[0])) if policy.lockstep else None)
+    if environment is not None and environment.multi_turn:  # every rollout a multi-turn trajectory
+        rollout_engine.sampler = with_environment(environment, rollout_engine.sampler, template)
     collector = RolloutCollector(cfg, rows=rows, template=template, engine=rollout_engine, pool=pool, dp=dp,
                                  max_new_tokens=max_new_tokens, seed=seed, weights=policy.current_weights,
                                  timeout_reward=reward.timeout_reward,

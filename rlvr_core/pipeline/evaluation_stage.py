@@ -19,6 +19,7 @@ from rlvr_core.core.passk import default_ks
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.data import gold_of
 from rlvr_core.data.templates import get_template
+from rlvr_core.sampling.environment_engine import with_environment
 from rlvr_core.eval.evaluate import (EvalLimits, RunSettings, curves_table, evaluate_spec, metrics_table, opened_engine,
                                      samples_table)
 from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark
@@ -78,6 +79,7 @@ def held_out_eval(cfg: ExperimentConfig, data: DataArtifact,
     def evaluate(model: Any, tokenizer: Any) -> dict[str, float]:
         # the trained module itself, DeepSpeed's hooks on it: graphed only when asked for (docs/engines.md)
         engine = HFEngine(model, tokenizer, batch_size=cfg.sampling.batch_size, compile=bool(cfg.sampling.hf_compile))
+        engine = with_environment(cfg.environment, engine, get_template(cfg.prompt.template))
         t0 = time.time_ns()
         res = evaluate_spec(engine, tokenizer, spec, run=run, problems=problems, eval_id="periodic")
         if on_samples is not None:
@@ -193,6 +195,7 @@ def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifa
     run = _run_settings(cfg)
     identity = {"model_path": model.path, "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash}
     with opened_engine(model.path, run, llm_options=_vllm_options(cfg)) as (engine, tok):
+        engine = with_environment(cfg.environment, engine, get_template(cfg.prompt.template))
         res = evaluate_spec(engine, tok, spec, run=run, problems=problems, eval_id=eval_id,
                             checkpoint=checkpoint, identity=identity, progress=progress, limits=_eval_limits(cfg),
                             train_template=train_template_of(model.path))

@@ -137,7 +137,8 @@ def train_here(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, c
                           progress=lambda msg: progress("grpo", msg),
                           evaluate=held_out_eval(cfg, data, on_samples=traces and traces.on_samples),
                           engine=cfg.sampling.engine, engine_options=_rollout_options(cfg), on_step=on_step,
-                          base_eval=base_eval, base_rollouts=base_rollouts(curriculum), on_rollouts=traces)
+                          base_eval=base_eval, base_rollouts=base_rollouts(curriculum), on_rollouts=traces,
+                          environment=cfg.environment)
 
 
 @contextlib.contextmanager
@@ -160,7 +161,9 @@ def _train_key(cfg: ExperimentConfig, base: ModelArtifact, curriculum: Curriculu
             "template": get_template(cfg.prompt.template).key,
             "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
             "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),
-            "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine}
+            "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine,
+            # multi-turn only: every config from before environments keeps its key
+            **({"environment": cfg.environment.key_dump()} if cfg.environment.multi_turn else {})}
 
 
 def stopped_training(cfg: ExperimentConfig, base: ModelArtifact,
