@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from rlvr_core.data.jsonl import read_jsonl, write_jsonl  # noqa: F401  (re-exported: the demo's data files)
 
-__all__ = ["SyntheticSpec", "make_synthetic_dataset", "write_jsonl", "read_jsonl", "level_for"]
+__all__ = ["SyntheticSpec", "make_synthetic_dataset", "write_jsonl", "read_jsonl", "level_for", "ProductsSpec",
+           "make_products_dataset", "tool_answer"]
 
 
 @dataclass(frozen=True)
@@ -155,3 +156,44 @@ def make_synthetic_dataset(spec: SyntheticSpec) -> dict[str, list[dict]]:
     train = _draw_split(random.Random(f"synth-train-{spec.seed}-{spec.difficulty}"), lv, spec.n_train, "train",
                         spec.difficulty, taken)  # fmt: skip
     return {"train": train, "test": test}
+
+
+# ---- products: problems a tiny model cannot do in its head (the tool demo) ---------------------------------------
+@dataclass(frozen=True)
+class ProductsSpec:
+    """Multi-digit products, "What is 347 * 28?": the worked answer calls the calculator
+    (`<calculator>347*28</calculator>`), reads its answer and copies it (docs/environments.md, the tool demo)."""
+
+    n_train: int = 2000
+    n_test: int = 200
+    seed: int = 0
+    digits: tuple[int, int] = (3, 2)
+
+
+def tool_answer(a: int, b: int) -> str:
+    """The worked answer with the calculator, as the tool environment renders it after the sampled call."""
+    return f"<calculator>{a}*{b}</calculator>\n= {a * b}\n#### {a * b}"
+
+
+def make_products_dataset(spec: ProductsSpec) -> dict[str, list[dict]]:
+    """{"train": [...], "test": [...]}: deterministic for a spec, disjoint by question text (test drawn first)."""
+    lo = [10 ** (d - 1) for d in spec.digits]
+    hi = [10 ** d - 1 for d in spec.digits]
+    if len(spec.digits) != 2 or min(spec.digits) < 1:
+        raise ValueError(f"digits must be two positive counts, got {spec.digits}")
+    taken: set[str] = set()
+
+    def split(name: str, n: int) -> list[dict]:
+        rng, rows = random.Random(f"products-{name}-{spec.seed}-{spec.digits}"), []
+        while len(rows) < n:
+            a, b = rng.randint(lo[0], hi[0]), rng.randint(lo[1], hi[1])
+            q = f"What is {a} * {b}?"
+            if q in taken:
+                continue
+            taken.add(q)
+            rows.append({"id": f"products-{name}-{len(rows):06d}", "question": q, "answer": tool_answer(a, b),
+                         "final_answer": str(a * b), "difficulty": sum(spec.digits), "n_steps": 1})
+        return rows
+
+    test = split("test", spec.n_test)
+    return {"train": split("train", spec.n_train), "test": test}

@@ -55,6 +55,7 @@ import pyarrow.parquet as pq
 from rlvr_core.artifacts.export import train_template_of
 from rlvr_core.core.numerics import numerics
 from rlvr_core.core.progress import SILENT, Progress
+from rlvr_core.core.stats import wilson_interval
 from rlvr_core.data.templates import get_template
 from rlvr_core.eval.metrics import (COMPARE_EXEMPT, CURVES_FILE, EVAL_FILE, METRICS_FILE,  # noqa: F401 (re-exported)
                                     SAMPLES_FILE, EvalLimits, compute_metrics, continued_after_answer, curves_table,
@@ -261,6 +262,13 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
                     "train_template": train_template, "template_mismatch": settings["template_mismatch"],
                     "duration_s": round(time.monotonic() - t0, 3), "generate_s": round(t_gen, 3),
                     "verify_s": round(t_ver, 3)})
+    environment = environment_summary(generated)
+    if environment is not None:
+        summary["environment"] = environment
+        progress(stage, "tools: greedy tool-call rate {tool_call_rate:.3f} [{lo:.3f}, {hi:.3f}], {turns_mean:.2f} "
+                        "turns, tool errors {tool_error_share:.3f}, cut {cut_share:.3f}".format(
+                            lo=environment["tool_call_rate_ci"][0], hi=environment["tool_call_rate_ci"][1],
+                            **environment))
     summary["flags"] = eval_flags(metrics, limits)
     for f in summary["flags"]:
         progress(stage, "flag " + f["reason"])
@@ -269,6 +277,22 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
                      f"{summary['accuracy_greedy_ci'][1]:.3f}] n={len(problems)}" if acc is not None else
                      f"n={len(problems)}") + "".join(f"; pass@{k} {v:.3f}" for k, v in summary["passk"].items()))
     return BenchmarkResult(spec, settings, records, metrics, curves, summary)
+
+
+def environment_summary(generated: list[tuple[bool, dict, Any]]) -> dict[str, Any] | None:
+    """A multi-turn evaluation's tool use on the greedy completions (all completions when there is no greedy
+    pass): the share that called a tool (Wilson 95% interval, n), turns, the share of calls that failed, the share
+    a budget cut. None when the engine ran no environment."""
+    envs = [s.env for greedy, _, s in generated if greedy and s.env is not None]
+    envs = envs or [s.env for _, _, s in generated if s.env is not None]
+    if not envs:
+        return None
+    n, calls = len(envs), sum(e["tool_calls"] for e in envs)
+    used = sum(e["tool_calls"] > 0 for e in envs)
+    return {"n": n, "tool_call_rate": used / n, "tool_call_rate_ci": list(wilson_interval(used, n)),
+            "turns_mean": sum(e["turns"] for e in envs) / n,
+            "tool_error_share": sum(e["tool_errors"] for e in envs) / calls if calls else 0.0,
+            "cut_share": sum(e["end"] != "done" for e in envs) / n}
 
 
 def _passes(spec: BenchmarkSpec, stop: tuple[str, ...]) -> list[tuple[bool, SamplingParams]]:

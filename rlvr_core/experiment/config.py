@@ -41,6 +41,11 @@ class SyntheticDataConfig(_Strict):
     n_test: int = Field(200, ge=1, description="held-out problems to generate")
     seed: int = Field(0, description="seed of the generator; train and test are disjoint for any seed")
     difficulty: int = Field(1, ge=1, le=5, description="1 = the demo's level; higher = bigger numbers, more steps")
+    task: Literal["word_problems", "products"] = Field("word_problems", description="word_problems (the demo's "
+                                                       "GSM8K-form stories) or products (\"What is 347 * 28?\": "
+                                                       "the tool demo, docs/environments.md)")
+    digits: list[int] = Field(default_factory=lambda: [3, 2], min_length=2, max_length=2,
+                              description="products: the digit counts of the two factors")
 
 
 class DataConfig(_Strict):
@@ -90,6 +95,10 @@ class WarmStartConfig(_Strict):
         0.0, ge=0.0, le=1.0,
         description="synthetic data only: share of subtraction steps the supervised demonstrations misread as "
                     "additions (a weak teacher whose mistakes RL with a verifier can undo; docs/tiny_model.md)")
+    teacher_tool_share: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="products data only: share of supervised demonstrations that call the calculator; the rest "
+                    "answer at once, in the head (the tool demo: RL raises the tool-call rate, docs/environments.md)")
     teacher_stops_early: float = Field(
         0.0, ge=0.0, le=1.0,
         description="synthetic data only: share of supervised demonstrations that stop one step early and answer "

@@ -28,7 +28,8 @@ def warm_start_spec(cfg: ExperimentConfig) -> WarmStartSpec:
                          seed=m.warm_start.seed, vocab_size=m.tiny.vocab_size, hidden_size=m.tiny.hidden_size,
                          num_layers=m.tiny.num_layers, heads=m.tiny.num_heads,
                          teacher_sub_as_add=m.warm_start.teacher_sub_as_add,
-                         teacher_stops_early=m.warm_start.teacher_stops_early)
+                         teacher_stops_early=m.warm_start.teacher_stops_early,
+                         teacher_tool_share=m.warm_start.teacher_tool_share)
 
 
 def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Progress = SILENT) -> ModelArtifact:
@@ -49,7 +50,10 @@ def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Prog
 
     spec = warm_start_spec(cfg)
     template = get_template(cfg.prompt.template)
-    key = {"stage": WARMSTART_STAGE_VERSION, "data": data.train_hash, "spec": asdict(spec), "template": template.key,
+    spec_key = asdict(spec)
+    if not spec.teacher_tool_share:  # a key from before the option (its default) stays the same key
+        del spec_key["teacher_tool_share"]
+    key = {"stage": WARMSTART_STAGE_VERSION, "data": data.train_hash, "spec": spec_key, "template": template.key,
            "numerics": numerics()}
     report = progress.counter("warm-start", "step")
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from rlvr_core.core.manifest import file_sha256, rows_sha256
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.data.jsonl import read_jsonl, write_jsonl
 from rlvr_core.data.loaders import load_problems
-from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
+from rlvr_core.data.synthetic import ProductsSpec, SyntheticSpec, make_products_dataset, make_synthetic_dataset
 from rlvr_core.experiment.benchmarks import load_benchmark, split_problems
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.pipeline.cache import cached_dir
@@ -20,19 +21,28 @@ from rlvr_core.pipeline.stage_outputs import DataArtifact
 DATA_STAGE_VERSION = "1"
 
 
+def _synthetic_data(syn: Any) -> tuple[Path, bool]:
+    """The synthetic splits, cached: word problems (the demo's; key as it always was) or products (the tool demo)."""
+    if syn.task == "products":
+        spec: Any = ProductsSpec(n_train=syn.n_train, n_test=syn.n_test, seed=syn.seed, digits=tuple(syn.digits))
+        make, name = make_products_dataset, "products"
+    else:
+        spec = SyntheticSpec(n_train=syn.n_train, n_test=syn.n_test, seed=syn.seed, difficulty=syn.difficulty)
+        make, name = make_synthetic_dataset, "synthetic"
+
+    def build(tmp: Path) -> None:
+        splits = make(spec)
+        write_jsonl(splits["train"], tmp / "train.jsonl")
+        write_jsonl(splits["test"], tmp / "test.jsonl")
+
+    return cached_dir("data", {"stage": DATA_STAGE_VERSION, name: asdict(spec)}, build)
+
+
 def prepare_data(cfg: ExperimentConfig, progress: Progress = SILENT) -> DataArtifact:
     """Generate (synthetic) or read the train/test problems; returns paths and content hashes."""
     d = cfg.data
     if d.source == "synthetic":
-        spec = SyntheticSpec(n_train=d.synthetic.n_train, n_test=d.synthetic.n_test,
-                             seed=d.synthetic.seed, difficulty=d.synthetic.difficulty)
-
-        def build(tmp: Path) -> None:
-            splits = make_synthetic_dataset(spec)
-            write_jsonl(splits["train"], tmp / "train.jsonl")
-            write_jsonl(splits["test"], tmp / "test.jsonl")
-
-        folder, hit = cached_dir("data", {"stage": DATA_STAGE_VERSION, "synthetic": asdict(spec)}, build)
+        folder, hit = _synthetic_data(d.synthetic)
         train_path, test_path = folder / "train.jsonl", folder / "test.jsonl"
     elif d.benchmark is not None:
         folder, hit = _benchmark_data(d.benchmark)

@@ -81,6 +81,7 @@ class Sample:
     loss_mask: a multi-turn trajectory's (rlvr_core/environments): 1 on the ids the policy wrote, 0 on the
         environment's; token_ids then hold every id after the first prompt, logprobs 0.0 on the environment's.
         None: every id is the policy's.
+    env: a multi-turn trajectory's turns, tool calls, failed tool calls and why it ended (`end`); None otherwise.
     """
 
     prompt_id: str
@@ -93,6 +94,7 @@ class Sample:
     weight_version: int | None = None
     prompt_token_ids: list[int] | None = None
     loss_mask: list[int] | None = None
+    env: dict | None = None
 
 
 @runtime_checkable

@@ -16,4 +16,5 @@ def as_sample(traj: Trajectory, prompt_id: str, sample_index: int, seed: int = 0
     return Sample(prompt_id=prompt_id, sample_index=sample_index, text=traj.text, token_ids=ids,
                   finish_reason="stop" if traj.end == "done" else "length", logprobs=logprobs, seed=seed,
                   weight_version=min(versions) if versions else None, prompt_token_ids=list(traj.prompt_ids),
-                  loss_mask=mask)
+                  loss_mask=mask, env={"turns": traj.turns, "tool_calls": traj.tool_calls,
+                                       "tool_errors": traj.tool_errors, "end": traj.end})

@@ -29,3 +29,5 @@ class WarmStartSpec:
     # A hasty teacher: the share of demonstrations that stop one step early, with "#### <that total>"
     # (the question's last change is never applied).
     teacher_stops_early: float = 0.0
+    # A teacher of the products task: the share of demonstrations that call the calculator (the rest answer at once).
+    teacher_tool_share: float = 0.0

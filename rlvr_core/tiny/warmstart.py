@@ -78,8 +78,15 @@ def teacher_answer(answer: str, rate: float, rng: random.Random, stops_early: fl
 def _texts(rows: list[dict], template_id: str, spec: WarmStartSpec) -> list[tuple[str, str]]:
     t = get_template(template_id)
     rng = random.Random(f"teacher-{spec.seed}")
-    return [(t.render(r["question"]),
-             " " + teacher_answer(r["answer"], spec.teacher_sub_as_add, rng, spec.teacher_stops_early)) for r in rows]
+    return [(t.render(r["question"]), " " + _demonstration(r, spec, rng)) for r in rows]
+
+
+def _demonstration(row: dict, spec: WarmStartSpec, rng: random.Random) -> str:
+    """The teacher's answer: a products row calls the calculator with probability `teacher_tool_share`, else
+    answers at once; a word problem is worked as `teacher_answer` writes it."""
+    if spec.teacher_tool_share and row["answer"].startswith("<calculator>"):
+        return row["answer"] if rng.random() < spec.teacher_tool_share else f"#### {row['final_answer']}"
+    return teacher_answer(row["answer"], spec.teacher_sub_as_add, rng, spec.teacher_stops_early)
 
 
 def _encode(tok, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
