@@ -24,7 +24,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from rlvr_core.core import hub
 from rlvr_core.data.curriculum import known_orderings
 from rlvr_core.data.templates import get_template, known_templates
-from rlvr_core.experiment.config_base import ConfigError, _one_of, _Strict  # noqa: F401
+from rlvr_core.experiment.config_base import ConfigError, _AddedLater, _one_of, _Strict  # noqa: F401
 from rlvr_core.experiment.environment_config import EnvironmentConfig
 from rlvr_core.experiment.grpo_config import moved_override as moved_grpo_key
 from rlvr_core.experiment.grpo_config import (ConfigDeprecation, GRPOConfig, GRPOGuardsConfig,  # noqa: F401
@@ -36,7 +36,9 @@ from rlvr_core.experiment.sampling_config import SamplingConfig, ServerLaunchCon
 from rlvr_core.verifiers.registry import can_hang, default_workers, verifier_class
 
 
-class SyntheticDataConfig(_Strict):
+class SyntheticDataConfig(_AddedLater):
+    _ADDED_LATER: ClassVar[tuple[str, ...]] = ("task", "digits")
+
     n_train: int = Field(2000, ge=1, description="training problems to generate")
     n_test: int = Field(200, ge=1, description="held-out problems to generate")
     seed: int = Field(0, description="seed of the generator; train and test are disjoint for any seed")
@@ -84,7 +86,9 @@ class TinyModelConfig(_Strict):
     num_heads: int = Field(4, ge=1, description="attention heads")
 
 
-class WarmStartConfig(_Strict):
+class WarmStartConfig(_AddedLater):
+    _ADDED_LATER: ClassVar[tuple[str, ...]] = ("teacher_tool_share",)
+
     """Short supervised warm start that turns the random tiny model into a weak-but-not-hopeless base."""
 
     steps: int = Field(160, ge=1, description="optimizer steps of supervised fine-tuning (160: ~26% greedy held-out accuracy, see docs/tiny_model.md)")
@@ -316,7 +320,9 @@ class StorageConfig(_Strict):
     s3_endpoint_url: str | None = Field(None, description="S3 endpoint override (MinIO, moto); None = RLVR_S3_ENDPOINT_URL/AWS_ENDPOINT_URL")
 
 
-class ExperimentConfig(_Strict):
+class ExperimentConfig(_AddedLater):
+    _ADDED_LATER: ClassVar[tuple[str, ...]] = ("environment",)
+
     name: str = Field("demo", min_length=1, description="experiment name; part of artifact paths")
     seed: int = Field(0, description="top-level seed recorded in the manifest")
     model: ModelConfig = Field(default_factory=ModelConfig)

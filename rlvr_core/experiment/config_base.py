@@ -3,7 +3,9 @@ refused, defaults validated, frozen) and the registry-name check."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_serializer
 
 
 class ConfigError(ValueError):
@@ -25,6 +27,25 @@ def _one_of(value: str, known: list[str], what: str) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
+
+class _AddedLater(_Strict):
+    """A section with fields added after configs were hashed and keyed: those fields (`_ADDED_LATER`) are dumped only
+    away from their defaults, so every earlier config keeps its resolved form, its hash and its cache keys."""
+
+    _ADDED_LATER: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _hide_added_defaults(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for name in self._ADDED_LATER:
+            default = type(self).model_fields[name].get_default(call_default_factory=True)
+            if isinstance(default, BaseModel):
+                default = default.model_dump(mode="json")
+            value = out.get(name)
+            if name in out and (value == default or (isinstance(default, tuple) and value == list(default))):
+                del out[name]
+        return out
 
 
 # Users and the stage protocol know the error by its public home (`error_type` in a stage's failure report).

@@ -12,7 +12,7 @@ from typing import Any
 from rlvr_core.core import hub
 from rlvr_core.core.manifest import rows_sha256
 from rlvr_core.data.loaders import DEFAULT_FILES, DataFormatError, load_problem_files, load_problems, packaged_file
-from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
+from rlvr_core.data.synthetic import ProductsSpec, SyntheticSpec, make_products_dataset, make_synthetic_dataset
 from rlvr_core.experiment.benchmarks.scoring import problem_issue
 from rlvr_core.experiment.benchmarks.spec import DATA_DIR_ENV, PROJECT_ROOT, SYNTHETIC, BenchmarkSpec
 from rlvr_core.experiment.config import SyntheticDataConfig
@@ -54,9 +54,13 @@ def _few_shot_file(spec: BenchmarkSpec, root: Path) -> Path | None:
 def _synthetic_rows(spec: BenchmarkSpec, split: str) -> list[dict]:
     s = spec.data.synthetic or SyntheticDataConfig()
     # The test split does not depend on n_train (synthetic.py), so it is generated without the train split.
-    gen = SyntheticSpec(n_train=s.n_train if split == "train" else 0, n_test=s.n_test, seed=s.seed,
-                        difficulty=s.difficulty)
-    rows = make_synthetic_dataset(gen)[split]
+    if s.task == "products":  # the tool demo's (its test split too does not depend on n_train)
+        rows = make_products_dataset(ProductsSpec(n_train=s.n_train if split == "train" else 0, n_test=s.n_test,
+                                                  seed=s.seed, digits=tuple(s.digits)))[split]
+    else:
+        gen = SyntheticSpec(n_train=s.n_train if split == "train" else 0, n_test=s.n_test, seed=s.seed,
+                            difficulty=s.difficulty)
+        rows = make_synthetic_dataset(gen)[split]
     # The loaders' schema; ids stay the generator's (synth-test-000017), as in the demo's evaluate stage.
     return [{"id": r["id"], "question": r["question"], "answer": r["final_answer"], "solution": r["answer"],
              "meta": {"difficulty": r["difficulty"], "n_steps": r["n_steps"]}} for r in rows]
