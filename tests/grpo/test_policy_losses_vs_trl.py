@@ -216,3 +216,41 @@ def test_rejected_tokens_leave_the_loss(name, mode):
     _assert_equal(ours, theirs, g_ours, g_theirs)
     trl_keeps_them = trl_loss(logp, old, adv, mask, is_ratio=w, **LOSSES[name][1])
     assert abs(float(trl_keeps_them - ours)) > 1e-4
+
+
+# ---- the geometric sequence ratio (not in TRL) ------------------------------------------------------------------
+# TRL's sequence modes use the product of the token ratios (tested above and in test_losses_vs_trl.py). The
+# geometric one, exp(mean_t log rho_t), is verl's geometric rejection sampling (docs/algo/rollout_corr_math.md,
+# "geometric-level RS"); TRL has no counterpart to call, so the reference is that formula written out here in
+# plain Python floats (math.fsum per sequence), independent of our tensor code.
+
+def _geometric_reference(trainer, rollout, lengths, lo, hi):
+    out = []
+    for b, n in enumerate(lengths):
+        mean = math.fsum(float(trainer[b, t]) - float(rollout[b, t]) for t in range(n)) / n if n else 0.0
+        rho = math.exp(mean)
+        out.append((rho, lo <= rho <= hi))
+    return out
+
+
+def test_sequence_mask_geometric_matches_the_written_out_formula_and_keeps_long_answers():
+    lengths = [12, 3, 1, 0, 7, 12]
+    _, trainer, _, mask = _batch(lengths, seed=12)
+    rollout = trainer + torch.randn(trainer.shape, generator=torch.Generator().manual_seed(2), dtype=trainer.dtype) * 0.1
+    w, keep, tis = correction_weights(trainer, rollout, mask, mode="sequence_mask", c_min=0.95, c_max=1.05)
+    for b, (rho, kept) in enumerate(_geometric_reference(trainer, rollout, lengths, 0.95, 1.05)):
+        if lengths[b]:
+            assert bool(keep[b].any()) == kept
+            assert float(w[b, 0]) == pytest.approx(rho if kept else 0.0, rel=1e-12, abs=1e-12)
+    assert tis["tis/seq_masked_share"] == pytest.approx(sum(not k for (_, k), n in zip(
+        _geometric_reference(trainer, rollout, lengths, 0.95, 1.05), lengths) if n) / 5)
+    # 20,000 tokens each 0.002 nats apart: the product of the ratios is exp(40), saturated (and masked by any
+    # bound); the geometric mean is exp(0.002), kept by [0.9, 1.1] in float32 as in float64.
+    T = 20_000
+    tr = torch.full((1, T), -1.0)
+    ro = tr - 0.002
+    m = torch.ones(1, T, dtype=torch.bool)
+    w32, keep32, _ = correction_weights(tr, ro, m, mode="sequence_mask", c_min=0.9, c_max=1.1)
+    assert bool(keep32.all()) and float(w32[0, 0]) == pytest.approx(math.exp(0.002), rel=1e-5)
+    wp, keepp, _ = correction_weights(tr, ro, m, mode="sequence_mask", c_min=0.9, c_max=1.1, seq_ratio="product")
+    assert not bool(keepp.any()) and torch.isfinite(wp).all()
