@@ -88,8 +88,10 @@ def _registry(kind: str, declared: tuple[str, ...], *home: str) -> Registry:
 # ---- the kinds, their built-in names and home modules (torch-free; docs/grpo_algorithms.md, docs/verifiers.md) --
 KINDS: dict[str, Registry] = {
     "advantage": _registry("advantage estimator", ("dr_grpo", "grpo", "rloo"), "rlvr_core.grpo.advantages"),
-    "policy_loss": _registry("policy loss", ("ppo_clip",), "rlvr_core.grpo.losses"),
-    "loss_agg": _registry("loss aggregation", ("seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"),
+    "policy_loss": _registry("policy loss", ("cispo", "gspo", "luspo", "ppo_clip", "sapo"), "rlvr_core.grpo.losses",
+                             "rlvr_core.grpo.policy_losses"),
+    "loss_agg": _registry("loss aggregation", ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                                               "token-mean"),
                           "rlvr_core.grpo.losses"),
     "kl_estimator": _registry("KL estimator", ("k1", "k2", "k3"), "rlvr_core.grpo.kl"),
     "verifier": _registry("verifier", ("code", "gsm8k", "ifeval", "math", "mcq", "minerva"),

@@ -153,11 +153,28 @@ class GRPOGuardsConfig(_Section):
                              "(no backward) on the measured steps, hence every 4th by default. 0 = off (those "
                              "guards are blind at beta 0). Skipped with beta > 0, where the KL to the reference "
                              "is measured every step")
+    correction_mask_share: float = Field(0.5, gt=0, le=1, description="G-correction-mask: flag a step whose "
+                                         "rollout correction (grpo.tis_mode token_mask or sequence_mask) rejects "
+                                         "more than this share of the response tokens: the update then learns "
+                                         "from a minority of what was sampled, and rollout engine and trainer "
+                                         "disagree more than the bounds allow (tis_cap, tis_min too tight, or "
+                                         "a broken engine). Left out of the training key at its default")
     health: dict[str, Any] = Field(default_factory=dict, description="settings of the run-level training guards "
                                    "(docs/guards_training.md): per detector (collapse, entropy, reward_hacking, "
                                    "kl_explosion) a mapping of its thresholds, and `enabled`, the guard ids to run; "
                                    "e.g. {collapse: {grad_norm_factor: 8}, kl_explosion: {serious: true}} makes "
                                    "collapse need a larger grad-norm jump and a KL blow-up stop the run. Unset = defaults")
+
+    # Fields added after runs were keyed: dumped (and so in the training key) only away from their default.
+    _DUMPED_AWAY_FROM_DEFAULT: ClassVar[dict[str, Any]] = {"correction_mask_share": 0.5}
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        for name, default in self._DUMPED_AWAY_FROM_DEFAULT.items():
+            if out.get(name, None) == default:
+                del out[name]
+        return out
 
     @field_validator("health")
     @classmethod
@@ -207,10 +224,27 @@ class GRPOConfig(_Strict):
                           "seq-mean-token-sum-norm (docs/grpo_algorithms.md; sum-norm uses max_new_tokens); any "
                           "name registered as a loss_agg (rlvr_core/core/registry.py)")
     policy_loss: str = InKey("ppo_clip", description="policy-gradient loss: ppo_clip (PPO clipped surrogate with "
-                             "clip_low / clip_high, DAPO clip-higher; docs/grpo_algorithms.md); any name "
-                             "registered as a policy_loss (rlvr_core/core/registry.py). Left out of the resolved "
-                             "config, its hash and the training key while it is ppo_clip, so runs from before the "
-                             "field keep their keys")
+                             "clip_low / clip_high, DAPO clip-higher), gspo (the clipped surrogate on the "
+                             "sequence ratio exp(mean log-ratio); gspo_clip_low / gspo_clip_high), luspo (gspo "
+                             "with each sequence's loss times its length; needs loss_agg seq-mean-token-sum), "
+                             "cispo (REINFORCE with the stop-gradient weight min(ratio, cispo_clip_max)), sapo "
+                             "(a soft sigmoid gate instead of the clip; sapo_tau_pos / sapo_tau_neg); "
+                             "docs/grpo_algorithms.md; any name registered as a policy_loss "
+                             "(rlvr_core/core/registry.py). Left out of the resolved config, its hash and the "
+                             "training key while it is ppo_clip, so runs from before the field keep their keys")
+    gspo_clip_low: float = InKey(3e-4, gt=0, lt=1, description="gspo, luspo: the sequence ratio's clip below 1 "
+                                 "(1 - gspo_clip_low). A sequence ratio is a geometric mean of token ratios and "
+                                 "moves far less than one token's, hence GSPO's 3e-4 (arXiv 2507.18071)")
+    gspo_clip_high: float = InKey(4e-4, gt=0, description="gspo, luspo: the sequence ratio's clip above 1 "
+                                  "(1 + gspo_clip_high); GSPO's 4e-4")
+    cispo_clip_max: float = InKey(5.0, gt=0, description="cispo: upper bound of the importance weight min(ratio, "
+                                  "cispo_clip_max), used as a constant (stop-gradient) factor; an absolute bound "
+                                  "on the ratio, TRL's epsilon_high for cispo (ScaleRL's recommended 5.0)")
+    sapo_tau_pos: float = InKey(1.0, gt=0, description="sapo: gate temperature of tokens with a positive "
+                                "advantage: the term is (4 / tau) sigmoid(tau (ratio - 1)) A; a higher tau "
+                                "fades the gradient faster as the ratio leaves 1 (arXiv 2511.20347: 1.0)")
+    sapo_tau_neg: float = InKey(1.05, gt=0, description="sapo: gate temperature of tokens with a non-positive "
+                                "advantage (the paper's 1.05: negative updates fade a little faster)")
     epochs_per_step: int = InKey(1, ge=1, description="optimisation epochs over each rollout batch (1 = on-policy)")
     memory: GRPOMemoryConfig = Field(default_factory=GRPOMemoryConfig, description="how the update fits in memory "
                                      "(docs/grpo_training.md, \"Memory of the update\"); out of the training folder's key")
@@ -283,7 +317,23 @@ class GRPOConfig(_Strict):
                                   "min(exp(trainer_logp - rollout_logp), tis_cap) (no gradient). Use it when the "
                                   "rollout engine and the trainer disagree on log-probs (bf16 on GPU, different "
                                   "kernels, vLLM; see the logprob_mismatch/* columns); e.g. 2 (verl) or 3 (TRL). "
-                                  "None = off (the loss is bit-identical to no correction)")
+                                  "None = off (the loss is bit-identical to no correction). The upper bound "
+                                  "C_max of every tis_mode")
+    tis_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = InKey(
+        "token_truncate", description="rollout correction with tis_cap set (rlvr_core/grpo/rollout_correction.py; "
+        "TRL's vllm_importance_sampling_mode): token_truncate: each token's weight is its ratio clipped to "
+        "[tis_min, tis_cap]; token_mask: tokens whose ratio leaves [tis_min, tis_cap] are rejected (they leave "
+        "the loss and its denominators), the others weigh their ratio; sequence_truncate / sequence_mask: the "
+        "same with one ratio per sequence (tis_seq_ratio) on all its tokens. The tis/* and mismatch/* columns say "
+        "how much each rejects or clips; G-correction-mask flags a step that rejects most tokens")
+    tis_min: float | None = InKey(None, ge=0, description="rollout correction: lower bound C_min of the ratio "
+                                  "(truncate modes clip up to it, mask modes reject below it); None = no lower "
+                                  "bound. Must be below tis_cap; e.g. 0.5 with tis_cap 2 for sequence_mask")
+    tis_seq_ratio: Literal["geometric", "product"] = InKey(
+        "geometric", description="sequence_* modes: the sequence's ratio from its token log-ratios, in log space: "
+        "geometric = exp(mean) (length-normalised, verl's geometric rejection sampling: the bounds mean the same "
+        "for short and long answers), product = exp(sum) (TRL's and verl's sequence-level IS; saturates at "
+        "exp(+-20))")
     rollout_samples_per_step: int = InKey(4, ge=0, description="completions per step written to "
                                           "out_dir/rollouts.parquet (text, reward, status, length; taken "
                                           "round-robin over the trained groups; 0 = none)")
@@ -344,7 +394,24 @@ class GRPOConfig(_Strict):
 
     # Fields added after runs were keyed: dumped only away from their default, the behaviour of every earlier run,
     # so the resolved config, its hash and the training folder's key of such a run stay what they were.
-    _DUMPED_AWAY_FROM_DEFAULT: ClassVar[dict[str, Any]] = {"policy_loss": "ppo_clip"}
+    _DUMPED_AWAY_FROM_DEFAULT: ClassVar[dict[str, Any]] = {
+        "policy_loss": "ppo_clip", "gspo_clip_low": 3e-4, "gspo_clip_high": 4e-4, "cispo_clip_max": 5.0,
+        "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "tis_mode": "token_truncate", "tis_min": None,
+        "tis_seq_ratio": "geometric"}
+
+    # The GRPOConfig fields each policy loss takes, by the loss's keyword (policy_losses.py). A loss not listed
+    # (ppo_clip, or one registered at runtime) gets clip_low / clip_high, as before these losses existed.
+    _LOSS_PARAMS: ClassVar[dict[str, dict[str, str]]] = {
+        "gspo": {"clip_low": "gspo_clip_low", "clip_high": "gspo_clip_high"},
+        "luspo": {"clip_low": "gspo_clip_low", "clip_high": "gspo_clip_high"},
+        "cispo": {"clip_max": "cispo_clip_max"},
+        "sapo": {"tau_pos": "sapo_tau_pos", "tau_neg": "sapo_tau_neg"},
+    }
+
+    def policy_loss_params(self) -> dict[str, Any] | None:
+        """The chosen policy loss's parameters for `grpo_loss(loss_params=...)`; None = clip_low / clip_high."""
+        fields = self._LOSS_PARAMS.get(self.policy_loss)
+        return None if fields is None else {kw: getattr(self, f) for kw, f in fields.items()}
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -391,6 +458,14 @@ class GRPOConfig(_Strict):
         if self.max_staleness and (self.dynamic_sampling or self.adaptive_sampling):
             raise ValueError("max_staleness > 0 cannot be combined with dynamic_sampling or adaptive_sampling: "
                              "those decide from verified rewards while sampling, and the ahead sampler only samples")
+        if self.policy_loss == "luspo" and self.loss_agg != "seq-mean-token-sum":
+            raise ValueError(f"policy_loss luspo is gspo with each sequence's loss summed over its tokens: it needs "
+                             f"loss_agg: seq-mean-token-sum (got {self.loss_agg})")
+        if self.tis_min is not None and self.tis_cap is not None and not self.tis_min < self.tis_cap:
+            raise ValueError(f"tis_min ({self.tis_min}) must be below tis_cap ({self.tis_cap})")
+        if self.tis_cap is None and (self.tis_mode != "token_truncate" or self.tis_min is not None):
+            raise ValueError("tis_mode / tis_min need tis_cap (the upper bound C_max), which turns the rollout "
+                             "correction on")
         if self.adaptive_sampling and self.adaptive_max_samples < self.group_size:
             raise ValueError(f"adaptive_max_samples={self.adaptive_max_samples} is below group_size="
                              f"{self.group_size}, the first chunk: every prompt gets at least one chunk")

@@ -25,13 +25,13 @@ GUARDS = ("G-logprob-temp", "G-pad-mask", "G-fixed-seed", "G-chat-template", "G-
           "G-prompt-mismatch", "G-id-mismatch", "G-partial-batch", "G-verifier-hang", "G-verifier-error",
           "G-truncation", "G-stop-seq", "G-stale-buffer", "G-onpolicy-ratio", "G-kl-explosion", "G-collapse",
           "G-entropy", "G-oom", "G-lost-ckpt", "G-eval-parallel", "G-no-eval", "G-small-eval", "G-reward-hacking",
-          "G-weight-push", "G-regression")
+          "G-weight-push", "G-regression", "G-correction-mask")
 
 # Guards that watch GRPO training: without training there is nothing for them to watch. (G-verifier-hang's
 # pool guards the pass-rate stage too.)
 _TRAINING = {"G-logprob-temp", "G-fixed-seed", "G-verifier-format", "G-stale-buffer",
              "G-onpolicy-ratio", "G-kl-explosion", "G-collapse", "G-entropy", "G-lost-ckpt", "G-no-eval",
-             "G-reward-hacking", "G-partial-batch", "G-weight-push", "G-regression"}
+             "G-reward-hacking", "G-partial-batch", "G-weight-push", "G-regression", "G-correction-mask"}
 
 
 def _enabled(health: HealthConfig, guard: str) -> str | None:
@@ -104,10 +104,19 @@ def _regression(cfg: ExperimentConfig, health: HealthConfig) -> str:
             "(`rlvr demo`; the pipeline flow with eval_base)")
 
 
+def _correction_mask(cfg: ExperimentConfig, health: HealthConfig) -> str:
+    g = cfg.grpo
+    if g.tis_cap is not None and g.tis_mode.endswith("_mask"):
+        return ACTIVE
+    return (f"{ACTIVE}: nothing rejects tokens in this run (only grpo.tis_mode token_mask / sequence_mask with "
+            "grpo.tis_cap do)")
+
+
 _RULES: dict[str, Callable[[ExperimentConfig, HealthConfig], str]] = {
     "G-kl-explosion": _kl_explosion, "G-entropy": _entropy, "G-no-eval": _no_eval,
     "G-reward-hacking": _reward_hacking, "G-verifier-hang": _verifier_hang, "G-id-mismatch": _id_mismatch,
     "G-stop-seq": _stop_seq, "G-weight-push": _weight_push, "G-regression": _regression,
+    "G-correction-mask": _correction_mask,
 }
 _DETECTOR_OF = {GUARD_COLLAPSE: GUARD_COLLAPSE, GUARD_ENTROPY: GUARD_ENTROPY,
                 GUARD_REWARD_HACKING: GUARD_REWARD_HACKING, GUARD_KL_EXPLOSION: GUARD_KL_EXPLOSION}

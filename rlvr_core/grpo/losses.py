@@ -104,10 +104,28 @@ def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len
                          num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
     """mean over sequences of (sum_t mask*L / |o_b|). GRPO as written in DeepSeekMath.
 
-    A sequence with no tokens contributes 0 but still counts as a sequence (as in TRL).
+    A sequence with no response token (an empty completion, or one whose every token a rollout-correction
+    mask mode rejected) is not counted in the denominator (verl #3915: counting it shrinks every other
+    sequence's weight). TRL counts it; tests/grpo/test_policy_losses_vs_trl.py pins the difference.
     """
     per_seq = loss_mat.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
-    return per_seq.sum() / (mask.shape[0] if num_seqs is None else num_seqs)
+    return per_seq.sum() / (_n_seqs(mask) if num_seqs is None else num_seqs)
+
+
+def _n_seqs(mask: torch.Tensor) -> torch.Tensor:
+    """Sequences holding at least one response token (at least 1, so an all-empty batch gives loss 0)."""
+    return (mask.sum(dim=-1) > 0).sum().clamp(min=1)
+
+
+@register("loss_agg", "seq-mean-token-sum")
+def _seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm_len: int | None = None,
+                        num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
+    """mean over sequences of (sum_t mask*L): each sequence's token sum, so a sequence weighs by its length.
+
+    verl's "seq-mean-token-sum"; with a sequence-level policy loss (`gspo`) it is LUSPO's length-unbiased
+    aggregation (TRL's loss_type="luspo"). Sequences with no response token are not counted (as above).
+    """
+    return loss_mat.sum() / (_n_seqs(mask) if num_seqs is None else num_seqs)
 
 
 @register("loss_agg", "seq-mean-token-sum-norm")
@@ -115,13 +133,13 @@ def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, *, norm
                              num_tokens: float | None = None, num_seqs: float | None = None) -> torch.Tensor:
     """sum_{b,t} mask*L / (number of sequences * norm_len). Dr.GRPO's constant normaliser.
 
-    norm_len must be a constant of the run (the generation cap, max_new_tokens); the padded width T of
-    this batch is *not* used as a fallback because it changes from batch to batch, which would bring
+    Sequences with no response token are not counted (as seq-mean-token-mean). norm_len must be a constant
+    of the run (the generation cap, max_new_tokens); the padded width T of this batch is *not* used as a fallback because it changes from batch to batch, which would bring
     back a length-dependent weighting. Same normaliser as TRL's "dr_grpo" (verl omits the 1/B).
     """
     if norm_len is None or norm_len <= 0:
         raise ValueError("seq-mean-token-sum-norm needs norm_len > 0 (a constant, e.g. max response length)")
-    n = mask.shape[0] if num_seqs is None else num_seqs
+    n = _n_seqs(mask) if num_seqs is None else num_seqs
     return loss_mat.sum() / (n * norm_len)
 
 
@@ -229,7 +247,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
               policy_loss: str = "ppo_clip", clip_low: float = 0.2, clip_high: float = 0.28,
               agg_mode: str = "token-mean", norm_len: int | None = None, lowprob_c: float = 0.0,
               num_tokens: float | None = None, num_seqs: float | None = None,
-              is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              is_weights: torch.Tensor | None = None,
+              loss_params: dict | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The full per-step objective: policy loss on (optionally reweighted) advantages + beta * KL to the reference.
 
         A'_t  = A_t * (1 + c - c * exp(old_logp_t))          (Δlog p reweighting; c = lowprob_c, 0 = off)
@@ -244,6 +263,9 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     per token in every mode. beta = 0 needs no reference model: ref_logp may be None. When ref_logp is
     given, KL metrics are reported even with beta = 0 (cheap, and the G-kl-explosion detector wants them).
 
+    loss_params: the policy loss's own parameters (`GRPOConfig.policy_loss_params`: gspo's clip_low/clip_high,
+    cispo's clip_max, sapo's tau_pos/tau_neg; policy_losses.py); None = clip_low / clip_high, as for ppo_clip.
+
     Shapes as `ppo_clip_loss`; ref_logp: (B, T) or None.
     Returns (loss, metrics): metrics = the policy loss metrics + pg_loss, loss, and, with a reference,
     kl_loss (the aggregated term before beta), kl_ref_mean and kl_ref_max (token-level, for spike detection).
@@ -256,9 +278,10 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     if lowprob_c:
         adv = adv.detach().to(_float(adv)) * lowprob_token_weights(old_logp, lowprob_c).to(_float(adv))
     extra = {} if is_weights is None else {"is_weights": is_weights}
+    params = dict(clip_low=clip_low, clip_high=clip_high) if loss_params is None else dict(loss_params)
     pg, metrics = get_policy_loss(policy_loss)(
-        logp, old_logp, adv, mask, clip_low=clip_low, clip_high=clip_high, agg_mode=agg_mode,
-        norm_len=norm_len, num_tokens=num_tokens, num_seqs=num_seqs, **extra)
+        logp, old_logp, adv, mask, agg_mode=agg_mode, norm_len=norm_len, num_tokens=num_tokens,
+        num_seqs=num_seqs, **params, **extra)
     loss = pg
     metrics = dict(metrics, pg_loss=pg.detach().float())
     if ref_logp is not None:

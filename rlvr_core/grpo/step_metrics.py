@@ -23,6 +23,8 @@ Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
     verifier (each such completion lost its reward: it scored `reward.timeout_reward`).
   * G-verifier-error: steps where more than `reward.max_error_share` of the completions got status error
     (the checker raised: a crash that would otherwise read as "incorrect").
+  * G-correction-mask: with a rollout-correction mask mode (grpo.tis_mode token_mask / sequence_mask), steps
+    whose correction rejected more than `grpo.guards.correction_mask_share` of the response tokens.
   * run level (guards.py `HealthMonitor` over the step history: collapse, entropy floor, reward hacking,
     KL explosion): a firing sets `health/<id>` in that step's row; a serious one stops the run.
 
@@ -53,7 +55,7 @@ __all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "step_ro
 
 NON_FINITE_LOSS = "non_finite_loss"  # the episode key (and summary tag) of a stop for a non-finite loss
 STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang",
-              "G-verifier-error")
+              "G-verifier-error", "G-correction-mask")
 
 
 @dataclass
@@ -99,6 +101,9 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
         "G-verifier-format": zero_var_flag(cfg, rollouts.zero_var_share(), history or []),
         "G-verifier-hang": int(counts["timeout"] > max_timeout_share * sum(counts.values())),
         "G-verifier-error": int(counts["error"] > max_error_share * sum(counts.values())),
+        # A mask mode that rejects most tokens trains on a minority of what was sampled (nan: no token: no flag).
+        "G-correction-mask": int(cfg.tis_cap is not None and cfg.tis_mode.endswith("_mask")
+                                 and first.get("tis/masked_share", 0.0) > cfg.guards.correction_mask_share),
     }
 
 
@@ -164,8 +169,8 @@ def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch"
         enough = [s.n_correct >= cfg.adaptive_k_success and s.size - s.n_correct >= cfg.adaptive_k_failure
                   for s in b.stats]
         row["adaptive/enough_share"] = float(torch.tensor(enough).float().mean())
-    if cfg.tis_cap is not None:
-        row.update({k: first[k] for k in ("tis/weight_mean", "tis/clipped_share")})
+    if cfg.tis_cap is not None:  # rollout correction: weights, clipped and rejected shares, engine mismatch
+        row.update({k: v for k, v in first.items() if k.startswith(("tis/", "mismatch/"))})
     return row
 
 
@@ -216,6 +221,7 @@ FLAG_MEANING = {
     "G-verifier-format": "zero-reward-variance groups at or above grpo.guards.zero_var_guard_share over the window",
     "G-verifier-hang": "verifier timeouts above reward.max_timeout_share of the completions",
     "G-verifier-error": "verifier errors (the checker raised) above reward.max_error_share of the completions",
+    "G-correction-mask": "rollout correction rejected more than grpo.guards.correction_mask_share of the tokens",
 }
 
 

@@ -20,8 +20,10 @@ One update (`update_policy`) on this rank's trained groups:
     model gives reference log-probs (with LoRA: the policy with its adapters switched off, i.e. the base
     model exactly), micro-batch by micro-batch, before the first epoch.
   * loss: `grpo_loss` per micro-batch with the rollout's log-probs as old log-probs (the behaviour
-    policy's), or with `tis_cap` set the trainer's own epoch-0 log-probs and truncated importance weights
-    min(exp(trainer - rollout), tis_cap) on each token's policy term (`truncated_is_weights`).
+    policy's), or with `tis_cap` set the trainer's own epoch-0 log-probs and rollout-correction weights on each
+    token's policy term (`correction_weights`, rollout_correction.py; `tis_mode`: truncated or masked, per
+    token or per sequence). The mask modes reject tokens: a no-grad forward first (`_rejecting_pass`) finds
+    them, and they leave the loss mask and the step's normalisers (`_loss_normalisers`).
     `dlogp_reweight_c` > 0 multiplies each token's advantage by 1 + c - c * pi_old(token). The normalisers
     are the whole step's (`global_normalisers`: response tokens, sequences, Dr.GRPO's constant over all
     micro-batches and ranks), so each micro-batch's loss is its exact share: the micro-batch losses add up
@@ -70,7 +72,8 @@ from rlvr_core.grpo.distributed import DataParallel, global_normalisers, reduce_
 from rlvr_core.grpo.kl import token_kl
 from rlvr_core.grpo.logprobs import sequence_logprobs
 from rlvr_core.environments.trajectory import check_aligned
-from rlvr_core.grpo.losses import mask_from_lengths, truncated_is_weights
+from rlvr_core.grpo.losses import mask_from_lengths
+from rlvr_core.grpo.rollout_correction import correction_weights
 from rlvr_core.grpo.micro_batches import empty_like, plan_micro_batches, take_rows
 from rlvr_core.grpo.policy import (Policy, build_policy, ds_config, enable_gradient_checkpointing,  # noqa: F401
                                    load_policy_model, with_lora)  # (re-exported: callers import them from here)
@@ -323,8 +326,11 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
     norm = global_normalisers(dp, int(mask.sum()), max(inputs.n_seqs, 1))
     kw = dict(beta=cfg.beta, kl_estimator=cfg.kl_estimator, policy_loss=cfg.policy_loss, clip_low=cfg.clip_low,
               clip_high=cfg.clip_high, agg_mode=cfg.loss_agg, norm_len=norm_len, lowprob_c=cfg.dlogp_reweight_c,
-              num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"])
-    olds, extras = [p.rollout_logp for p in parts], [{} for _ in parts]
+              num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"], loss_params=cfg.policy_loss_params())
+    olds, extras, masks = [p.rollout_logp for p in parts], [{} for _ in parts], [p.mask for p in parts]
+    if rejects_tokens(cfg):  # the rejected tokens leave the loss and its denominators before any backward
+        olds, extras, masks = _rejecting_pass(policy, cfg, parts)
+    kw.update(_loss_normalisers(dp, masks))
     first: dict[str, float] = {}
     sampled: list[torch.Tensor] = []  # the first epoch's log-probs: the weights that sampled (on-policy)
     with _checkpointing_active(policy.module, cfg.memory.gradient_checkpointing):
@@ -336,13 +342,13 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
                 logp, ent = sequence_logprobs(engine, part.batch, temperature=cfg.logprob_temperature,
                                               with_entropy=(ep == 0), chunk_size=cfg.memory.logprob_chunk_size,
                                               pack=cfg.memory.pack_sequences)
-                if ep == 0 and cfg.tis_cap is not None:
+                if ep == 0 and cfg.tis_cap is not None and not rejects_tokens(cfg):
                     # TIS: the ratio's old log-probs are the trainer's own (the weights that sampled, before any
-                    # update of this step); the engine-vs-trainer gap goes into capped per-token weights instead.
+                    # update of this step); the engine-vs-trainer gap goes into truncated weights instead.
                     olds[i] = logp.detach()
-                    extras[i] = {"is_weights": truncated_is_weights(olds[i], part.rollout_logp, part.mask,
-                                                                    cfg.tis_cap)[0]}
-                loss, m = loss_fn(logp, olds[i], part.adv, part.mask, ref_logp=refs[i], **kw, **extras[i])
+                    extras[i] = {"is_weights": correction_weights(olds[i], part.rollout_logp, part.mask,
+                                                                  **correction_kw(cfg))[0]}
+                loss, m = loss_fn(logp, olds[i], part.adv, masks[i], ref_logp=refs[i], **kw, **extras[i])
                 part_loss = m["loss"].detach().float()
                 loss_sum = part_loss if loss_sum is None else loss_sum + part_loss
                 if ep == 0:
@@ -352,7 +358,8 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
                 # by the world size, so scale it back up to get the single-process gradient.
                 engine.backward(loss * dp.world)
             if ep == 0:
-                first = _epoch0_metrics(cfg, dp, plan, seen, refs, inputs, loss_fn, kw, guard_tol, norm["n_tokens"])
+                first = _epoch0_metrics(cfg, dp, plan, seen, refs, olds, inputs, loss_fn, kw, guard_tol,
+                                        norm["n_tokens"])
                 check_logprob_temp(cfg, step=step, n_tokens=norm["n_tokens"], diff=first["logprob_abs_diff"],
                                    guard_tol=guard_tol)
             lr = float(engine.optimizer.param_groups[0]["lr"])
@@ -364,6 +371,42 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
     drift = drift_kl(policy, cfg, parts, sampled) if measure_drift(cfg, step) else None
     return UpdateResult(first, dp.sum([float(loss_sum)])[0], lr, grad_norm, norm["n_tokens"], refs[0] is not None,
                         drift)
+
+
+def correction_kw(cfg: GRPOConfig) -> dict[str, Any]:
+    """`correction_weights`' settings from the config (grpo.tis_mode, tis_cap, tis_min, tis_seq_ratio)."""
+    return dict(mode=cfg.tis_mode, c_max=cfg.tis_cap, c_min=cfg.tis_min, seq_ratio=cfg.tis_seq_ratio)
+
+
+def rejects_tokens(cfg: GRPOConfig) -> bool:
+    """Whether the rollout correction rejects tokens (token_mask, sequence_mask)."""
+    return cfg.tis_cap is not None and cfg.tis_mode.endswith("_mask")
+
+
+def _rejecting_pass(policy: Policy, cfg: GRPOConfig, parts: list[TrainInputs]) -> tuple[list, list, list]:
+    """Mask modes: the rejected tokens must leave the loss's denominators, which are the whole step's and so
+    needed before the first backward. One no-grad forward per micro-batch gives the trainer's log-probs before
+    the update (the ratio's old log-probs, as with token_truncate), their weights and the loss masks without
+    the rejected tokens. Returns (olds, extras ({"is_weights": w}), masks). Costs one forward per step."""
+    olds, extras, masks = [], [], []
+    with torch.no_grad():
+        for part in parts:
+            lp = sequence_logprobs(policy.engine, part.batch, temperature=cfg.logprob_temperature,
+                                   chunk_size=cfg.memory.logprob_chunk_size, pack=cfg.memory.pack_sequences)[0]
+            w, keep, _ = correction_weights(lp, part.rollout_logp, part.mask, **correction_kw(cfg))
+            olds.append(lp)
+            extras.append({"is_weights": w})
+            masks.append(keep)
+    return olds, extras, masks
+
+
+def _loss_normalisers(dp: DataParallel, masks: list[torch.Tensor]) -> dict[str, float]:
+    """num_tokens / num_seqs over the loss masks of every micro-batch and rank: the response tokens the loss
+    keeps and the sequences holding at least one of them (a sequence with none, empty or every token rejected,
+    is not counted: verl #3915). Each at least 1, so an all-empty step gives loss 0. Collective."""
+    tok, seqs = dp.sum([float(sum(int(m.sum()) for m in masks)),
+                        float(sum(int((m.sum(dim=-1) > 0).sum()) for m in masks))])
+    return {"num_tokens": max(tok, 1.0), "num_seqs": max(seqs, 1.0)}
 
 
 def measure_drift(cfg: GRPOConfig, step: int) -> bool:
@@ -391,8 +434,8 @@ def drift_kl(policy: Policy, cfg: GRPOConfig, parts: list[TrainInputs], sampled:
     return {"drift/kl_mean": s / cnt if cnt else float("nan"), "drift/kl_max": mx if cnt else float("nan")}
 
 
-def _epoch0_metrics(cfg: GRPOConfig, dp: DataParallel, plan: list, seen: list, refs: list, inputs: TrainInputs,
-                    loss_fn: Callable, kw: dict, guard_tol: float, n_tok: int) -> dict[str, float]:
+def _epoch0_metrics(cfg: GRPOConfig, dp: DataParallel, plan: list, seen: list, refs: list, olds: list,
+                    inputs: TrainInputs, loss_fn: Callable, kw: dict, guard_tol: float, n_tok: int) -> dict[str, float]:
     """The first epoch's metrics, computed as in one pass: the micro-batches' log-probs, entropies and
     reference log-probs are put back into the rank's (B, T) batch and, when the batch was split, `loss_fn`
     is evaluated on it once more (no gradient; (B, T) numbers only), so every metric (means, maxima, clip
@@ -400,16 +443,16 @@ def _epoch0_metrics(cfg: GRPOConfig, dp: DataParallel, plan: list, seen: list, r
     metrics) of each micro-batch."""
     logp = _assemble(plan, [lp for lp, _, _ in seen], inputs.rollout_logp)
     ent = _assemble(plan, [e for _, e, _ in seen], inputs.rollout_logp)
-    old, extra, tis = inputs.rollout_logp, {}, None
-    if cfg.tis_cap is not None:
-        old = logp
-        w, tis = truncated_is_weights(logp, inputs.rollout_logp, inputs.mask, cfg.tis_cap)
+    old, extra, tis, loss_mask = inputs.rollout_logp, {}, None, inputs.mask
+    if cfg.tis_cap is not None:  # the old log-probs the update used: the trainer's own before the update
+        old = _assemble(plan, olds, inputs.rollout_logp)
+        w, loss_mask, tis = correction_weights(old, inputs.rollout_logp, inputs.mask, **correction_kw(cfg))
         extra = {"is_weights": w}
     if plan == [None]:  # unsplit: the training call's own metrics, as before micro-batches existed
         m = seen[0][2]
     else:
         with torch.no_grad():
-            _, m = loss_fn(logp, old, inputs.adv, inputs.mask, ref_logp=_assemble(plan, refs, inputs.rollout_logp),
+            _, m = loss_fn(logp, old, inputs.adv, loss_mask, ref_logp=_assemble(plan, refs, inputs.rollout_logp),
                            **kw, **extra)
     return _first_epoch_metrics(dp, m, logp, ent, inputs, tis, guard_tol, n_tok)
 

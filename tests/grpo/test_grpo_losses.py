@@ -194,11 +194,16 @@ def test_aggregation_hand_example():
     assert aggregate_loss(L, mask, "token-mean").item() == 2.5
     assert aggregate_loss(L, mask, "seq-mean-token-mean").item() == 3.0
     assert aggregate_loss(L, mask, "seq-mean-token-sum-norm", norm_len=5).item() == 1.0
+    assert aggregate_loss(L, mask, "seq-mean-token-sum").item() == 5.0  # (6 + 4) / 2
+    # a sequence with no response token is not a sequence of the denominator (verl #3915)
+    L3, mask3 = torch.cat([L, torch.ones(1, 3)]), torch.cat([mask, torch.zeros(1, 3, dtype=torch.bool)])
+    for mode in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"):
+        assert aggregate_loss(L3, mask3, mode, norm_len=5) == aggregate_loss(L, mask, mode, norm_len=5), mode
     with pytest.raises(ValueError, match="norm_len"):
         aggregate_loss(L, mask, "seq-mean-token-sum-norm")
     with pytest.raises(KeyError, match="known"):
         aggregate_loss(L, mask, "seq-mean")
-    assert set(known_loss_aggs()) == set(MODES)
+    assert set(known_loss_aggs()) == {*MODES, "seq-mean-token-sum"}  # its own hand example above
 
 
 def test_empty_mask_gives_zero_loss_and_nan_metrics():

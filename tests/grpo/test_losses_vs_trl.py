@@ -366,3 +366,49 @@ def test_advantages_match_trl(adv_trainers, scale_rewards, ours, seed):
         pop = (plan.rewards - plan.rewards.mean(1, keepdim=True)) / (plan.rewards.std(1, correction=0, keepdim=True)
                                                                      + ADV_EPS_TRL)
         assert not torch.allclose(pop.reshape(-1), trl_adv, atol=1e-3)
+
+
+# ---- rollout-correction weights: TRL's vLLM importance-sampling block, driven through the trainer -------------
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_correction_weights_match_trl(model_dir, tmp_path, mode):
+    """TRL computes its importance-sampling ratio inline in `_generate_and_score_completions`, only with vLLM.
+    The trainer is switched to that path after construction (use_vllm and the correction on; no vLLM is
+    reached: the rollout_func hook supplies the sampler's log-probs, and the weight sync is marked done), with
+    the sampler's log-probs planted as the trainer's own (its old_per_token_logps) plus noise. Our
+    `correction_weights` on the same two log-prob tensors gives TRL's ratio on every response token (sequence
+    modes: ratio "product", TRL's sum of token log-ratios)."""
+    from rlvr_core.grpo.rollout_correction import correction_weights
+
+    plan = _Plan()
+    plan.prompt_tokens, plan.completion_tokens, plan.rewards = _plan(4)
+    trainer = _make_trainer(model_dir, tmp_path, plan)
+    with torch.no_grad():  # the trainer's own log-probs of the planned tokens
+        trainer.use_vllm = False
+        own = trainer._generate_and_score_completions(_generation_inputs())["old_per_token_logps"]
+    g = torch.Generator().manual_seed(11)
+    noise = torch.randn(own.shape, generator=g) * (0.25 if mode.startswith("token") else 0.1)
+    sampler = [(own[b, :n] + noise[b, :n]).tolist() for b, n in enumerate(LENGTHS)]
+    plan.rollout = lambda prompts, tr: {"prompt_ids": [list(p) for p in plan.prompt_tokens],
+                                        "completion_ids": [list(c) for c in plan.completion_tokens],
+                                        "logprobs": sampler}
+    trainer.rollout_func = plan.rollout
+    c_min, c_max = (0.8, 1.25) if mode.startswith("token") else (0.7, 1.4)
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    trainer.vllm_importance_sampling_mode = mode
+    trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max = c_min, c_max
+    trainer._last_loaded_step = trainer.state.global_step  # no weight sync to a vLLM that is not there
+    with torch.no_grad():
+        out = trainer._generate_and_score_completions(_generation_inputs())
+    trl_ratio, trainer_lp = out["importance_sampling_ratio"], out["old_per_token_logps"]
+    mask = out["completion_mask"].bool()
+    rollout = torch.zeros_like(trainer_lp)
+    for b, row in enumerate(sampler):
+        rollout[b, :len(row)] = torch.tensor(row)
+    w, keep, tis = correction_weights(trainer_lp, rollout, mask, mode=mode, c_min=c_min, c_max=c_max,
+                                      seq_ratio="product")
+    expect = trl_ratio.expand(mask.shape)
+    torch.testing.assert_close(w[mask], expect[mask].to(w.dtype), rtol=1e-6, atol=1e-6)
+    hit = tis["tis/masked_share"] if mode.endswith("mask") else tis["tis/clipped_share"]
+    assert 0 < hit < 1, (mode, tis)  # both sides of the bounds are exercised
+    assert torch.equal(keep, mask & (w > 0)) if mode.endswith("mask") else torch.equal(keep, mask)

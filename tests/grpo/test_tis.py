@@ -211,3 +211,39 @@ def test_an_unknown_rollout_engine_fails_before_any_work(tiny, tmp_path):
         trainer_mod.train_grpo(model_dir, rows, ids, tmp_path / "x", tiny_cfg(), template_id="qa", reward=RewardConfig(verifier=VERIFIER),
                                 max_new_tokens=12, seed=0, engine="nope")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_correction_that_rejects_most_tokens_is_flagged(tiny, tmp_path):
+    # G-correction-mask, planted: the engine reports every log-prob SHIFT too high, so every token's ratio is
+    # exp(-SHIFT) ~ 0.74. A mask mode with C_min 0.8 rejects them all (the step trains on nothing: loss 0) and is
+    # flagged; C_min 0.5 keeps them all (weight exp(-SHIFT)) and is not. Both modes, one step each.
+    cfg = dict(steps=1, tis_cap=2.0, guards={"logprob_guard_tol": 1.0})
+    with _planted_engine(from_step=0):
+        (tok,) = _run(tiny, tmp_path / "tok", tiny_cfg(tis_mode="token_mask", tis_min=0.8, **cfg))
+        (seq,) = _run(tiny, tmp_path / "seq", tiny_cfg(tis_mode="sequence_mask", tis_min=0.8, **cfg))
+        (kept,) = _run(tiny, tmp_path / "kept", tiny_cfg(tis_mode="sequence_mask", tis_min=0.5, **cfg))
+    for r in (tok, seq):
+        assert r["tis/masked_share"] == 1.0 and r["tis/seq_all_masked_share"] == 1.0
+        assert r["health/G-correction-mask"] == 1 and r["pg_loss"] == 0.0
+        assert r["mismatch/log_ratio_mean"] == pytest.approx(-SHIFT, abs=1e-4)
+        assert r["mismatch/kl"] == pytest.approx(math.exp(-SHIFT) - 1 + SHIFT, abs=1e-4)
+    assert seq["tis/seq_masked_share"] == 1.0
+    assert kept["health/G-correction-mask"] == 0 and kept["tis/masked_share"] == 0.0
+    assert kept["tis/weight_mean"] == pytest.approx(math.exp(-SHIFT), abs=1e-4) and kept["pg_loss"] != 0.0
+
+
+@pytest.mark.parametrize("loss", ["gspo", "luspo", "cispo", "sapo"])
+def test_each_policy_loss_trains_at_its_defaults(tiny, tmp_path, loss):
+    # The new losses (policy_losses.py) through the real trainer at their default parameters, with a rollout
+    # correction mode each: finite losses, a real update (the weights move), exactly on-policy epoch 0, and no
+    # guard flag or stop (G-onpolicy-ratio reads their ratio and clip metrics).
+    extra = {"loss_agg": "seq-mean-token-sum"} if loss == "luspo" else {}
+    mode = {"gspo": "sequence_mask", "luspo": "sequence_truncate", "cispo": "token_mask", "sapo": "token_truncate"}
+    rows = _run(tiny, tmp_path / loss, tiny_cfg(steps=3, policy_loss=loss, tis_cap=2.0, tis_min=0.5,
+                                                tis_mode=mode[loss], **extra))
+    assert len(rows) == 3
+    for r in rows:
+        assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0, r
+        assert r["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and r["clip_frac"] == 0.0
+        assert r["tis/masked_share"] == 0.0 and r["tis/clipped_share"] == 0.0
+        assert not any(v for k, v in r.items() if k.startswith("health/")), r
