@@ -109,9 +109,14 @@ def _take_turn(env: Any, live: list[_Live], samples: list[Any], turn: int, budge
     still = []
     for x, sample in zip(live, samples):
         check_engine_context(sample, x.traj, turn=turn)
-        x.traj.segments.append(Segment("model", tuple(sample.token_ids), turn, tuple(sample.logprobs),
-                                       sample.weight_version))
+        room = budgets.max_total_tokens - len(x.traj.completion_ids())
+        ids, logprobs = tuple(sample.token_ids), tuple(sample.logprobs)
+        x.traj.segments.append(Segment("model", ids[:room], turn, logprobs[:room], sample.weight_version))
         x.traj.text = sample.text
+        if len(ids) > room:  # sampled past this trajectory's share of the call's cap: cut, ids and log-probs together
+            x.traj.text = env_text(env, ids[:room])
+            _end([x], "max_total_tokens", done)
+            continue
         if sample.finish_reason == "length":
             _end([x], "length", done)
             continue
@@ -136,12 +141,19 @@ def _take_turn(env: Any, live: list[_Live], samples: list[Any], turn: int, budge
 
 def _sample_next(engine: Any, live: list[_Live], keys: list[str], params: Any, turn: int, budgets: Budgets,
                  step: int, epoch: int, first_sample_index: int) -> list[Any]:
-    """One sample per live trajectory from its stored ids; the turn's token cap leaves room in the total budget."""
-    room = min(budgets.max_total_tokens - len(x.traj.completion_ids()) for x in live)
+    """One sample per live trajectory from its stored ids, in one engine call whose token cap is the roomiest
+    trajectory's (`_take_turn` cuts each sample at its own trajectory's room): one trajectory near its budget
+    does not shorten every other trajectory's turn."""
+    room = max(budgets.max_total_tokens - len(x.traj.completion_ids()) for x in live)
     turn_params = replace(params, n=1, max_new_tokens=max(1, min(params.max_new_tokens, room)))
     contexts = [x.traj.context_ids() for x in live]
     ids = [f"{keys[x.problem]}/turn{turn}/sample{first_sample_index + x.sample}" for x in live]
     return [group[0] for group in engine.generate_ids(contexts, ids, turn_params, step=step, epoch=epoch)]
+
+
+def env_text(env: Any, ids: tuple[int, ...]) -> str:
+    """The text of ids cut short, for the verifier (decoded only to be read)."""
+    return env.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
 def _end(xs: list[_Live], why: str, done: list[_Live]) -> None:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_tool_demo_recipe_is_valid_and_multi_turn():
     cfg = load_config(ROOT / "configs" / "examples" / "tool-demo.yaml")
     assert cfg.environment.multi_turn and cfg.environment.tools == ["calculator"]
-    assert cfg.data.synthetic.task == "products" and cfg.model.warm_start.teacher_tool_share == 0.3
+    assert cfg.data.synthetic.task == "products" and cfg.model.warm_start.teacher_tool_share == 0.5
 
 
 @pytest.mark.parametrize("data,field,words", [

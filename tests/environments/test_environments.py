@@ -155,3 +155,16 @@ def test_ids_logprobs_and_mask_of_different_lengths_are_refused():
         Segment("model", (1, 2), 0, (-0.1,))
     with pytest.raises(TrajectoryError, match="carries log-probs"):
         Segment("env", (1,), 0, (-0.1,))
+
+
+def test_one_trajectory_near_its_budget_does_not_shorten_the_others(engine):
+    """The later turns of every live trajectory share one engine call: its cap is the roomiest trajectory's and
+    each sample is cut at its own trajectory's room (ids and log-probs together), flagged as a budget cut."""
+    env = tool_env(engine)
+    trajs = rollout(engine, env, PROBLEMS, KEYS, GREEDY, Budgets(max_turns=3, max_total_tokens=24), score=score)
+    flat = [t for g in trajs for t in g]
+    assert all(len(t.completion_ids()) <= 24 and len(t.completion_ids()) == len(t.logprobs()) for t in flat)
+    roomy = rollout(engine, env, PROBLEMS, KEYS, GREEDY, Budgets(max_turns=3, max_total_tokens=96), score=score)
+    for short, long in zip(flat, [t for g in roomy for t in g]):  # greedy: the same ids up to the cut
+        assert long.completion_ids()[:len(short.completion_ids())] == short.completion_ids()
+        assert short.end == ("max_total_tokens" if len(long.completion_ids()) > 24 else long.end)
