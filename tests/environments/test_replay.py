@@ -36,16 +36,20 @@ def live():
     return engine, [t for group in trajs for t in group]
 
 
-def _loss(engine, trajs):
+def _inputs(engine, trajs):
+    """The trainer's batch for the trajectories (`_groups_batch`), the policy's log-probs and the advantages."""
     samples = [as_sample(t, f"p{i}", 0) for i, t in enumerate(trajs)]
     group = SimpleNamespace(samples=samples, prompt="(unused: the samples carry their prompt ids)")
     sampler = SimpleNamespace(pad_token_id=engine.pad_token_id, add_special_tokens=False)
     batch, old, mask = _groups_batch([group], engine.tokenizer, sampler, torch.device("cpu"))
     with torch.no_grad():
         logp, _ = sequence_logprobs(engine.model, batch)
-    adv = torch.tensor([t.reward - 0.5 for t in trajs])
-    loss, _ = grpo_loss(logp, old, adv, mask)
-    return loss, batch, mask
+    return batch, old, mask, logp, torch.tensor([t.reward - 0.5 for t in trajs])
+
+
+def _loss(engine, trajs):
+    batch, old, mask, logp, adv = _inputs(engine, trajs)
+    return grpo_loss(logp, old, adv, mask)[0], batch, mask
 
 
 def test_a_stored_trajectory_replays_to_the_same_loss(live):
@@ -65,14 +69,8 @@ def test_the_loss_sees_only_the_policys_tokens(live):
     for b, t in enumerate(trajs):
         assert mask[b, :len(t.loss_mask())].tolist() == [bool(m) for m in t.loss_mask()]
         assert int(mask[b].sum()) == sum(len(s.token_ids) for s in t.segments if s.role == "model")
-    # What sits at the environment's positions (old log-probs, advantages per token) never reaches the loss.
-    samples = [as_sample(t, f"p{i}", 0) for i, t in enumerate(trajs)]
-    group = SimpleNamespace(samples=samples, prompt="")
-    sampler = SimpleNamespace(pad_token_id=engine.pad_token_id, add_special_tokens=False)
-    _, old, _ = _groups_batch([group], engine.tokenizer, sampler, torch.device("cpu"))
-    with torch.no_grad():
-        logp, _ = sequence_logprobs(engine.model, batch)
-    adv = torch.tensor([t.reward - 0.5 for t in trajs])
+    # What sits at the environment's positions (old log-probs, the policy's log-probs) never reaches the loss.
+    _, old, _, logp, adv = _inputs(engine, trajs)
     env_positions = ~mask & (torch.arange(mask.shape[1])[None, :] < batch["lengths"][:, None])
     assert bool(env_positions.any())
     noisy_old = torch.where(env_positions, torch.full_like(old, -7.0), old)
