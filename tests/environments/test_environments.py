@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from env_helpers import TOOL_QA, DroppingEngine, ReencodingEngine, trained_engine
+from env_helpers import TOOL_QA, DroppingEngine, ReencodingEngine
 from rlvr_core.core.registry import lookup
 from rlvr_core.environments.boundary import TextBoundary
 from rlvr_core.environments.checks import EngineContextError, check_train_mask, rerender_drift, step_health
@@ -26,8 +26,8 @@ def score(pairs):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return trained_engine()
+def engine(taught_engine):
+    return taught_engine
 
 
 def tool_env(engine, **kw):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from env_helpers import TOOL_QA, trained_engine
+from env_helpers import TOOL_QA
 from rlvr_core.core.registry import lookup
 from rlvr_core.environments.boundary import TextBoundary
 from rlvr_core.environments.loop import Budgets, rollout
@@ -26,8 +26,8 @@ GSM8K = get_verifier("gsm8k")
 
 
 @pytest.fixture(scope="module")
-def live():
-    engine = trained_engine()
+def live(taught_engine):
+    engine = taught_engine
     env = lookup("environment", "tools")(engine.tokenizer, TOOL_QA, tools=["calculator"],
                                          boundary=TextBoundary(engine.tokenizer, prefix="\n= ", suffix="\n"))
     problems = [{"question": "What is 12 * 34?", "gold": "408"}, {"question": "What is 7 * 8?", "gold": "56"}]
