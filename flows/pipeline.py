@@ -39,11 +39,11 @@ from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, load_config, parse_config
 from rlvr_core.experiment.secrets import unseal
 from rlvr_core.pipeline import stages
+from rlvr_core.pipeline.child.run import ROOT
 from rlvr_core.pipeline.run_record import (PipelineRun, StageOutputs, eval_metrics, finished_record, passk_metrics,
                                            run_params, stopped_record)
 from rlvr_core.records.tracking import Tracker, common_tags, redact, redact_text
 from tasks import stages as t
-from tasks.stage_process import ROOT
 
 STOP_AFTER = ("curriculum", None)
 KINDS = ("pipeline", "demo")  # a run with a sweep id is a "trial"

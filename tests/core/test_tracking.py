@@ -308,7 +308,7 @@ def test_the_runs_view_lists_every_run_but_the_stage_runs(tracker):
 def test_a_sweep_view_lists_its_trials_with_the_pivot_metric_first(tracker):
     from flows.ablation_sweep import _save_sweep_view, sweep_view_id
     from rlvr_core.pipeline.sweeps import load_sweep
-    from tasks.stage_process import ROOT
+    from rlvr_core.pipeline.child.run import ROOT
 
     sw = load_sweep(ROOT / "configs" / "sweeps" / "demo_lr.yaml")  # 2 cells x 3 seeds, metric accuracy_greedy
     parent = tracker.start_run("sweep", {"kind": "sweep", "sweep_id": "s1"})

@@ -151,7 +151,7 @@ def test_a_stopped_training_stage_is_not_retried_and_leaves_nothing_to_export(ti
     from rlvr_core.experiment.config import parse_config
     from rlvr_core.pipeline import stages
     from rlvr_core.sampling.models import model_hashes
-    from tasks.retry import is_transient
+    from rlvr_core.pipeline.child.transient import is_transient
 
     cfg = parse_config({"data": {"synthetic": {"n_train": 40, "n_test": 4}}, "sampling": {"max_new_tokens": 12},
                         "eval": {"max_problems": 2, "verifier_workers": 0},
