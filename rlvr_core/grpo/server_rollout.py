@@ -52,7 +52,7 @@ def split_stale(groups: list[list[Sample]], oldest: int, newest: int) -> tuple[l
     if never:
         pid, idx, got = never[0]
         raise GuardError(f"{GUARD_WEIGHT_PUSH}: {len(never)} samples carry a weight version never pushed "
-                         f"(e.g. {pid!r}/{idx} by version {got}; newest pushed {newest})")
+                         f"(e.g. {pid!r}/{idx} by version {got}; newest pushed {newest})", guard=GUARD_WEIGHT_PUSH)
     old = [any(s.weight_version < oldest for s in g) for g in groups]
     return [i for i, o in enumerate(old) if not o], [i for i, o in enumerate(old) if o]
 
@@ -64,7 +64,7 @@ def check_sample_versions(groups: list[list[Sample]], expected: int, server_urls
         pid, idx, got = bad[0]
         raise GuardError(f"{GUARD_WEIGHT_PUSH}: {len(bad)} samples were not sampled with weight version {expected} "
                          f"(e.g. {pid!r}/{idx} by version {got}) on {', '.join(server_urls)}: a weight push was "
-                         "skipped or failed")
+                         "skipped or failed", guard=GUARD_WEIGHT_PUSH)
 
 
 class _CheckedSampler:

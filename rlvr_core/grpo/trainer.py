@@ -433,7 +433,8 @@ def _stop_collapsed(run: _Run, serious: list, step: int) -> None:
         (run.out_dir / SUMMARY_FILE).write_text(json.dumps(stopped, indent=2) + "\n")
     # No checkpoint of the collapsed state: a resume starts from the last good one.
     raise GuardError("; ".join(f.reason for f in serious)
-                     or f"serious guard firing on rank 0 at step {step + 1}: run collapsed")
+                     or f"serious guard firing on rank 0 at step {step + 1}: run collapsed",
+                     guard=serious[0].guard_id if serious else "", step=step + 1)
 
 
 def _finish(run: _Run) -> GRPOResult:

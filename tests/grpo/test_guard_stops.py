@@ -53,7 +53,9 @@ def _stopped_run(tiny, out: Path, cfg, guard: str) -> tuple[dict, list[dict], st
     with pytest.raises(GuardError) as e:
         train_tiny(tiny, out, cfg)
     assert guard in str(e.value)
-    return json.loads((out / SUMMARY_FILE).read_text()), pq.read_table(out / STEPS_FILE).to_pylist(), str(e.value)
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert (e.value.guard, e.value.step) == (guard, summary["stopped_at_step"])  # its fields, not its message
+    return summary, pq.read_table(out / STEPS_FILE).to_pylist(), str(e.value)
 
 
 def _assert_stopped(out: Path, cfg, summary: dict, rows: list[dict], guard: str, step: int) -> None:
