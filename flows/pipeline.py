@@ -43,7 +43,8 @@ from rlvr_core.pipeline import stages
 from rlvr_core.pipeline.child.run import ROOT
 from rlvr_core.pipeline.run_record import (PipelineRun, StageOutputs, eval_metrics, finished_record, passk_metrics,
                                            run_params, stopped_record)
-from rlvr_core.records.tracking import Tracker, common_tags, redact, redact_text
+from rlvr_core.records.redact import redact, redact_text
+from rlvr_core.records.tracking import Tracker, common_tags
 from tasks import stages as t
 
 STOP_AFTER = ("curriculum", None)

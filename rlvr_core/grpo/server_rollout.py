@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from rlvr_core.experiment.guards import GuardError
-from rlvr_core.grpo.vllm_rollout import _gathered, engine_weights
+from rlvr_core.grpo.vllm_rollout import gathered_whole, engine_weights
 from rlvr_core.sampling.base import Sample
 from rlvr_core.experiment.push_config import push_config
 from rlvr_core.sampling.vllm_server import VLLMServerEngine
@@ -131,7 +131,7 @@ class VLLMServerRolloutEngine:
     def sync(self, module: torch.nn.Module, version: int | None = None) -> None:
         """On-policy: make `version` (the policy's current weights) the servers'. Every rank calls it (a
         ZeRO-3 module is gathered collectively); rank 0 pushes."""
-        with _gathered(module):
+        with gathered_whole(module):
             weights = engine_weights(module) if self.is_sender else iter(())
             self._make_current(weights, version)
 

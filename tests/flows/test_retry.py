@@ -42,7 +42,7 @@ def test_transient_failures_are_retried():
 def test_deterministic_failures_are_not_retried():
     import torch
 
-    from rlvr_core.grpo.trainer import GuardError
+    from rlvr_core.experiment.guards import GuardError
 
     for exc in (ConfigError("c.yaml", [("grpo.lr", "bad")]), GuardError("G-logprob-temp"), ValueError("bad"),
                 KeyError("answer"), TypeError("verifier bug"), FileNotFoundError("x"),

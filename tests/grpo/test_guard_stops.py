@@ -24,7 +24,8 @@ import torch
 from rlvr_core.core.registry import ADVANTAGES
 from rlvr_core.experiment.guards import (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_KL_EXPLOSION, GuardError, check_health,
                                          health_config)
-from rlvr_core.grpo.checkpointing import CHECKPOINTS, FINAL_MODEL, STEPS_FILE, SUMMARY_FILE
+from rlvr_core.artifacts.layout import STEPS_FILE, SUMMARY_FILE
+from rlvr_core.grpo.checkpointing import CHECKPOINTS, FINAL_MODEL
 from rlvr_core.records.warehouse import health_events_table
 from grpo_helpers import VERIFIER, tiny_cfg, train_tiny
 
