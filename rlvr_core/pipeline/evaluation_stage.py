@@ -1,7 +1,8 @@
 """The evaluation stage and what the other stages share with it: the held-out benchmark spec of an
 experiment (`held_out_spec`, `held_out_problems`), the base and trained evaluation (`evaluate_stage`), the
 trainer's periodic evaluation (`held_out_eval`) and the engine settings of a sampling stage (`run_settings`,
-`vllm_options`). Prefect-free, like every stage (`rlvr_core.pipeline.stages` re-exports these names)."""
+`vllm_options`, imported from here by the pass-rate and training stages). Prefect-free, like every stage
+(`rlvr_core.pipeline.stages` re-exports the stage functions and artifacts)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Every child process the pipeline starts, in one room: a stage child (`stage`, started by the stage task
+"""The worker children of the pipeline's stages, in one room: a stage child (`stage`, started by the stage task
 `tasks/stage_process.py`), the nodes of a launched training group (`rank`, started by
 `rlvr_core/pipeline/launch.py`), and a probe analysis (`rlvr probe` under `watched`, started by the probe flow).
+Not here: the local stack's services (`pipeline/stack.py`, `flows/local_stack.py`), the verifiers' process pool
+(`verifiers/pool.py`) and vLLM servers (`sampling/vllm_server_launch.py`), which start and watch their own.
 
 * `protocol`: the sealed request (no secret in the file; its secrets travel in the child's environment), the
   parent watch, the typed `ChildFailure(kind, transient, message, traceback)` a child reports, the atomic result
