@@ -333,3 +333,33 @@ def test_a_child_that_hangs_with_its_output_open_is_stopped_at_its_time_limit(tm
     with pytest.raises(StageProcessError) as e:
         stage_verdict("train", outcome, tmp_path / "result.json", 3)
     assert e.value.kind == "timeout" and not is_transient(e.value) and "time limit of 3 s" in str(e.value)
+
+
+def test_a_stage_childs_lines_reach_the_prefect_run_log(prefect_api, rlvr_home):
+    """`run_child` reads the child's output on a thread of its own (so its time limit works): each line still
+    reaches the task run's log on the Prefect API, as the stage's did when it was read on the task's thread."""
+    from prefect import flow, get_run_logger, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from rlvr_core.pipeline.child.run import child_env, run_child
+
+    @task
+    def stage() -> int:
+        cmd = [sys.executable, "-c", "print('line one'); print('line two')"]
+        return run_child("train", cmd, child_env(), log=get_run_logger().info).returncode
+
+    @flow
+    def one_stage() -> int:
+        return stage()
+
+    state = one_stage(return_state=True)
+    assert state.result() == 0
+    only = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+    with get_client(sync_client=True) as client:
+        for _ in range(60):  # the API receives logs in batches, a moment after they are written
+            messages = [log.message for log in client.read_logs(log_filter=only)]
+            if "train: line two" in messages:
+                break
+            time.sleep(0.5)
+    assert "train: line one" in messages and "train: line two" in messages

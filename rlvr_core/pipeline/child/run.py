@@ -27,14 +27,14 @@ ENV_DEFAULTS = {
 TAIL_LINES = 20  # the last output lines a death's error quotes
 
 
-def child_env(secrets: Mapping[str, str] = {}, *, drop: Iterable[str] = (),
-              overrides: Mapping[str, str] = {}) -> dict[str, str]:
+def child_env(secrets: Mapping[str, str] | None = None, *, drop: Iterable[str] = (),
+              overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment less `drop`, with the sealed request's `secrets`, the repository first on
     PYTHONPATH, `ENV_DEFAULTS` where unset, and `overrides` over all."""
     dropped = frozenset(drop)
-    env = {k: v for k, v in os.environ.items() if k not in dropped} | dict(secrets)
+    env = {k: v for k, v in os.environ.items() if k not in dropped} | dict(secrets or {})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    return {**ENV_DEFAULTS, **env, **overrides}
+    return {**ENV_DEFAULTS, **env, **(overrides or {})}
 
 
 def start_child(cmd: list[str], env: Mapping[str, str], *, stdout: IO | int | None = None, cwd: Path | None = ROOT,
@@ -97,11 +97,16 @@ def run_child(name: str, cmd: list[str], env: Mapping[str, str], *, timeout_s: f
 
 
 def _stream(out: IO[str], name: str, log: Callable[[str], None], tail: deque[str]) -> None:
+    """Read the child's output to its end. A log that fails loses that line only: the pipe must keep draining,
+    or a child writing to a full pipe would block."""
     for line in out:
         line = line.rstrip()
         if line and "it/s]" not in line:  # progress bars are noise in the run log
-            log(f"{name}: {line}")
             tail.append(line)
+            try:
+                log(f"{name}: {line}")
+            except Exception:  # noqa: BLE001 - see above
+                pass
 
 
 def _stderr(msg: str) -> None:
