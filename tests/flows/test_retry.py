@@ -363,3 +363,19 @@ def test_a_stage_childs_lines_reach_the_prefect_run_log(prefect_api, rlvr_home):
                 break
             time.sleep(0.5)
     assert "train: line one" in messages and "train: line two" in messages
+
+
+def test_a_childs_verdict_survives_pickling():
+    """Prefect may pickle a failed task's exception: the verdict (transient, kind, exit status) comes back."""
+    import pickle
+
+    from rlvr_core.pipeline.launch import GroupFailure
+
+    for err in (StageProcessError("train process 1 exited with status -9", transient=True, returncode=-9,
+                                  kind="killed"),
+                GroupFailure("grpo: node 1 of 2 exited with signal SIGKILL", transient=False, error_type="OOMKilled",
+                             kind="oom")):
+        back = pickle.loads(pickle.dumps(err))
+        assert (type(back), str(back), back.transient, back.returncode, back.error_type, back.kind) == \
+            (type(err), str(err), err.transient, err.returncode, err.error_type, err.kind)
+        assert is_transient(back) is err.transient

@@ -31,6 +31,14 @@ class ChildError(RuntimeError):
         self.error_type = error_type
         self.kind = kind
 
+    def __reduce__(self):  # keeps the verdict through pickling (Prefect's results, a flow run's state)
+        return _rebuild, (type(self), str(self), {"transient": self.transient, "returncode": self.returncode,
+                                                  "error_type": self.error_type, "kind": self.kind})
+
+
+def _rebuild(cls: type, message: str, fields: dict) -> ChildError:
+    return cls(message, **fields)
+
 
 class StageProcessError(ChildError):
     """A stage child (`child.stage`) or a probe child (`rlvr probe`) ended badly."""
