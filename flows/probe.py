@@ -56,7 +56,8 @@ def run_analysis(analysis: str, a: str, b: list[str], out: str, options: dict[st
     if outcome.returncode != 0:
         # Killed by a signal (a lost worker, pre-emption): transient; by the kernel's OOM killer: G-oom. A usage
         # error or a failed analysis would fail the same way again: not retried.
-        raise death_error(f"rlvr probe {analysis} exited with status {outcome.returncode}", outcome, "probe")
+        raise death_error(f"rlvr probe {analysis} exited with status {outcome.returncode}", outcome, "probe",
+                          retry="a retry runs the analysis again")
     meta = Path(out) / "meta.json"
     return json.loads(meta.read_text()) if meta.is_file() else {"out": out}
 

@@ -132,18 +132,19 @@ def stage_verdict(stage: str, outcome: Outcome, result: Path, timeout_s: float |
                             error_type=failure.error_type, kind=failure.kind)
 
 
-def death_error(head: str, outcome: Outcome, stage: str) -> StageProcessError:
+def death_error(head: str, outcome: Outcome, stage: str, *, retry: str = "a retry resumes") -> StageProcessError:
     """The error for a child that died without reporting, judged by `death.classify_death`: a SIGKILL while the
     cgroup's OOM-kill count went up is the kernel's OOM killer, deterministic and ending with the G-oom line
-    (`stage`'s advice); any other kill is pre-emption, transient (the retry resumes); a crash is deterministic."""
+    (`stage`'s advice); any other kill is pre-emption, transient (`retry` says what a retry does); a crash is
+    deterministic."""
     code, output = outcome.returncode, _lines(outcome.tail)
     death = classify_death(code, outcome.oom_kills_before)
     if death.kind == "oom":
         return StageProcessError(f"{head}: {death.says}{output}\n{oom_guard(stage)}", transient=False,
                                  returncode=code, error_type="OOMKilled", kind="oom")
     if death.transient:
-        return StageProcessError(f"{head} (killed by a signal, no OOM kill recorded: transient, a retry "
-                                 f"resumes){output}", transient=True, returncode=code, kind="killed")
+        return StageProcessError(f"{head} (killed by a signal, no OOM kill recorded: transient, {retry}){output}",
+                                 transient=True, returncode=code, kind="killed")
     return StageProcessError(head + output, transient=False, returncode=code, kind="crashed")
 
 
