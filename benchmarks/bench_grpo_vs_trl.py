@@ -146,7 +146,7 @@ def run_trl(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     from trl import GRPOTrainer
 
     from rlvr_core.experiment.config import GRPOConfig
-    from rlvr_core.grpo.trainer import gold_of
+    from rlvr_core.data import gold_of
     from rlvr_core.sampling.base import find_stop
     from rlvr_core.data.templates import get_template
     from rlvr_core.verifiers import get_verifier

@@ -49,13 +49,13 @@ def one_version(policy, folder: Path, v: int, cuda: bool) -> tuple[dict[str, Any
     """Version v through both push paths, timed, and read back: (its record, the host snapshot of the weights)."""
     from safetensors.torch import load_file
 
-    from rlvr_core.grpo.vllm_rollout import _gathered, engine_weights
+    from rlvr_core.grpo.vllm_rollout import gathered_whole, engine_weights
     from rlvr_core.sampling.weight_push.file import write_version_file
 
     _sync(cuda)
     t0 = time.perf_counter()
     module = policy.current_weights()  # what the rollouts' sync gets (trainer.py: weights=policy.current_weights)
-    with _gathered(module):
+    with gathered_whole(module):
         path, nbytes = write_version_file(folder / "sync", v, engine_weights(module))
     t1 = time.perf_counter()
     with policy.full_weights(everywhere=True) as full:  # trainer._snapshot -> VLLMServerRolloutEngine.snapshot

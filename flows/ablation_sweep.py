@@ -48,8 +48,9 @@ from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, load_sweep, one
                                        pivot_metric_key, pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
 from rlvr_core.records import warehouse
 from rlvr_core.records.tracking import TRAINING_CURVES, Tracker, saved_view
-from tasks.retry import DeterministicError, FlowRunCrashed, relaunch_condition_fn
-from tasks.stage_process import ROOT
+from rlvr_core.pipeline.child.errors import DeterministicError
+from rlvr_core.pipeline.child.run import ROOT
+from tasks.retry import FlowRunCrashed, relaunch_condition_fn
 from tasks.stages import RETRY
 
 # The config sections that decide the shared stages (data → base model → pass-rate table → curriculum).

@@ -37,13 +37,15 @@ from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core.progress import Progress
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, load_config, parse_config
+from rlvr_core.experiment.guards import RunStopped
 from rlvr_core.experiment.secrets import unseal
 from rlvr_core.pipeline import stages
+from rlvr_core.pipeline.child.run import ROOT
 from rlvr_core.pipeline.run_record import (PipelineRun, StageOutputs, eval_metrics, finished_record, passk_metrics,
                                            run_params, stopped_record)
-from rlvr_core.records.tracking import Tracker, common_tags, redact, redact_text
+from rlvr_core.records.redact import redact, redact_text
+from rlvr_core.records.tracking import Tracker, common_tags
 from tasks import stages as t
-from tasks.stage_process import ROOT
 
 STOP_AFTER = ("curriculum", None)
 KINDS = ("pipeline", "demo")  # a run with a sweep id is a "trial"
@@ -141,14 +143,15 @@ def _run(cfg: ExperimentConfig, run: PipelineRun, progress: Progress, eval_base:
         try:
             trained, exported, trained_eval = _train(cfg, run, data, model, curriculum, progress, in_process,
                                                      reference)
-        except BaseException as err:
+        except Exception as err:
+            stopped = None
             try:
                 stopped = _record_stopped(run, StageOutputs(data, model, passrates, curriculum, base_eval, None,
                                                            None, None), progress, t0)
-                if stopped is not None:  # what the CLI's one-line stop message names (rlvr_cli/stops.py)
-                    err.rlvr_stopped = stopped
             except Exception as exc:  # noqa: BLE001 - the stage's own error is the one to raise
                 progress("record", f"could not record the stopped run: {type(exc).__name__}: {exc}")
+            if stopped is not None:  # what the CLI's one-line stop message names (rlvr_cli/stops.py)
+                raise RunStopped(str(err), record=stopped) from err
             raise
     evals = StageOutputs(data, model, passrates, curriculum, base_eval, trained, exported, trained_eval)
     return _record(run, evals, progress, t0)

@@ -4,8 +4,10 @@
 
 Each analysis (`report` = RL-Probe token KL and spikes, `dlogp` = Δlog p with replacement and
 extrapolation, `boundary` = pass@k capability boundary) is one task that runs `rlvr probe <analysis>`
-in a child process: a clean process per analysis (model memory freed when it ends, GPU tag and slot as
-the other heavy stages), and a kill is a transient failure that is retried (`tasks.retry`). Each writes
+in a child process (`rlvr_core.pipeline.child.run_child`, under the parent watch): a clean process per analysis
+(model memory freed when it ends, GPU tag and slot as the other heavy stages). A kill is a transient failure
+that is retried (`tasks.retry`); a kill by the kernel's OOM killer, or a failed analysis, is not (the kill ends
+with the G-oom line, as a stage's does). Each writes
 its folder under the flow's work dir and, with `publish_prefix`, copies it into the artifact store at
 `<publish_prefix>/probes/<analysis>/`. When `publish_prefix` is a run folder (`EXPERIMENT/RUN_ID` with a
 run.json), the run is re-ingested afterwards, so the probe tables land in the warehouse beside it.
@@ -14,8 +16,6 @@ run.json), the run is re-ingested afterwards, so the probe tables land in the wa
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,9 +27,8 @@ from prefect.artifacts import create_markdown_artifact
 from flows.sealed import sealed_flow
 from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core import settings
+from rlvr_core.pipeline.child.run import child_env, death_error, run_child
 from rlvr_core.records import warehouse
-from tasks.retry import StageProcessError, killed_by_signal
-from tasks.stage_process import ROOT
 from tasks.stages import GPU_TAG, RETRY
 
 ANALYSES = ("report", "dlogp", "boundary")
@@ -42,7 +41,7 @@ def run_analysis(analysis: str, a: str, b: list[str], out: str, options: dict[st
     if analysis not in ANALYSES:  # a typo is a bad request, not worth a retry
         raise ValueError(f"unknown probe analysis {analysis!r}: use one of {ANALYSES}")
     bs = b if analysis == "report" else b[-1:]  # dlogp and boundary compare A with one checkpoint
-    cmd = [sys.executable, "-m", "rlvr_cli.probe", analysis, "--a", a, "--out", out]
+    cmd = [sys.executable, "-m", "rlvr_core.pipeline.child.watched", "rlvr_cli.probe", analysis, "--a", a, "--out", out]
     for x in bs:
         cmd += ["--b", x]
     for k, v in options.items():
@@ -51,17 +50,14 @@ def run_analysis(analysis: str, a: str, b: list[str], out: str, options: dict[st
         cmd += ["--publish", f"{publish}/probes/{analysis}"]
         if artifact_uri:
             cmd += ["--artifact-uri", artifact_uri]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("OMP_NUM_THREADS", "1")
-    get_run_logger().info("probe %s: %s", analysis, " ".join(cmd[3:]))
-    proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
-        # Killed by a signal (a lost worker, pre-emption): transient. A usage error or a failed analysis
-        # would fail the same way again: not retried.
-        raise StageProcessError(f"rlvr probe {analysis} exited with status {proc.returncode}\n{tail}",
-                                transient=killed_by_signal(proc.returncode), returncode=proc.returncode)
+    logger = get_run_logger()
+    logger.info("probe %s: %s", analysis, " ".join(cmd[4:]))
+    outcome = run_child(f"probe {analysis}", cmd, child_env(), log=logger.info)
+    if outcome.returncode != 0:
+        # Killed by a signal (a lost worker, pre-emption): transient; by the kernel's OOM killer: G-oom. A usage
+        # error or a failed analysis would fail the same way again: not retried.
+        raise death_error(f"rlvr probe {analysis} exited with status {outcome.returncode}", outcome, "probe",
+                          retry="a retry runs the analysis again")
     meta = Path(out) / "meta.json"
     return json.loads(meta.read_text()) if meta.is_file() else {"out": out}
 

@@ -8,7 +8,6 @@ A leaf module like common.py: the command modules import it; it imports none of 
 from __future__ import annotations
 
 import logging
-import re
 import time
 import traceback
 from pathlib import Path
@@ -16,10 +15,9 @@ from typing import Any
 
 import typer
 
-STOP_EXIT_CODE = 3  # a guard stopped the run (2: a bad config or command line; 1: anything else)
+from rlvr_core.experiment.guards import GuardError, RunStopped
 
-_GUARD = re.compile(r"\b(G-[a-z][a-z-]*[a-z])\b")
-_STEP = re.compile(r"\bat step (\d+)\b")
+STOP_EXIT_CODE = 3  # a guard stopped the run (2: a bad config or command line; 1: anything else)
 
 
 def _advice(guard: str, message: str, grpo: Any) -> str:
@@ -38,16 +36,11 @@ def _advice(guard: str, message: str, grpo: Any) -> str:
 
 
 def guard_stop(err: BaseException) -> tuple[str, int | None] | None:
-    """(guard id, step) when `err` is a guard's stop (GuardError, or an error carrying the pipeline's record of
-    a stopped run); None for any other failure."""
-    stopped = getattr(err, "rlvr_stopped", None)
-    if stopped and stopped.get("stopped_by"):
-        return stopped["stopped_by"][0], stopped.get("stopped_at_step")
-    if type(err).__name__ != "GuardError":
-        return None
-    msg = str(err)
-    guard, step = _GUARD.search(msg), _STEP.search(msg)
-    return (guard.group(1) if guard else "a guard"), (int(step.group(1)) if step else None)
+    """(guard id, step) when `err` is a guard's stop (GuardError, or the pipeline's RunStopped with the record of
+    the stopped run); None for any other failure."""
+    if isinstance(err, (GuardError, RunStopped)):
+        return err.guard or "a guard", err.step
+    return None
 
 
 def stop_lines(err: BaseException, cfg: Any, command: str, log_path: Path | None) -> list[str] | None:
@@ -56,7 +49,7 @@ def stop_lines(err: BaseException, cfg: Any, command: str, log_path: Path | None
     if hit is None:
         return None
     guard, step = hit
-    stopped = getattr(err, "rlvr_stopped", None) or {}
+    stopped = err.record if isinstance(err, RunStopped) else {}
     at = f" at step {step} of {cfg.grpo.steps}" if step else ""
     why = stopped.get("reasons") or str(err).splitlines()[0]
     details = [f"report {stopped['report']}" if stopped.get("report") else None,

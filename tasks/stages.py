@@ -37,10 +37,11 @@ from rlvr_core.artifacts.storage import ArtifactStore
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.pipeline import stages
-from rlvr_core.pipeline.child import needs_oom_guard, oom_guard
+from rlvr_core.pipeline.child.errors import OutOfMemory
+from rlvr_core.pipeline.child.transient import needs_oom_guard, oom_guard
 from rlvr_core.records.runrecord import record_run
 from rlvr_core.records.tracking import Tracker
-from tasks.retry import DeterministicError, retry_condition_fn
+from tasks.retry import retry_condition_fn
 from tasks.stage_process import run_stage_process, tmp_root
 
 GPU_TAG = "gpu"
@@ -56,7 +57,7 @@ def oom_says_what_to_lower(stage: str) -> Iterator[None]:
         yield
     except Exception as e:
         if needs_oom_guard(e):
-            raise DeterministicError(f"{type(e).__name__}: {e}\n{oom_guard(stage)}") from e
+            raise OutOfMemory(f"{type(e).__name__}: {e}\n{oom_guard(stage)}") from e
         raise
 
 

@@ -22,10 +22,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rlvr_core.data.jsonl import read_jsonl, write_jsonl  # noqa: F401  (re-exported: the demo's data files)
-
-__all__ = ["SyntheticSpec", "make_synthetic_dataset", "write_jsonl", "read_jsonl", "level_for", "ProductsSpec",
-           "make_products_dataset", "tool_answer"]
+__all__ = ["SyntheticSpec", "make_synthetic_dataset", "level_for", "ProductsSpec", "make_products_dataset",
+           "tool_answer"]
 
 
 @dataclass(frozen=True)

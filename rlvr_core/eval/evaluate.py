@@ -59,7 +59,7 @@ from rlvr_core.core.stats import wilson_interval
 from rlvr_core.data.templates import get_template
 from rlvr_core.eval.metrics import (COMPARE_EXEMPT, CURVES_FILE, EVAL_FILE, METRICS_FILE,  # noqa: F401 (re-exported)
                                     SAMPLES_FILE, EvalLimits, compute_metrics, continued_after_answer, curves_table,
-                                    eval_flags, metrics_table, read_samples, regression_flag, samples_table, vote_key)
+                                    eval_flags, metrics_table, samples_table, vote_key)
 from rlvr_core.experiment.benchmarks import (BenchmarkSpec, VerifierSpec, benchmark_data_hash, benchmark_hash,
                                              data_source_record, effective_stop, gold_for, load_benchmark_problems,
                                              parse_benchmark, parse_metric, prompt_template, resolved_benchmark,

@@ -24,7 +24,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from rlvr_core.core import hub
 from rlvr_core.data.curriculum import known_orderings
 from rlvr_core.data.templates import get_template, known_templates
-from rlvr_core.experiment.config_base import ConfigError, _AddedLater, _one_of, _Strict  # noqa: F401
+from rlvr_core.experiment.config_base import ConfigError, _AddedLater, _one_of, _Strict
 from rlvr_core.experiment.environment_config import EnvironmentConfig
 from rlvr_core.experiment.grpo_config import moved_override as moved_grpo_key
 from rlvr_core.experiment.grpo_config import (ConfigDeprecation, GRPOConfig, GRPOGuardsConfig,  # noqa: F401

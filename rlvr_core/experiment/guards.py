@@ -47,7 +47,7 @@ __all__ = [
     "GUARD_COLLAPSE", "GUARD_ENTROPY", "GUARD_REWARD_HACKING", "GUARD_KL_EXPLOSION", "GUARD_IDS",
     "Firing", "CollapseConfig", "EntropyConfig", "RewardHackingConfig", "KLExplosionConfig", "HealthConfig",
     "detect_collapse", "detect_entropy", "detect_reward_hacking", "detect_kl_explosion", "check_health",
-    "HealthMonitor", "health_flags", "firing_dict", "GuardError", "health_config",
+    "HealthMonitor", "health_flags", "firing_dict", "GuardError", "RunStopped", "health_config",
 ]
 
 GUARD_COLLAPSE = "G-collapse"
@@ -58,8 +58,36 @@ GUARD_IDS = (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_REWARD_HACKING, GUARD_KL_EXPLO
 
 
 class GuardError(RuntimeError):
-    """A guard that stops the run (as opposed to guards that only count and flag). Raised by the trainer
-    (also importable from rlvr_core.grpo.trainer)."""
+    """A guard that stops the run (as opposed to guards that only count and flag). Raised by the trainer.
+    `guard`: the guard's id (G-collapse, G-logprob-temp, ...); `step`: the training step it stopped at (None when
+    it stopped at no step)."""
+
+    def __init__(self, message: str, *, guard: str = "", step: int | None = None):
+        super().__init__(message)
+        self.guard, self.step = guard, step
+
+    def __reduce__(self):  # keeps the fields through pickling (Prefect's results)
+        return _rebuild, (type(self), str(self), {"guard": self.guard, "step": self.step})
+
+
+class RunStopped(RuntimeError):
+    """A guard stopped a pipeline run, and the run was recorded: raised by the pipeline flow from the stage's own
+    error (its `__cause__`), with that error's message. `record`: the stopped run's summary (`stopped_by`,
+    `stopped_at_step`, `reasons`, `report`, `mlflow_run_url`, `train_folder`); `guard`, `step`: its first guard
+    and the step."""
+
+    def __init__(self, message: str, *, record: Mapping[str, Any]):
+        super().__init__(message)
+        self.record = dict(record)
+        self.guard: str = self.record["stopped_by"][0]
+        self.step: int | None = self.record.get("stopped_at_step")
+
+    def __reduce__(self):
+        return _rebuild, (type(self), str(self), {"record": self.record})
+
+
+def _rebuild(cls: type, message: str, fields: dict[str, Any]) -> BaseException:
+    return cls(message, **fields)
 
 
 @dataclass(frozen=True)

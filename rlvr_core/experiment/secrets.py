@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any, Mapping
 
-from rlvr_core.records.tracking import is_secret_key, redact_text
+from rlvr_core.records.redact import is_secret_key, redact_text
 
 ENV_PREFIX = "RLVR_SECRET_"
 _PLACEHOLDER = re.compile(r"\$\{secret:(" + ENV_PREFIX + r"[A-Z0-9_]+)\}")

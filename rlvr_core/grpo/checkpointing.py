@@ -30,7 +30,7 @@ from rlvr_core.experiment.config import GRPOConfig
 
 __all__ = ["CHECKPOINTS", "FINAL_MODEL", "LORA_ADAPTER", "STEPS_FILE", "SUMMARY_FILE", "ROLLOUTS_FILE",
            "AHEAD_WEIGHTS", "RunState", "resume", "save_checkpoint", "write_rollouts", "write_lora_config",
-           "save_final_model", "_write_rows", "_read_rollouts"]
+           "save_final_model", "write_rows", "_read_rollouts"]
 
 CHECKPOINTS = "checkpoints"
 FINAL_MODEL = "final_model"
@@ -78,7 +78,7 @@ def resume(engine: Any, out_dir: Path, cfg: GRPOConfig, device: torch.device, *,
 
 def write_rollouts(state: RunState, out_dir: Path, *, is_main: bool) -> None:
     if is_main and (state.rollout_rows or (out_dir / ROLLOUTS_FILE).exists()):
-        _write_rows(state.rollout_rows, out_dir / ROLLOUTS_FILE)
+        write_rows(state.rollout_rows, out_dir / ROLLOUTS_FILE)
 
 
 def save_checkpoint(engine: Any, out_dir: Path, step: int, state: RunState, ahead: Any, *, is_main: bool) -> None:
@@ -98,7 +98,7 @@ def save_checkpoint(engine: Any, out_dir: Path, step: int, state: RunState, ahea
     # be loaded. save_checkpoint returns after that barrier, so every rank's files are complete here.
     if is_main:
         _write_latest(ckpt_dir, f"step{step}")
-        _write_rows(state.step_rows, out_dir / STEPS_FILE)
+        write_rows(state.step_rows, out_dir / STEPS_FILE)
 
 
 def _write_latest(ckpt_dir: Path, tag: str) -> None:
@@ -130,7 +130,7 @@ def save_final_model(trained: torch.nn.Module, cfg: GRPOConfig, out_dir: Path) -
     trained.save_pretrained(out_dir / FINAL_MODEL)
 
 
-def _write_rows(rows: list[dict], path: Path) -> None:
+def write_rows(rows: list[dict], path: Path) -> None:
     """Parquet of the step rows; eval columns exist only on evaluated steps, so take the union of keys
     (from_pylist would infer the schema from the first row and drop them). Written to a temporary file
     and renamed, so a kill mid-write leaves the previous file whole."""

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from rlvr_core.experiment.guards import GuardError
-from rlvr_core.grpo.vllm_rollout import _gathered, engine_weights
+from rlvr_core.grpo.vllm_rollout import gathered_whole, engine_weights
 from rlvr_core.sampling.base import Sample
 from rlvr_core.experiment.push_config import push_config
 from rlvr_core.sampling.vllm_server import VLLMServerEngine
@@ -52,7 +52,7 @@ def split_stale(groups: list[list[Sample]], oldest: int, newest: int) -> tuple[l
     if never:
         pid, idx, got = never[0]
         raise GuardError(f"{GUARD_WEIGHT_PUSH}: {len(never)} samples carry a weight version never pushed "
-                         f"(e.g. {pid!r}/{idx} by version {got}; newest pushed {newest})")
+                         f"(e.g. {pid!r}/{idx} by version {got}; newest pushed {newest})", guard=GUARD_WEIGHT_PUSH)
     old = [any(s.weight_version < oldest for s in g) for g in groups]
     return [i for i, o in enumerate(old) if not o], [i for i, o in enumerate(old) if o]
 
@@ -64,7 +64,7 @@ def check_sample_versions(groups: list[list[Sample]], expected: int, server_urls
         pid, idx, got = bad[0]
         raise GuardError(f"{GUARD_WEIGHT_PUSH}: {len(bad)} samples were not sampled with weight version {expected} "
                          f"(e.g. {pid!r}/{idx} by version {got}) on {', '.join(server_urls)}: a weight push was "
-                         "skipped or failed")
+                         "skipped or failed", guard=GUARD_WEIGHT_PUSH)
 
 
 class _CheckedSampler:
@@ -131,7 +131,7 @@ class VLLMServerRolloutEngine:
     def sync(self, module: torch.nn.Module, version: int | None = None) -> None:
         """On-policy: make `version` (the policy's current weights) the servers'. Every rank calls it (a
         ZeRO-3 module is gathered collectively); rank 0 pushes."""
-        with _gathered(module):
+        with gathered_whole(module):
             weights = engine_weights(module) if self.is_sender else iter(())
             self._make_current(weights, version)
 

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from rlvr_core.grpo.update import UpdateResult
 
 __all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "step_row", "rollout_sample_rows", "StepGuards",
-           "non_finite_loss", "progress_line", "verifier_hang_line", "_summary", "base_columns"]
+           "non_finite_loss", "progress_line", "verifier_hang_line", "run_summary", "base_columns"]
 
 NON_FINITE_LOSS = "non_finite_loss"  # the episode key (and summary tag) of a stop for a non-finite loss
 STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang",
@@ -324,7 +324,7 @@ def progress_line(row: dict, steps: int, seconds: float) -> str:
             f"({seconds:.2f}s)" + "".join(f" {k} {v:.3f}" for k, v in row.items() if k.startswith("eval/")))
 
 
-def _summary(rows: list[dict], cfg: GRPOConfig, guards: dict[str, int], done: bool, wall_s: float,
+def run_summary(rows: list[dict], cfg: GRPOConfig, guards: dict[str, int], done: bool, wall_s: float,
              start_step: int) -> dict[str, Any]:
     if not rows:
         return {"steps": 0, "done": done, "wall_s": wall_s, "guards": guards}

@@ -74,33 +74,27 @@ from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig, apply_overrides
 from rlvr_core.experiment.guards import GuardError, HealthConfig, health_config
 from rlvr_core.grpo.advantages import get_advantage, weight_negative_advantages
-from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE, RunState,
-                                          _write_rows, resume, save_checkpoint, save_final_model, write_lora_config,
-                                          write_rollouts)
+from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE
+from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, RunState, resume, save_checkpoint, save_final_model,
+                                          write_lora_config, write_rollouts, write_rows)
 from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutdown
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.sampling.environment_engine import with_environment
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
-from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, _summary, base_columns,
+from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, run_summary, base_columns,
                                          progress_line, rollout_sample_rows, step_flags, step_row, verifier_hang_line)
 from rlvr_core.grpo.policy import Policy, build_policy, ds_config, load_policy_model
-from rlvr_core.grpo.update import build_batch, sampled_kl, sequence_logprobs, train_inputs, update_policy
-
-# Names that lived here before the phases got their own modules; callers and tests import them from here.
-# (get_advantage, grpo_loss and launch_world_size above are looked up in this module at call time, so a
-# test may monkeypatch them here.)
-from rlvr_core.grpo.checkpointing import AHEAD_WEIGHTS, LORA_ADAPTER, _read_rollouts  # noqa: E402,F401
-from rlvr_core.grpo.rollouts import STATUSES  # noqa: E402,F401
-from rlvr_core.grpo.policy import _copy_partitioned, _engine, with_lora  # noqa: E402,F401
-from rlvr_core.grpo.update import _grad_norm  # noqa: E402,F401
+from rlvr_core.grpo.logprobs import sequence_logprobs
+from rlvr_core.grpo.update import build_batch, sampled_kl, train_inputs, update_policy
+# (get_advantage, grpo_loss and launch_world_size above are looked up in this module at call time, so a test may
+# monkeypatch them here.)
 from rlvr_core.sampling.models import load_model
 from rlvr_core.sampling.verified import sample_and_verify
 from rlvr_core.verifiers.pool import VerifierPool
 from rlvr_core.core.net import free_port
 
-__all__ = ["GRPOResult", "GuardError", "train_grpo", "ds_config", "build_batch", "sequence_logprobs",
-           "gold_of", "rows_for_curriculum"]
+__all__ = ["GRPOResult", "train_grpo", "rows_for_curriculum"]
 
 
 @dataclass
@@ -424,8 +418,8 @@ def _stop_collapsed(run: _Run, serious: list, step: int) -> None:
     state, is_main = run.state, run.policy.dp.is_main
     write_rollouts(state, run.out_dir, is_main=is_main)
     if is_main:
-        _write_rows(state.step_rows, run.out_dir / STEPS_FILE)
-        stopped = _summary(state.step_rows, run.cfg, run.guards.counts, False, time.perf_counter() - run.t_start,
+        write_rows(state.step_rows, run.out_dir / STEPS_FILE)
+        stopped = run_summary(state.step_rows, run.cfg, run.guards.counts, False, time.perf_counter() - run.t_start,
                            state.start_step)
         tags = ["collapsed"] + ([NON_FINITE_LOSS] if any(f.key == NON_FINITE_LOSS for f in serious) else [])
         stopped.update(tags=tags, stopped_at_step=step + 1, stopped_by=sorted({f.guard_id for f in serious}),
@@ -433,7 +427,8 @@ def _stop_collapsed(run: _Run, serious: list, step: int) -> None:
         (run.out_dir / SUMMARY_FILE).write_text(json.dumps(stopped, indent=2) + "\n")
     # No checkpoint of the collapsed state: a resume starts from the last good one.
     raise GuardError("; ".join(f.reason for f in serious)
-                     or f"serious guard firing on rank 0 at step {step + 1}: run collapsed")
+                     or f"serious guard firing on rank 0 at step {step + 1}: run collapsed",
+                     guard=serious[0].guard_id if serious else "", step=step + 1)
 
 
 def _finish(run: _Run) -> GRPOResult:
@@ -446,12 +441,12 @@ def _finish(run: _Run) -> GRPOResult:
         with run.policy.full_weights() as trained:  # every rank: a collective under ZeRO-3
             if dp.is_main:
                 save_final_model(trained, cfg, out_dir)
-    summary = _summary(state.step_rows, cfg, run.guards.counts, done, time.perf_counter() - run.t_start,
+    summary = run_summary(state.step_rows, cfg, run.guards.counts, done, time.perf_counter() - run.t_start,
                        state.start_step)
     summary["health_firings"] = run.guards.firings
     summary["data_position"] = state.data_pos  # curriculum prompts consumed so far (> steps * P with dynamic sampling)
     if dp.is_main:
-        _write_rows(state.step_rows, out_dir / STEPS_FILE)
+        write_rows(state.step_rows, out_dir / STEPS_FILE)
         if done:
             run.tok.save_pretrained(final_dir)
         (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")

@@ -239,7 +239,7 @@ def check_logprob_temp(cfg: GRPOConfig, *, step: int, n_tokens: int, diff: float
             f"G-logprob-temp: trainer log-probs differ from the rollout's by {diff:.4g} (mean abs, "
             f"tolerance {guard_tol:g}) on the same sampled tokens at step 1. The rollout engine "
             f"returns raw log-probs (temperature 1; sampling temperature {cfg.temperature:g}); "
-            f"the trainer computed them at temperature {cfg.logprob_temperature:g}.")
+            f"the trainer computed them at temperature {cfg.logprob_temperature:g}.", guard="G-logprob-temp", step=1)
 
 
 @dataclass

@@ -60,7 +60,7 @@ def engine_weights(module) -> Iterator[tuple[str, torch.Tensor]]:
             yield key, merged.get(key, tensor)
 
 
-def _gathered(module):
+def gathered_whole(module):
     """Every weight of a ZeRO-3 partitioned `module` gathered whole while the context is open (a collective);
     a plain module's context does nothing."""
     params = [p for p in module.parameters() if hasattr(p, "ds_id")]
@@ -88,7 +88,7 @@ class VLLMRolloutEngine:
     def sync(self, module) -> None:
         """Push the policy's current weights. A ZeRO-3 partitioned module's weights are gathered whole for the
         push (collective: the trainer calls sync on every rank), then freed again."""
-        with _gathered(module):
+        with gathered_whole(module):
             self.sampler.load_weights(engine_weights(module))
         self.pushes += 1
 

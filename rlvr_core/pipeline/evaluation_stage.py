@@ -1,7 +1,8 @@
 """The evaluation stage and what the other stages share with it: the held-out benchmark spec of an
 experiment (`held_out_spec`, `held_out_problems`), the base and trained evaluation (`evaluate_stage`), the
-trainer's periodic evaluation (`held_out_eval`) and the engine settings of a sampling stage (`_run_settings`,
-`_vllm_options`). Prefect-free, like every stage (`rlvr_core.pipeline.stages` re-exports these names)."""
+trainer's periodic evaluation (`held_out_eval`) and the engine settings of a sampling stage (`run_settings`,
+`vllm_options`, imported from here by the pass-rate and training stages). Prefect-free, like every stage
+(`rlvr_core.pipeline.stages` re-exports the stage functions and artifacts)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class EvalArtifact:
     curves: pa.Table | None = None  # pass@k for k = 1..n per scoring (warehouse `passk_curves` columns)
 
 
-def _vllm_options(cfg: ExperimentConfig) -> dict | None:
+def vllm_options(cfg: ExperimentConfig) -> dict | None:
     """vLLM engine settings from `sampling` (memory share or KV cache size; the tensor-parallel size travels
     separately: in `RunSettings` for evaluation, and GRPO runs one engine per rank). None for hf."""
     if cfg.sampling.engine not in ("vllm", "vllm-server"):
@@ -74,7 +75,7 @@ def held_out_eval(cfg: ExperimentConfig, data: DataArtifact,
     n = cfg.grpo.eval_samples
     spec = held_out_spec(cfg, n=n if n else None, greedy_only=not n)
     problems = periodic_problems(cfg, held_out_problems(cfg, data, spec))
-    run = _run_settings(cfg, engine="hf")
+    run = run_settings(cfg, engine="hf")
 
     def evaluate(model: Any, tokenizer: Any) -> dict[str, float]:
         # the trained module itself, DeepSpeed's hooks on it: graphed only when asked for (docs/engines.md)
@@ -171,7 +172,7 @@ def held_out_problems(cfg: ExperimentConfig, data: DataArtifact, spec) -> list[d
     return problems
 
 
-def _run_settings(cfg: ExperimentConfig, engine: str | None = None):
+def run_settings(cfg: ExperimentConfig, engine: str | None = None):
     """How a sampling stage produces completions: `sampling.engine` unless told otherwise (vllm-server serves
     GRPO rollouts; pass rates and evaluation then run on the in-process vllm engine)."""
     engine = engine or cfg.sampling.engine
@@ -192,9 +193,9 @@ def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifa
     a mismatch there is flagged in the settings and the summary (`train_template`, `template_mismatch`)."""
     spec = held_out_spec(cfg)
     problems = held_out_problems(cfg, data, spec)
-    run = _run_settings(cfg)
+    run = run_settings(cfg)
     identity = {"model_path": model.path, "model_hash": model.model_hash, "tokenizer_hash": model.tokenizer_hash}
-    with opened_engine(model.path, run, llm_options=_vllm_options(cfg)) as (engine, tok):
+    with opened_engine(model.path, run, llm_options=vllm_options(cfg)) as (engine, tok):
         engine = with_environment(cfg.environment, engine, get_template(cfg.prompt.template))
         res = evaluate_spec(engine, tok, spec, run=run, problems=problems, eval_id=eval_id,
                             checkpoint=checkpoint, identity=identity, progress=progress, limits=_eval_limits(cfg),

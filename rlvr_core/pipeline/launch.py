@@ -5,7 +5,7 @@ numerics, the summary and `.done`) and hands only the training itself to `train_
 `torch.distributed.run` per node (`--nnodes N --node_rank i --nproc_per_node K`, static rendezvous at
 `grpo.launch.rdzv_endpoint`), or one `deepspeed.launcher.launch` per hostfile host (`--world_info --node_rank i`,
 the same endpoint as --master_addr/--master_port); either way every rank runs
-`python -m rlvr_core.pipeline.rank REQUEST`, which calls `stages.train_here` with the same arguments (N ranks
+`python -m rlvr_core.pipeline.child.rank REQUEST`, which calls `stages.train_here` with the same arguments (N ranks
 train like one process: rlvr_core/grpo/distributed.py).
 
 A group stands or falls together: when one node's process ends badly, the others are given a few seconds to
@@ -13,13 +13,14 @@ report their own error and are then killed (each node is its own process group; 
 their agent is gone), and `GroupFailure` says which node failed and how. The nodes follow the protocol of
 every pipeline child (`rlvr_core.pipeline.child`): a sealed request (no secret in the file; the values travel
 in the nodes' environment), a parent watch (ranks stop when the stage process that launched them is gone, so
-no orphan keeps writing checkpoints a retry resumes from), and one death classification. A rank's own error
-is judged first (a guard, a bad input, out of memory: not transient; G-oom says what to lower). Otherwise the
-node died: if the memory cgroup's OOM-kill counter went up while the group ran, the kernel's OOM killer did it
-and the group fails once with the G-oom line, not retried; any other kill, or a rank that lost its peers (a
-gloo/NCCL error), is transient: the retry relaunches every node and `train_grpo` resumes from the last
-checkpoint in the folder. The counter is this host's: a node on another host killed by its OOM killer shows
-as a lost node (the fallback, `child.classify_death`).
+no orphan keeps writing checkpoints a retry resumes from), a typed report, and one death classification. A
+rank's own error is judged first, with its own verdict (a guard, a bad input, a missing secret, out of memory:
+not transient; G-oom says what to lower). Otherwise the node died: if the memory cgroup's OOM-kill counter went
+up while the group ran, the kernel's OOM killer did it and the group fails once with the G-oom line, not
+retried; any other kill, or a rank that lost its peers (a gloo/NCCL error), is transient: the retry relaunches
+every node and `train_grpo` resumes from the last checkpoint in the folder. Every node exiting 0 without a
+result is a bug, deterministic. The counter is this host's: a node on another host killed by its OOM killer
+shows as a lost node (the fallback, `child.death.classify_death`).
 """
 
 from __future__ import annotations
@@ -28,17 +29,19 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from rlvr_core.core.net import free_port as _free_port
+from rlvr_core.core.net import free_port
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.experiment.hostfile import encode_world_info, read_hostfile
-from rlvr_core.pipeline.child import classify_death, is_oom, oom_guard, oom_kill_count, watch_parent, write_request
+from rlvr_core.pipeline.child.death import classify_death, oom_kill_count
+from rlvr_core.pipeline.child.errors import ChildError
+from rlvr_core.pipeline.child.protocol import RANK_RESULT, ChildFailure, read_report, write_request
+from rlvr_core.pipeline.child.run import child_env, kill_child, start_child
+from rlvr_core.pipeline.child.transient import oom_guard
 
 LAUNCH_DIR = "launch"
 FAILURES = "failures.jsonl"  # one line per failed attempt of the group, kept across retries
@@ -46,24 +49,17 @@ FAILURES = "failures.jsonl"  # one line per failed attempt of the group, kept ac
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
                "MASTER_PORT", "TORCHELASTIC_RUN_ID", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")
 GRACE_S = 5.0  # after one node fails: how long the others may take to report their own error
-# A rank's error that only says its peers went away (the real failure is elsewhere).
-_PEER_LOST = ("gloo", "nccl", "connection", "socket", "broken pipe", "timed out", "peer")
 
 
-class GroupFailure(RuntimeError):
+class GroupFailure(ChildError):
     """A launched training group failed. `transient`: a retry (which relaunches every node) can fix it;
-    `error_type` "OOMKilled" when the kernel's OOM killer stopped it."""
-
-    def __init__(self, message: str, *, transient: bool, error_type: str | None = None):
-        super().__init__(message)
-        self.transient = transient
-        self.error_type = error_type
+    `error_type` "OOMKilled" when the kernel's OOM killer stopped it; `kind` as `ChildError`'s."""
 
 
 def node_commands(grpo, request: Path, port: int) -> list[list[str]]:
     """The command of each node, node 0 first (it runs where the stage runs); nodes >= 1 behind node_command."""
     launch = grpo.launch
-    addr, rank = launch.rdzv_endpoint.rpartition(":")[0], ["rlvr_core.pipeline.rank", str(request)]
+    addr, rank = launch.rdzv_endpoint.rpartition(":")[0], ["rlvr_core.pipeline.child.rank", str(request)]
     if launch.mode == "deepspeed":
         world = read_hostfile(launch.hostfile, launch.include, launch.exclude, nnodes=launch.nnodes,
                               nproc_per_node=launch.nproc_per_node)
@@ -97,9 +93,9 @@ def train_group(cfg, data, base, curriculum, folder: Path, progress: Progress = 
                "base_eval": base_eval, "threads": torch.get_num_threads(), "launcher_pid": os.getpid()}
     req = work / "request.json"
     secrets = write_request(req, request)
-    port = int(cfg.grpo.launch.rdzv_endpoint.rpartition(":")[2]) or _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS} | secrets
-    env.update(OMP_NUM_THREADS=str(request["threads"]), TOKENIZERS_PARALLELISM="false")
+    port = int(cfg.grpo.launch.rdzv_endpoint.rpartition(":")[2]) or free_port()
+    env = child_env(secrets, drop=LAUNCH_VARS,
+                    overrides={"OMP_NUM_THREADS": str(request["threads"]), "TOKENIZERS_PARALLELISM": "false"})
     g = cfg.grpo.launch
     progress("grpo", f"launching {g.nnodes} node(s) x {g.nproc_per_node} rank(s) ({g.mode}, rendezvous "
                      f"{g.rdzv_endpoint.rpartition(':')[0]}:{port})")
@@ -107,17 +103,17 @@ def train_group(cfg, data, base, curriculum, folder: Path, progress: Progress = 
     procs = []
     for i, cmd in enumerate(node_commands(cfg.grpo, req, port)):
         out = None if i == 0 else open(work / f"node{i}.log", "w")  # node 0's lines join the stage's log
-        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                      start_new_session=True))
+        procs.append(start_child(cmd, env, stdout=out, cwd=None, own_session=True))
         (work / f"node{i}.pid").write_text(str(procs[-1].pid))
     _wait_group(procs, work, oom_kills)
-    out = json.loads((work / "result.json").read_text())
+    out, _ = read_report(work / RANK_RESULT)
     return GRPOResult(Path(out["final_model_dir"]), Path(out["steps_path"]), Path(out["checkpoints_dir"]),
                       out["summary"], Path(out["rollouts_path"]) if out.get("rollouts_path") else None)
 
 
-def _wait_group(procs: list[subprocess.Popen], work: Path, oom_kills: int | None = None) -> None:
-    """Wait for every node; on the first failure stop the group and raise `GroupFailure`."""
+def _wait_group(procs: list, work: Path, oom_kills: int | None = None) -> None:
+    """Wait for every node (`start_child` processes, each its own process group); on the first failure stop the
+    group and raise `GroupFailure`."""
     failed: list[int] = []
     try:
         while any(p.poll() is None for p in procs) and not failed:
@@ -125,15 +121,15 @@ def _wait_group(procs: list[subprocess.Popen], work: Path, oom_kills: int | None
             time.sleep(0.2)
         failed = failed or [i for i, p in enumerate(procs) if p.returncode]
         if failed:
-            _kill(procs[failed[0]])  # what is left of it; its ranks follow their agent (`stop_with_launcher`)
+            kill_child(procs[failed[0]], group=True)  # what is left of it; its ranks follow their agent
             deadline = time.monotonic() + GRACE_S
             while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                 time.sleep(0.2)
     finally:
         for p in procs:
-            _kill(p)
+            kill_child(p, group=True)
     codes = [p.returncode for p in procs]
-    if not any(codes) and (work / "result.json").is_file():
+    if not any(codes) and (work / RANK_RESULT).is_file():
         return
     err = _failure(codes, failed[0] if failed else 0, work, oom_kills)
     with open(work / FAILURES, "a") as f:
@@ -142,49 +138,31 @@ def _wait_group(procs: list[subprocess.Popen], work: Path, oom_kills: int | None
     raise err
 
 
-def _kill(p: subprocess.Popen) -> None:
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    p.wait()
+def _rank_failures(work: Path) -> list[tuple[int, ChildFailure]]:
+    """(rank, its reported failure), by rank."""
+    reports = [(int(p.name.split(".")[0].removeprefix("rank")), read_report(p)) for p in work.glob("rank*.error.json")]
+    return sorted((rank, failure) for rank, (_, failure) in reports if failure is not None)
 
 
 def _failure(codes: list[int], first: int, work: Path, oom_kills: int | None = None) -> GroupFailure:
-    """Which node failed and why: a rank's own error first (it is the cause; its peers only lost it), then the
-    death of the first failed node, judged by `child.classify_death` with the OOM-kill count before the launch."""
-    errors = [json.loads(p.read_text()) for p in sorted(work.glob("rank*.error.json"))]
-    own = [e for e in errors if not e["peer_lost"]]
+    """Which node failed and why: a rank's own error first (it is the cause; its peers only lost it), with the
+    rank's own verdict; then the death of the first failed node, judged by `death.classify_death` with the
+    OOM-kill count before the launch. Every node exiting 0 without a result is a bug: deterministic."""
+    own = [(r, f) for r, f in _rank_failures(work) if f.kind != "peer_lost"]
     how = f"signal {signal.Signals(-codes[first]).name}" if codes[first] < 0 else f"status {codes[first]}"
     head = f"grpo: node {first} of {len(codes)} exited with {how}; the group was stopped (exit codes {codes})"
     if not any(codes):
-        head = f"grpo: every node exited with status 0 but rank 0 wrote no result ({work / 'result.json'})"
+        head = f"grpo: every node exited with status 0 but rank 0 wrote no result ({work / RANK_RESULT})"
     if own:
-        e = own[0]
-        return GroupFailure(f"{head}\nrank {e['rank']}: {e['type']}: {e['message']}\n{e['traceback']}",
-                            transient=e["transient"])
+        rank, f = own[0]
+        return GroupFailure(f"{head}\nrank {rank}: {f.error_type}: {f.message}\n{f.traceback}",
+                            transient=f.transient, kind=f.kind)
     death = classify_death(codes[first], oom_kills, relayed=True)
     if death.kind == "oom":
-        return GroupFailure(f"{head}: {death.says}\n{oom_guard('train')}", transient=False, error_type="OOMKilled")
+        return GroupFailure(f"{head}: {death.says}\n{oom_guard('train')}", transient=False, error_type="OOMKilled",
+                            kind="oom")
+    if death.kind == "crashed":
+        return GroupFailure(f"{head}: no rank reported an error and no node was killed: a bug, not retried",
+                            transient=False, kind="crashed")
     return GroupFailure(f"{head}: a node was lost, transient (a retry relaunches every node and resumes from the "
-                        f"last checkpoint)", transient=True)
-
-
-# ---------------------------------------------------------------------------- what a rank uses (rank.py)
-def stop_with_launcher(pid: int) -> None:
-    """Exit when the stage process that launched the group is gone (a killed stage, a lost worker), or this
-    node's torchrun agent is (`child.watch_parent`)."""
-    watch_parent(launcher_pid=pid)
-
-
-def report_failure(work: Path, rank: int, exc: BaseException) -> None:
-    """Write `rank<R>.error.json` for the launcher: the error, whether it only says the rank lost its peers (the
-    cause is elsewhere), and the rank's own verdict; out of memory is its own, not transient, ending with G-oom."""
-    text = f"{type(exc).__name__}: {exc}".lower()
-    oom = is_oom(exc)
-    peer_lost = not oom and (type(exc).__name__.startswith("Dist") or any(t in text for t in _PEER_LOST))
-    own_transient = type(exc).__name__ in ("ConnectionError", "TimeoutError")
-    tb = "".join(traceback.format_exception(exc))[-6000:] + (oom_guard("train") if oom else "")
-    (work / f"rank{rank}.error.json").write_text(json.dumps({
-        "rank": rank, "type": f"{type(exc).__module__}.{type(exc).__name__}", "message": str(exc),
-        "traceback": tb, "peer_lost": peer_lost, "transient": peer_lost or own_transient}))
+                        f"last checkpoint)", transient=True, kind="killed")

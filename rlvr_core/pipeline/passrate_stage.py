@@ -21,7 +21,7 @@ from rlvr_core.eval.evaluate import opened_engine
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.pipeline.base_model_stage import check_template_at_start
 from rlvr_core.pipeline.cache import cached_dir
-from rlvr_core.pipeline.evaluation_stage import _run_settings, _vllm_options
+from rlvr_core.pipeline.evaluation_stage import run_settings, vllm_options
 from rlvr_core.pipeline.stage_outputs import DataArtifact, ModelArtifact
 from rlvr_core.sampling.environment_engine import with_environment
 from rlvr_core.sampling.verified import sample_and_verify
@@ -65,14 +65,14 @@ def pass_rate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtif
                           max_new_tokens=cfg.sampling.max_new_tokens)
     key = {"stage": PASSRATE_STAGE_VERSION, "data": rows_sha256(rows), "model": model.model_hash,
            "tokenizer": model.tokenizer_hash, "template": get_template(cfg.prompt.template).key,
-           "dtype": cfg.model.dtype, "engine": _run_settings(cfg).engine, "numerics": numerics(),
+           "dtype": cfg.model.dtype, "engine": run_settings(cfg).engine, "numerics": numerics(),
            "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),
            **{k: v for k, v in kw.items() if k not in ("batch_size", "verifier_workers", "template_id")},
            **({"environment": cfg.environment.key_dump()} if cfg.environment.multi_turn else {})}
 
     def build(tmp: Path) -> None:
         t0 = time.monotonic()
-        with opened_engine(model.path, _run_settings(cfg), llm_options=_vllm_options(cfg)) as (engine, _):
+        with opened_engine(model.path, run_settings(cfg), llm_options=vllm_options(cfg)) as (engine, _):
             engine = with_environment(cfg.environment, engine, get_template(cfg.prompt.template))
             records = sample_and_verify(None, None, rows, progress=progress, stage="pass@k", engine=engine, **kw)
         pq.write_table(pa.Table.from_pylist(records), tmp / "samples.parquet")

@@ -22,27 +22,22 @@ from rlvr_core.pipeline.base_model_stage import (WARMSTART_STAGE_VERSION, check_
                                                  prepare_base_model, warm_start_spec)
 from rlvr_core.pipeline.curriculum_stage import (BASE_ROLLOUT_COLUMNS, CURRICULUM_STAGE_VERSION,
                                                  CurriculumArtifact, curriculum_stage)
-from rlvr_core.pipeline.data_stage import DATA_STAGE_VERSION, _benchmark_data, prepare_data
-from rlvr_core.pipeline.evaluation_stage import (SYNTHETIC_BENCHMARK_VERSION, EvalArtifact,
-                                                 _eval_limits, _run_settings, _vllm_options, base_reference,
+from rlvr_core.pipeline.data_stage import DATA_STAGE_VERSION, prepare_data
+from rlvr_core.pipeline.evaluation_stage import (SYNTHETIC_BENCHMARK_VERSION, EvalArtifact, base_reference,
                                                  evaluate_stage, held_out_eval, held_out_problems, held_out_spec,
                                                  periodic_problems)
 from rlvr_core.pipeline.export_stage import ExportArtifact, export_stage
 from rlvr_core.pipeline.passrate_stage import (PASSRATE_STAGE_VERSION, PassRateArtifact,
-                                               _sampling_kwargs, normalise_passk_columns, pass_rate_stage)
-from rlvr_core.pipeline.stage_outputs import (_PATH_FIELDS, DataArtifact, ModelArtifact,
-                                              experiment_manifest, here)
-from rlvr_core.pipeline.train_stage import (GRPO_STAGE_VERSION, TrainArtifact, _live_metrics,
-                                            _live_traces, _rollout_options, _track_numerics, _train_key,
-                                            base_rollouts, stopped_training, train_here, train_stage)
+                                               normalise_passk_columns, pass_rate_stage)
+from rlvr_core.pipeline.stage_outputs import DataArtifact, ModelArtifact, experiment_manifest, here
+from rlvr_core.pipeline.train_stage import (GRPO_STAGE_VERSION, TrainArtifact, base_rollouts, stopped_training,
+                                            train_here, train_stage)
 
 # What callers import from here (`from rlvr_core.pipeline.stages import X`, `stages.X`).
-__all__ = ["base_reference", "BASE_ROLLOUT_COLUMNS", "base_rollouts", "_benchmark_data", "check_template_at_start",
-           "curriculum_stage", "CURRICULUM_STAGE_VERSION", "CurriculumArtifact", "DATA_STAGE_VERSION",
-           "DataArtifact", "_eval_limits", "EvalArtifact", "evaluate_stage", "experiment_manifest", "export_stage",
-           "ExportArtifact", "GRPO_STAGE_VERSION", "held_out_eval", "held_out_problems", "held_out_spec", "here",
-           "_live_metrics", "_live_traces", "ModelArtifact", "normalise_passk_columns", "pass_rate_stage",
-           "PASSRATE_STAGE_VERSION", "PassRateArtifact", "_PATH_FIELDS", "periodic_problems", "prepare_base_model",
-           "prepare_data", "_rollout_options", "_run_settings", "_sampling_kwargs", "stopped_training",
-           "SYNTHETIC_BENCHMARK_VERSION", "_track_numerics", "train_here", "_train_key", "train_stage",
-           "TrainArtifact", "_vllm_options", "warm_start_spec", "WARMSTART_STAGE_VERSION"]
+__all__ = ["base_reference", "BASE_ROLLOUT_COLUMNS", "base_rollouts", "check_template_at_start", "curriculum_stage",
+           "CURRICULUM_STAGE_VERSION", "CurriculumArtifact", "DATA_STAGE_VERSION", "DataArtifact", "EvalArtifact",
+           "evaluate_stage", "experiment_manifest", "export_stage", "ExportArtifact", "GRPO_STAGE_VERSION",
+           "held_out_eval", "held_out_problems", "held_out_spec", "here", "ModelArtifact", "normalise_passk_columns",
+           "pass_rate_stage", "PASSRATE_STAGE_VERSION", "PassRateArtifact", "periodic_problems", "prepare_base_model",
+           "prepare_data", "stopped_training", "SYNTHETIC_BENCHMARK_VERSION", "train_here", "train_stage",
+           "TrainArtifact", "warm_start_spec", "WARMSTART_STAGE_VERSION"]

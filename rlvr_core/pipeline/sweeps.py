@@ -204,7 +204,8 @@ def short_names(keys: list[str]) -> dict[str, str]:
 
 def _check_schedule(cfg: ExperimentConfig, source: str, where: str) -> None:
     """A trial whose warm-up lasts as long as its training never reaches its peak lr: comparing lrs would compare
-    nothing. (The lr climbs over `warmup_steps` updates, then decays: rlvr_core/grpo/update.py.)"""
+    nothing. (The lr climbs over `warmup_steps` updates, then decays: DeepSpeed's scheduler as
+    `rlvr_core.grpo.policy.ds_config` sets it.)"""
     g = cfg.grpo
     if g.enabled and g.warmup_steps >= g.steps:
         raise ConfigError(source, [(f"{where}: grpo.warmup_steps",

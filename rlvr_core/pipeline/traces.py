@@ -32,7 +32,7 @@ from typing import Any
 
 from rlvr_core.core import settings
 from rlvr_core.data import gold_of
-from rlvr_core.records.tracking import _text_without_credentials, redact, redact_text
+from rlvr_core.records.redact import redact, redact_text, text_without_credentials
 
 __all__ = ["TraceSink", "traced_reason", "fresh_flags", "group_records", "eval_records", "trace_entities"]
 
@@ -245,7 +245,7 @@ class TraceSink:
                 self.dropped += len(recs)
                 if not self._warned:
                     _log.warning("rollout traces for MLflow run %s not written (%s); training goes on",
-                                 self.run_id, _text_without_credentials(str(e))[:300])
+                                 self.run_id, text_without_credentials(str(e))[:300])
                     self._warned = True
             self.cpu_s += time.thread_time() - cpu0
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from rlvr_core.artifacts.layout import SUMMARY_FILE
 from rlvr_core.core.numerics import numerics
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.data.templates import get_template
@@ -21,7 +22,7 @@ from rlvr_core.experiment.guard_coverage import guard_coverage
 from rlvr_core.pipeline.base_model_stage import check_template_at_start
 from rlvr_core.pipeline.cache import localize, mark_done, resumable_dir, resumable_path
 from rlvr_core.pipeline.curriculum_stage import BASE_ROLLOUT_COLUMNS, CurriculumArtifact
-from rlvr_core.pipeline.evaluation_stage import _vllm_options, held_out_eval
+from rlvr_core.pipeline.evaluation_stage import vllm_options, held_out_eval
 from rlvr_core.pipeline.launch import train_group
 from rlvr_core.pipeline.stage_outputs import DataArtifact, ModelArtifact
 from rlvr_core.pipeline.traces import TraceSink
@@ -43,12 +44,12 @@ class TrainArtifact:
 
 
 def _rollout_options(cfg: ExperimentConfig) -> dict | None:
-    """The GRPO rollout engine's settings: the servers and timeouts for vllm-server, else `_vllm_options`."""
+    """The GRPO rollout engine's settings: the servers and timeouts for vllm-server, else `vllm_options`."""
     if cfg.sampling.engine == "vllm-server":
         return cfg.sampling.server_options()
     if cfg.sampling.engine == "hf":
         return {"hf_compile": cfg.sampling.hf_compile}
-    return _vllm_options(cfg)
+    return vllm_options(cfg)
 
 
 @contextlib.contextmanager
@@ -171,8 +172,6 @@ def stopped_training(cfg: ExperimentConfig, base: ModelArtifact,
     """(folder, the trainer's summary) when a serious guard stopped this training stage (the trainer writes
     its rows and a summary tagged `collapsed`, then raises), else None. The flow records such a run (its
     steps, health events and the `collapsed` tag) before it fails, so the warehouse and the report show why."""
-    from rlvr_core.grpo.checkpointing import SUMMARY_FILE
-
     folder = resumable_path("grpo", _train_key(cfg, base, curriculum))
     path = folder / SUMMARY_FILE
     if (folder / "result.json").exists() or not path.is_file():

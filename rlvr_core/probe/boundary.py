@@ -32,7 +32,7 @@ from rlvr_core.core.passk import default_ks, passk_curve
 from rlvr_core.probe import figures as fig
 from rlvr_core.probe.checkpoints import load_checkpoint_model
 from rlvr_core.probe.inputs import sequences_from_records, sequences_from_rows
-from rlvr_core.probe.report import _md_table, write_tables
+from rlvr_core.probe.report import md_table, write_tables
 from rlvr_core.probe.tables import Checkpoint
 from rlvr_core.probe.task import TaskSettings
 from rlvr_core.probe.token_stats import teacher_forced_stats
@@ -125,22 +125,22 @@ def run_boundary_analysis(a: Checkpoint, b: Checkpoint, rows: list[dict], out_di
     lines = [f"# Capability boundary: `{a.name}` (A) vs `{b.name}` (B)", "",
              f"{len(ids)} problems, {n} samples per problem and model at temperature {settings.temperature}, "
              f"verifier `{task.verifier}`.", "", "## pass@k", ""]
-    lines += _md_table(["k", labels["a"], labels["b"], "B − A"],
+    lines += md_table(["k", labels["a"], labels["b"], "B − A"],
                        [[k, curves["a"][k], curves["b"][k], curves["b"][k] - curves["a"][k]] for k in ks])
     lines += ["", ("A reaches or passes B from k = " + str(crossing) + " on.") if crossing else
               f"B stays above A up to k = {ks[-1]}.", "", "![pass@k](figures/passk_curves.png)", "",
               "## Accuracy distribution", ""]
     hb = {lab: [r["problems"] for r in hist_rows if r["model"] == lab] for lab in labels.values()}
     bins = [r["bin"] for r in hist_rows if r["model"] == labels["a"]]
-    lines += _md_table(["per-problem accuracy", *labels.values()], [[bn, *(hb[l][i] for l in labels.values())]
+    lines += md_table(["per-problem accuracy", *labels.values()], [[bn, *(hb[l][i] for l in labels.values())]
                                                                     for i, bn in enumerate(bins)])
     lines += ["", "![accuracy](figures/accuracy_hist.png)", "", f"## Solvable sets (solved = at least one of {n} correct)", ""]
-    lines += _md_table(["both", "only A", "only B", "neither"],
+    lines += md_table(["both", "only A", "only B", "neither"],
                        [[overlap["both"], overlap["only_a"], overlap["only_b"], overlap["neither"]]])
     lines += ["", "## Perplexity", "", "exp(−mean token log-prob) of the responses under each model (teacher forcing). "
               f"`correct_a`/`correct_b`: up to {settings.ppl_per_problem} correct samples per problem of A/B; "
               "`reference`: the data set's worked solutions.", ""]
-    lines += _md_table(["responses", "scored by", "responses n", "mean ppl", "median ppl"],
+    lines += md_table(["responses", "scored by", "responses n", "mean ppl", "median ppl"],
                        [[r["responses"], r["scored_by"], r["n_responses"], r["mean_ppl"], r["median_ppl"]]
                         for r in ppl_rows])
     lines.append("")

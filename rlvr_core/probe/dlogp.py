@@ -39,7 +39,7 @@ from rlvr_core.data.templates import get_template
 from rlvr_core.probe import figures as fig
 from rlvr_core.probe.checkpoints import load_checkpoint_model
 from rlvr_core.probe.decoding import Guide, GuidedEngine
-from rlvr_core.probe.report import _md_table, write_tables
+from rlvr_core.probe.report import md_table, write_tables
 from rlvr_core.probe.tables import Checkpoint, token_table
 from rlvr_core.probe.task import TaskSettings, gold_of
 from rlvr_core.probe.token_stats import ProbeSequence, teacher_forced_stats
@@ -249,22 +249,22 @@ def _write_markdown(out: Path, meta: dict, summary_rows: list[dict], tops: list[
              "Per-token metrics of tokens sampled from each model (teacher-forced through both). "
              "`ks`: Kolmogorov–Smirnov distance between the two sources (0 = same histogram). "
              "`< -1` / `> 1`: share of tokens beyond ±1 (nats).", ""]
-    lines += _md_table(["metric", "source", "tokens", "mean", "median", "p01", "p99", "< -1", "> 1", "ks"],
+    lines += md_table(["metric", "source", "tokens", "mean", "median", "p01", "p99", "< -1", "> 1", "ks"],
                        [[r["metric"], r["source"], r["n"], r["mean"], r["median"], r["p01"], r["p99"],
                          r["share_below"], r["share_above"], r["ks"]] for r in summary_rows])
     lines += ["", "![histograms](figures/dlogp_histograms.png)", "", "## Top tokens by mean Δlog p", ""]
-    lines += _md_table(["direction", "token", "count", "mean Δlog p", "category"],
+    lines += md_table(["direction", "token", "count", "mean Δlog p", "category"],
                        [[r["direction"], f"`{r['token']!r}`"[:30], r["count"], r["mean_dlogp"], r["category"]]
                         for r in tops])
     lines += ["", "## Selective token replacement", "",
               "Sample from A; replace the tokens a criterion selects with B's draw. Thresholds from A's own sampled "
               "tokens so that each criterion targets the same share.", ""]
-    lines += _md_table(["criterion", "target rate", "threshold", "realised rate", "accuracy", "95% CI", "samples"],
+    lines += md_table(["criterion", "target rate", "threshold", "realised rate", "accuracy", "95% CI", "samples"],
                        [[r["criterion"], r["target_rate"], r["threshold"], r["replace_rate"], r["accuracy"],
                          f"{r['ci_low']:.3f}–{r['ci_high']:.3f}", r["n_samples"]] for r in repl])
     lines += ["", "![replacement](figures/replacement.png)", "", "## Test-time extrapolation", "",
               "Sample from softmax(log p_B + γ·Δlog p). γ = 0 is B itself.", ""]
-    lines += _md_table(["variant", "γ", "accuracy", "95% CI", "replaced share", "samples"],
+    lines += md_table(["variant", "γ", "accuracy", "95% CI", "replaced share", "samples"],
                        [[r["variant"], r["gamma"], r["accuracy"], f"{r['ci_low']:.3f}–{r['ci_high']:.3f}",
                          r["replace_rate"], r["n_samples"]] for r in ext])
     lines += ["", "![extrapolation](figures/extrapolation.png)", ""]

@@ -181,7 +181,7 @@ def _fmt(v: Any, nd: int = 4) -> str:
     return str(v)
 
 
-def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+def md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(_fmt(v) for v in r) + " |" for r in rows]
     return out
@@ -228,7 +228,7 @@ def write_report(tables: ProbeTables, out_dir: str | Path, meta: dict[str, Any],
                   f"- mean entropy: A {ck['mean_entropy_a'][j]:.4f}, B {ck['mean_entropy_b'][j]:.4f}; "
                   f"mean Δlog p {ck['mean_dlogp'][j]:+.4f}", ""]
         lines += ["## Checkpoints", ""]
-        lines += _md_table(["checkpoint", "step", "problems", "tokens", "mean KL", "std KL", "median KL", "min KL",
+        lines += md_table(["checkpoint", "step", "problems", "tokens", "mean KL", "std KL", "median KL", "min KL",
                             "max KL", "mean spikes", "total spikes", "mean spike value", "entropy B", "mean Δlog p"],
                            [[ck[k][i] for k in ("checkpoint", "step", "n_sequences", "n_tokens", "mean_kl", "std_kl",
                                                  "median_kl", "min_kl", "max_kl", "mean_spikes", "total_spikes",
@@ -238,7 +238,7 @@ def write_report(tables: ProbeTables, out_dir: str | Path, meta: dict[str, Any],
         lines += _progression_lines(ck, tp, settings)
         lines += [f"## Token categories ({last})", ""]
         crow = sorted([i for i, c in enumerate(cat["checkpoint"]) if c == last], key=lambda i: -cat["mean_kl"][i])
-        lines += _md_table(["category", "tokens", "mean KL", "spikes", "spike rate", "share of spikes", "mean Δlog p"],
+        lines += md_table(["category", "tokens", "mean KL", "spikes", "spike rate", "share of spikes", "mean Δlog p"],
                            [[cat[k][i] for k in ("category", "n_tokens", "mean_kl", "n_spikes", "spike_rate",
                                                  "spike_share", "mean_dlogp")] for i in crow])
         lines += ["", f"Categories: {', '.join(CATEGORIES)}; rules in docs/probes.md.", ""]
@@ -274,7 +274,7 @@ def _progression_lines(ck: dict[str, list], tp: dict[str, list], settings: Probe
         lines += ["### Turning points", "",
                   f"Rule: docs/probes.md (`turning_points`, flat below {settings.turning_rel_tol:g} × range).", ""]
         if tp["series"]:
-            lines += _md_table(["series", "step", "value", "kind"],
+            lines += md_table(["series", "step", "value", "kind"],
                                [[tp["series"][i], tp["step"][i], tp["value"][i], tp["kind"][i]]
                                 for i in range(len(tp["series"]))])
         else:
@@ -291,15 +291,15 @@ def _spike_lines(pr: dict[str, list], final_rows: list[int], by_spikes: list[int
     bins = [("0", lambda n: n == 0), ("1–5", lambda n: 1 <= n <= 5), ("6–10", lambda n: 6 <= n <= 10),
             (">10", lambda n: n > 10)]
     lines += ["## Spikes per problem", ""]
-    lines += _md_table(["spikes", "problems", "share"],
+    lines += md_table(["spikes", "problems", "share"],
                        [[lab, sum(map(f, counts)), f"{100 * sum(map(f, counts)) / max(len(counts), 1):.1f}%"]
                         for lab, f in bins])
     lines += ["", f"## Top {settings.top_n} problems by spikes ({last})", ""]
-    lines += _md_table(["rank", "problem", "spikes", "mean KL", "max KL"],
+    lines += md_table(["rank", "problem", "spikes", "mean KL", "max KL"],
                        [[r + 1, f"`{pr['problem_id'][i]}`", pr["n_spikes"][i], pr["mean_kl"][i], pr["max_kl"][i]]
                         for r, i in enumerate(by_spikes[: settings.top_n])])
     lines += ["", f"## Top {settings.top_n} problems by mean KL ({last})", ""]
-    lines += _md_table(["rank", "problem", "mean KL", "spikes"],
+    lines += md_table(["rank", "problem", "mean KL", "spikes"],
                        [[r + 1, f"`{pr['problem_id'][i]}`", pr["mean_kl"][i], pr["n_spikes"][i]]
                         for r, i in enumerate(by_kl[: settings.top_n])])
     return lines

@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 from rlvr_core.artifacts.layout import RUN_FILE, resolve_run, run_prefix, sweep_prefix
 from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join
 from rlvr_core.core import settings
-from rlvr_core.records.tracking import redact_url
+from rlvr_core.records.redact import redact_url
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _MLFLOW_RUN_URL = re.compile(r"/runs/([0-9a-f]{32})\b")

@@ -74,6 +74,6 @@ def redact(value: Any, key: str = "") -> Any:
     return value
 
 
-def _text_without_credentials(text: str) -> str:
+def text_without_credentials(text: str) -> str:
     """An exception's text with any URL's userinfo masked (MLflow puts the full tracking URI in them)."""
     return re.sub(r"(?<=://)[^/@\s]+@", f"{REDACTED}@", text)

@@ -36,7 +36,8 @@ import yaml
 from rlvr_core.artifacts.artifacts_index import write_run_index
 from rlvr_core.artifacts.storage import ArtifactStore, join
 from rlvr_core.records import warehouse
-from rlvr_core.records.tracking import REDACTED, URL_WITH_USERINFO, Tracker, is_secret_key, redact, redact_text
+from rlvr_core.records.redact import REDACTED, URL_WITH_USERINFO, is_secret_key, redact, redact_text
+from rlvr_core.records.tracking import Tracker
 
 
 def record_run(store: ArtifactStore, prefix: str, tracker: Tracker, run_id: str, *, run: dict[str, Any],

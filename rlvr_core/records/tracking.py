@@ -44,8 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 from urllib.parse import quote
 
 from rlvr_core.core import settings
-from rlvr_core.records.redact import (REDACTED, URL_WITH_USERINFO, _text_without_credentials,  # noqa: F401
-                                     is_secret_key, redact, redact_text, redact_url)
+from rlvr_core.records.redact import redact, redact_url, text_without_credentials
 
 _PARAM_VALUE_MAX = 6000  # MLflow's limit on a param value
 _log = logging.getLogger("rlvr.tracking")
@@ -298,7 +297,7 @@ class StepMetricsSink:
         except Exception as e:  # noqa: BLE001 - MLflow down must not stop training: keep, retry, warn once
             if not self._warned:
                 _log.warning("MLflow run %s unreachable (%s): per-step metrics are kept and retried every %gs; "
-                             "training goes on", self.run_id, _text_without_credentials(str(e))[:300], self.every_s)
+                             "training goes on", self.run_id, text_without_credentials(str(e))[:300], self.every_s)
             self._failing = self._warned = True
             return
         if self._failing:
@@ -377,7 +376,7 @@ class Tracker:
         try:
             self.client.set_experiment_tag(self.experiment_id, VIEW_TAG_PREFIX + view_id, value)
         except Exception as e:  # noqa: BLE001 - cosmetic (e.g. a read-only user): the runs are what matter
-            _log.info("could not save MLflow view %s: %s", view_id, _text_without_credentials(str(e))[:200])
+            _log.info("could not save MLflow view %s: %s", view_id, text_without_credentials(str(e))[:200])
 
     def set_primary_metric(self, key: str, greater_is_better: bool = True) -> None:
         """Name the metric runs are judged by (MLflow's experiment tag; a sweep sets its pivot metric)."""
@@ -385,7 +384,7 @@ class Tracker:
             self.client.set_experiment_tag(self.experiment_id, PRIMARY_METRIC_TAG, key)
             self.client.set_experiment_tag(self.experiment_id, GREATER_IS_BETTER_TAG, str(greater_is_better).lower())
         except Exception as e:  # noqa: BLE001 - cosmetic, like the views
-            _log.info("could not set the primary metric: %s", _text_without_credentials(str(e))[:200])
+            _log.info("could not set the primary metric: %s", text_without_credentials(str(e))[:200])
 
     def _mark_experiment_kind(self, current: str | None) -> None:
         """Tag an existing experiment "machine learning" (runs view) unless someone chose a kind: no tag, or
@@ -396,7 +395,7 @@ class Tracker:
             self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         except Exception as e:  # noqa: BLE001 - cosmetic (e.g. a read-only user): the runs are what matter
             _log.info("could not tag experiment %s as machine learning: %s", self.experiment_id,
-                      _text_without_credentials(str(e))[:200])
+                      text_without_credentials(str(e))[:200])
 
     @property
     def display_uri(self) -> str:

@@ -30,7 +30,7 @@ def test_prefect_runs_are_browsable_in_s3(prefect_api, rlvr_home, s3_env, monkey
     from rlvr_core.core import settings
     from rlvr_core.records import warehouse
     from rlvr_core.artifacts.storage import open_store
-    from tasks.stage_process import ROOT
+    from rlvr_core.pipeline.child.run import ROOT
 
     endpoint, bucket = s3_env
     monkeypatch.setenv("RLVR_ARTIFACT_URI", f"s3://{bucket}/artifacts")

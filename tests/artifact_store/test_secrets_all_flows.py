@@ -76,7 +76,8 @@ def test_pipeline_sweep_and_nightly_record_no_secret(prefect_api, rlvr_home, s3_
     from rlvr_core.core import settings
     from rlvr_core.experiment.secrets import is_sealed
     from rlvr_core.records import warehouse
-    from tasks.stage_process import ROOT, tmp_root
+    from rlvr_core.pipeline.child.run import ROOT
+    from tasks.stage_process import tmp_root
 
     canaries = {name: f"{tag}-{uuid.uuid4().hex}" for name, tag in [
         ("env tracking password", "trk"), ("env S3 secret key", "s3s"), ("config tracking password", "ctp"),

@@ -11,7 +11,7 @@ import pytest
 
 from rlvr_cli import stops
 from rlvr_core.experiment.config import demo_config
-from rlvr_core.experiment.guards import GuardError
+from rlvr_core.experiment.guards import GuardError, RunStopped
 from rlvr_core.grpo.update import check_logprob_temp
 
 
@@ -23,9 +23,10 @@ def _raised(fn):
 
 def test_a_recorded_stop_names_guard_step_setting_and_details(tmp_path):
     cfg = demo_config()
-    err = GuardError("G-collapse at step 6: 2 collapse signals over steps 2-6 (need 2): ...")
-    err.rlvr_stopped = {"stopped_by": ["G-collapse"], "stopped_at_step": 6, "reasons": "G-collapse at step 6: ...",
-                        "report": "/a/report.md", "mlflow_run_url": "http://m/#/runs/1", "train_folder": "/c/grpo/k"}
+    cause = GuardError("G-collapse at step 6: 2 collapse signals over steps 2-6 (need 2): ...")
+    record = {"stopped_by": ["G-collapse"], "stopped_at_step": 6, "reasons": "G-collapse at step 6: ...",
+              "report": "/a/report.md", "mlflow_run_url": "http://m/#/runs/1", "train_folder": "/c/grpo/k"}
+    err = RunStopped(str(cause), record=record)  # what the pipeline flow raises from the stage's error
     first, why, details = stops.stop_lines(err, cfg, "demo", tmp_path / "x.log")
     assert first == (f"rlvr demo: stopped by G-collapse at step 6 of {cfg.grpo.steps}; lower grpo.lr (now 0.0003); "
                      "the thresholds are grpo.guards.health.collapse")
@@ -42,6 +43,17 @@ def test_a_guard_error_raised_before_any_record_is_read_from_its_message():
     first = stops.stop_lines(err, cfg, "demo", None)[0]
     assert first.startswith("rlvr demo: stopped by G-logprob-temp at step 1 of ")
     assert "set grpo.logprob_temperature to 1 (now 0.7)" in first
+
+
+def test_a_stop_keeps_its_fields_through_pickling():
+    """Prefect may pickle a flow's exception (its result): the guard, the step and the record survive."""
+    import pickle
+
+    err = pickle.loads(pickle.dumps(GuardError("G-collapse at step 6: ...", guard="G-collapse", step=6)))
+    assert (str(err), err.guard, err.step) == ("G-collapse at step 6: ...", "G-collapse", 6)
+    record = {"stopped_by": ["G-entropy"], "stopped_at_step": 4, "reasons": "G-entropy at step 4"}
+    stop = pickle.loads(pickle.dumps(RunStopped("G-entropy at step 4", record=record)))
+    assert stops.guard_stop(stop) == ("G-entropy", 4) and stop.record == record
 
 
 def test_other_failures_are_not_stops():

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
+from rlvr_core.records.redact import is_secret_key, redact, redact_url
 from rlvr_core.records.tracking import (EXPERIMENT_KIND_TAG, PRIMARY_METRIC_TAG, RUNS_VIEW_ID, STANDARD_TAGS,
                                         VIEW_TAG_PREFIX, StepMetricsSink, Tracker, common_tags, config_params,
-                                        is_secret_key, metric_key, redact, redact_url, saved_view)
+                                        metric_key, saved_view)
 
 
 @pytest.fixture(scope="module")
@@ -308,7 +309,7 @@ def test_the_runs_view_lists_every_run_but_the_stage_runs(tracker):
 def test_a_sweep_view_lists_its_trials_with_the_pivot_metric_first(tracker):
     from flows.ablation_sweep import _save_sweep_view, sweep_view_id
     from rlvr_core.pipeline.sweeps import load_sweep
-    from tasks.stage_process import ROOT
+    from rlvr_core.pipeline.child.run import ROOT
 
     sw = load_sweep(ROOT / "configs" / "sweeps" / "demo_lr.yaml")  # 2 cells x 3 seeds, metric accuracy_greedy
     parent = tracker.start_run("sweep", {"kind": "sweep", "sweep_id": "s1"})
@@ -337,7 +338,7 @@ def test_live_curves_reach_the_stage_run_and_the_run_above_it(tracker):
     """The trainer's `on_step` with two run ids (the train stage run and its pipeline/trial run) sends every step
     to both, at its step."""
     from rlvr_core.experiment.config import parse_config
-    from rlvr_core.pipeline.stages import _live_metrics
+    from rlvr_core.pipeline.train_stage import _live_metrics
 
     parent = tracker.start_run("trial", {"kind": "trial"})
     with tracker.child_run(parent, "train") as child:

@@ -116,7 +116,7 @@ def test_g_regression_flags_a_trained_model_worse_than_its_base_beyond_the_paire
     """G-regression, on `compare`'s own paired interval (scipy's ttest_rel gives the same): 40 problems, the
     trained side loses 12 the base solved and wins 2 → Δ −25 points, interval entirely below 0: flagged. Losing 3
     and winning 2 is inside the noise: not flagged, and neither is a gain."""
-    from rlvr_core.eval.evaluate import regression_flag
+    from rlvr_core.eval.metrics import regression_flag
 
     def pair(lost: int, won: int):
         base = {f"p{i}": i < 20 for i in range(40)}

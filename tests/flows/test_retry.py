@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from rlvr_core.experiment.config import ConfigError
-from tasks.retry import StageProcessError, is_transient, killed_by_signal
+from rlvr_core.pipeline.child.death import killed_by_signal
+from rlvr_core.pipeline.child.errors import StageProcessError
+from rlvr_core.pipeline.child.transient import is_transient
 
 
 def _s3_client_error(code: str, status: int):
@@ -40,7 +42,7 @@ def test_transient_failures_are_retried():
 def test_deterministic_failures_are_not_retried():
     import torch
 
-    from rlvr_core.grpo.trainer import GuardError
+    from rlvr_core.experiment.guards import GuardError
 
     for exc in (ConfigError("c.yaml", [("grpo.lr", "bad")]), GuardError("G-logprob-temp"), ValueError("bad"),
                 KeyError("answer"), TypeError("verifier bug"), FileNotFoundError("x"),
@@ -105,7 +107,12 @@ def test_out_of_memory_is_deterministic_and_says_what_to_lower():
     OOM are not retried, and the stage child's report ends with the G-oom line naming the settings."""
     import torch
 
-    from tasks.stage_runner import failure_report
+    from dataclasses import asdict
+
+    from rlvr_core.pipeline.child.protocol import ChildFailure
+
+    def failure_report(stage, exc):  # the stage child's report of `exc`
+        return asdict(ChildFailure.of(exc, stage))
 
     with pytest.raises(RuntimeError) as cpu:
         torch.empty(2 ** 62, dtype=torch.uint8)
@@ -138,21 +145,21 @@ def test_out_of_memory_in_process_says_what_to_lower_too():
 
 def test_oom_kill_counter_is_read_from_this_machines_cgroup():
     """Where this machine exposes a memory cgroup, its `oom_kill` counter is found and is a count."""
-    from tasks.retry import _oom_counter_files, oom_kill_count
+    from rlvr_core.pipeline.child.death import oom_counter_files, oom_kill_count
 
-    readable = [f for f in _oom_counter_files() if os.access(f, os.R_OK)]
+    readable = [f for f in oom_counter_files() if os.access(f, os.R_OK)]
     if not readable:
-        pytest.skip(f"no readable memory cgroup counter here (looked at {_oom_counter_files()})")
+        pytest.skip(f"no readable memory cgroup counter here (looked at {oom_counter_files()})")
     assert isinstance(oom_kill_count(), int) and oom_kill_count() >= 0
 
 
 class _Kernel:
-    """Plays the kernel for the stage children of this process: SIGKILLs each `tasks.stage_runner` child as soon
-    as it appears (at most `kills` of them), first raising the cgroup's `oom_kill` counter in `counter` when
-    `oom` (what the OOM killer does), or leaving it alone (a pre-emption)."""
+    """Plays the kernel for the children of this process whose command line holds `marker` (a stage child by
+    default): SIGKILLs each as soon as it appears (at most `kills` of them), first raising the cgroup's `oom_kill`
+    counter in `counter` when `oom` (what the OOM killer does), or leaving it alone (a pre-emption)."""
 
-    def __init__(self, counter: Path, *, oom: bool, kills: int):
-        self.counter, self.oom, self.kills = counter, oom, kills
+    def __init__(self, counter: Path, *, oom: bool, kills: int, marker: str = "rlvr_core.pipeline.child.stage"):
+        self.counter, self.oom, self.kills, self.marker = counter, oom, kills, marker
         self.killed: list[int] = []
         self.seen: set[int] = set()
         self._stop = threading.Event()
@@ -172,7 +179,7 @@ class _Kernel:
         while not self._stop.wait(0.05):
             for child in psutil.Process().children(recursive=True):
                 try:
-                    if child.pid in self.seen or "tasks.stage_runner" not in child.cmdline():
+                    if child.pid in self.seen or self.marker not in child.cmdline():
                         continue
                 except psutil.Error:
                     continue
@@ -282,3 +289,93 @@ def test_the_trial_layer_relaunches_only_a_crashed_flow_run(prefect_api, rlvr_ho
     with pytest.raises(StageProcessError):
         sweep()
     assert calls == {"stage_gave_up": 1, "crashed_once": 2}
+
+
+def test_a_probe_child_killed_by_the_oom_killer_is_g_oom_and_not_retried(prefect_api, rlvr_home, tmp_path,
+                                                                        monkeypatch):
+    """The probe flow's real `probe-analysis` task (its `rlvr probe` child) under a real Prefect API: the child
+    is SIGKILLed while the cgroup's `oom_kill` count rises. Like a stage's, that is the kernel's OOM killer: one
+    attempt, ending with the G-oom line, not retried."""
+    from prefect import flow
+
+    from flows.probe import run_analysis
+
+    counter = tmp_path / "memory.events"
+    counter.write_text("oom 0\noom_kill 0\n")
+    monkeypatch.setenv("RLVR_OOM_KILL_FILE", str(counter))
+    missing = str(tmp_path / "missing")  # a child that is not killed fails on these: deterministic
+
+    @flow
+    def probe_only():
+        return run_analysis("report", missing, [missing], str(tmp_path / "out"), {}, None, None)
+
+    with _Kernel(counter, oom=True, kills=1, marker="rlvr_cli.probe") as kernel:
+        state = probe_only(return_state=True)
+    with pytest.raises(StageProcessError) as e:
+        state.result()
+    assert len(kernel.killed) == 1 and len(kernel.seen) == 1  # one child: the task was not retried
+    assert e.value.transient is False and e.value.error_type == "OOMKilled" and e.value.returncode == -signal.SIGKILL
+    assert "killed by the kernel's OOM killer (the memory cgroup's oom_kill count went 0 -> 1)" in str(e.value)
+    assert str(e.value).splitlines()[-1].startswith("G-oom: the probe stage ran out of memory")
+
+
+def test_a_child_that_hangs_with_its_output_open_is_stopped_at_its_time_limit(tmp_path):
+    """A real child that prints a line and then hangs, its output still open: `run_child` stops it at its time
+    limit (the wait does not wait for the output to close), and the stage's verdict is a timeout, not retried."""
+    from rlvr_core.pipeline.child.run import child_env, run_child, stage_verdict
+
+    lines: list[str] = []
+    cmd = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"]
+    t0 = time.monotonic()
+    outcome = run_child("train", cmd, child_env(), timeout_s=3, log=lines.append)
+    assert time.monotonic() - t0 < 15 and outcome.timed_out and outcome.returncode == -signal.SIGKILL
+    assert outcome.tail == ["started"] and "train: started" in lines
+    with pytest.raises(StageProcessError) as e:
+        stage_verdict("train", outcome, tmp_path / "result.json", 3)
+    assert e.value.kind == "timeout" and not is_transient(e.value) and "time limit of 3 s" in str(e.value)
+
+
+def test_a_stage_childs_lines_reach_the_prefect_run_log(prefect_api, rlvr_home):
+    """`run_child` reads the child's output on a thread of its own (so its time limit works): each line still
+    reaches the task run's log on the Prefect API, as the stage's did when it was read on the task's thread."""
+    from prefect import flow, get_run_logger, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from rlvr_core.pipeline.child.run import child_env, run_child
+
+    @task
+    def stage() -> int:
+        cmd = [sys.executable, "-c", "print('line one'); print('line two')"]
+        return run_child("train", cmd, child_env(), log=get_run_logger().info).returncode
+
+    @flow
+    def one_stage() -> int:
+        return stage()
+
+    state = one_stage(return_state=True)
+    assert state.result() == 0
+    only = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+    with get_client(sync_client=True) as client:
+        for _ in range(60):  # the API receives logs in batches, a moment after they are written
+            messages = [log.message for log in client.read_logs(log_filter=only)]
+            if "train: line two" in messages:
+                break
+            time.sleep(0.5)
+    assert "train: line one" in messages and "train: line two" in messages
+
+
+def test_a_childs_verdict_survives_pickling():
+    """Prefect may pickle a failed task's exception: the verdict (transient, kind, exit status) comes back."""
+    import pickle
+
+    from rlvr_core.pipeline.launch import GroupFailure
+
+    for err in (StageProcessError("train process 1 exited with status -9", transient=True, returncode=-9,
+                                  kind="killed"),
+                GroupFailure("grpo: node 1 of 2 exited with signal SIGKILL", transient=False, error_type="OOMKilled",
+                             kind="oom")):
+        back = pickle.loads(pickle.dumps(err))
+        assert (type(back), str(back), back.transient, back.returncode, back.error_type, back.kind) == \
+            (type(err), str(err), err.transient, err.returncode, err.error_type, err.kind)
+        assert is_transient(back) is err.transient

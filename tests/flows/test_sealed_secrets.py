@@ -46,8 +46,9 @@ def test_resolve_config_takes_sealed_secrets_from_the_environment(monkeypatch):
 
 
 def test_request_files_are_private_sealed_and_gone_after_the_stage(tmp_path, rlvr_home):
-    from tasks.retry import StageProcessError
-    from tasks.stage_process import run_stage_process, tmp_root, write_request
+    from rlvr_core.pipeline.child.errors import StageProcessError
+    from rlvr_core.pipeline.child.protocol import write_request
+    from tasks.stage_process import run_stage_process, tmp_root
 
     uri = f"http://rlvr:{uuid.uuid4().hex}@127.0.0.1:1"
     request = {"config": {"grpo": {"bogus": 1}, "tracking": {"tracking_uri": uri}}, "source": "trial.yaml"}

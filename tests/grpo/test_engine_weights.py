@@ -28,7 +28,7 @@ def test_a_plain_model_gives_its_state_dict_names_and_tensors():
 
 
 def test_lora_weights_are_merged_like_peft_merge_and_unload_and_the_policy_is_untouched():
-    from rlvr_core.grpo.trainer import with_lora
+    from rlvr_core.grpo.policy import with_lora
 
     policy = with_lora(_model(tied=False), GRPOConfig(lora_rank=4, lora_alpha=8), seed=0)
     with torch.no_grad():  # trained adapters: B = 0 at init would make the merge trivially equal

@@ -707,7 +707,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 def _run_rows(tiny, out, cfg) -> list[dict]:
     import pyarrow.parquet as pq
 
-    from rlvr_core.grpo.trainer import GuardError
+    from rlvr_core.experiment.guards import GuardError
 
     try:
         path = train_tiny(tiny, out, cfg).steps_path

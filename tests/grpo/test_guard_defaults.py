@@ -144,7 +144,7 @@ def test_drift_signal_catches_the_lr_blowup_without_a_reference(tiny, tmp_path):
     """lr 0.5 at beta 0 (no reference model): one update moves the sampled tokens' KL by > 1 nat per token
     (healthy lr 1e-2: <= 0.43 at the first steps, then ~0.01), so G-kl-explosion fires from the drift signal
     at step 5, its first evaluable step, before G-collapse stops the run at step 10."""
-    from rlvr_core.grpo.trainer import GuardError
+    from rlvr_core.experiment.guards import GuardError
 
     out = tmp_path / "hot"
     with pytest.raises(GuardError, match="G-collapse"):

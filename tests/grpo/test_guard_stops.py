@@ -24,7 +24,8 @@ import torch
 from rlvr_core.core.registry import ADVANTAGES
 from rlvr_core.experiment.guards import (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_KL_EXPLOSION, GuardError, check_health,
                                          health_config)
-from rlvr_core.grpo.checkpointing import CHECKPOINTS, FINAL_MODEL, STEPS_FILE, SUMMARY_FILE
+from rlvr_core.artifacts.layout import STEPS_FILE, SUMMARY_FILE
+from rlvr_core.grpo.checkpointing import CHECKPOINTS, FINAL_MODEL
 from rlvr_core.records.warehouse import health_events_table
 from grpo_helpers import VERIFIER, tiny_cfg, train_tiny
 
@@ -53,7 +54,9 @@ def _stopped_run(tiny, out: Path, cfg, guard: str) -> tuple[dict, list[dict], st
     with pytest.raises(GuardError) as e:
         train_tiny(tiny, out, cfg)
     assert guard in str(e.value)
-    return json.loads((out / SUMMARY_FILE).read_text()), pq.read_table(out / STEPS_FILE).to_pylist(), str(e.value)
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert (e.value.guard, e.value.step) == (guard, summary["stopped_at_step"])  # its fields, not its message
+    return summary, pq.read_table(out / STEPS_FILE).to_pylist(), str(e.value)
 
 
 def _assert_stopped(out: Path, cfg, summary: dict, rows: list[dict], guard: str, step: int) -> None:
@@ -151,7 +154,7 @@ def test_a_stopped_training_stage_is_not_retried_and_leaves_nothing_to_export(ti
     from rlvr_core.experiment.config import parse_config
     from rlvr_core.pipeline import stages
     from rlvr_core.sampling.models import model_hashes
-    from tasks.retry import is_transient
+    from rlvr_core.pipeline.child.transient import is_transient
 
     cfg = parse_config({"data": {"synthetic": {"n_train": 40, "n_test": 4}}, "sampling": {"max_new_tokens": 12},
                         "eval": {"max_problems": 2, "verifier_workers": 0},

@@ -61,7 +61,8 @@ from trl.trainer.utils import split_tensor_dict  # noqa: E402
 from rlvr_core.grpo.advantages import get_advantage  # noqa: E402
 from rlvr_core.grpo.kl import kl_k3  # noqa: E402
 from rlvr_core.grpo.losses import aggregate_loss, grpo_loss, mask_from_lengths  # noqa: E402
-from rlvr_core.grpo.trainer import build_batch, sequence_logprobs  # noqa: E402
+from rlvr_core.grpo.logprobs import sequence_logprobs  # noqa: E402
+from rlvr_core.grpo.update import build_batch  # noqa: E402
 
 K, G = 3, 4                     # prompts x completions per prompt
 B = K * G

@@ -35,7 +35,7 @@ from grpo_helpers import model_params
 from rlvr_core.experiment.config import parse_config
 from rlvr_core.pipeline import stages
 from rlvr_core.pipeline.launch import GroupFailure, node_commands
-from tasks.retry import is_transient
+from rlvr_core.pipeline.child.transient import is_transient
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # grpo.launch of a two-node torchrun group on this host.
@@ -174,7 +174,7 @@ def test_a_node_killed_while_the_oom_counter_rises_is_g_oom_and_any_other_kill_i
     import sys
 
     from rlvr_core.pipeline import launch
-    from rlvr_core.pipeline.child import oom_kill_count
+    from rlvr_core.pipeline.child.death import oom_kill_count
 
     monkeypatch.setattr(launch, "GRACE_S", 0.2)  # the sleepers would not report an error of their own anyway
     counter = tmp_path / "memory.events"
@@ -202,6 +202,53 @@ def test_a_node_killed_while_the_oom_counter_rises_is_g_oom_and_any_other_kill_i
     assert is_transient(verdicts[False]) and "G-oom" not in str(verdicts[False])
 
 
+def _nodes(*scripts: list[str]) -> list:
+    import subprocess
+
+    return [subprocess.Popen(cmd, start_new_session=True) for cmd in scripts]
+
+
+def test_every_node_exiting_0_without_a_result_is_deterministic(tmp_path, monkeypatch):
+    """Every node (real processes) exits with status 0 and rank 0 wrote no result: no node was lost, no rank
+    reported an error, so it is a bug, which a retry on every node would repeat. Not transient."""
+    import sys
+
+    from rlvr_core.pipeline import launch
+
+    monkeypatch.setattr(launch, "GRACE_S", 0.2)
+    nodes = _nodes(*[[sys.executable, "-c", "pass"]] * 2)
+    with pytest.raises(GroupFailure) as e:
+        launch._wait_group(nodes, tmp_path, None)
+    assert [p.returncode for p in nodes] == [0, 0]
+    assert str(e.value).startswith("grpo: every node exited with status 0 but rank 0 wrote no result")
+    assert not is_transient(e.value)
+    [failure] = [json.loads(line) for line in (tmp_path / launch.FAILURES).open()]
+    assert failure["transient"] is False
+
+
+def test_a_rank_failing_before_its_first_line_is_its_own_deterministic_error(tmp_path, monkeypatch):
+    """A real rank process (the rank module of the group's node command, run as node 0) whose request holds a
+    sealed secret its node's environment lacks: it fails while reading the request, before any line of its
+    own. That is the rank's own error, named in the group's failure and not retried, not a lost node."""
+    import sys
+
+    from rlvr_core.pipeline import launch
+    from rlvr_core.pipeline.child.protocol import write_request
+
+    monkeypatch.setattr(launch, "GRACE_S", 0.2)
+    request = tmp_path / "request.json"
+    config = {"grpo": {"launch": TWO_NODES}, "tracking": {"password": "on-the-stage-host-only"}}
+    secrets = write_request(request, {"config": config, "launcher_pid": os.getpid(), "threads": 1})
+    assert secrets and not any(name in os.environ for name in secrets)  # the node's environment lacks them
+    rank_module = node_commands(parse_config({"grpo": {"launch": TWO_NODES}}).grpo, request, 29500)[0][-2:]
+    nodes = _nodes([sys.executable, "-m", *rank_module])
+    with pytest.raises(GroupFailure) as e:
+        launch._wait_group(nodes, tmp_path, None)
+    assert nodes[0].returncode == 1
+    assert "SecretUnavailable" in str(e.value) and "RLVR_SECRET_" in str(e.value)
+    assert not is_transient(e.value)
+
+
 def test_a_lost_node_is_transient_and_a_ranks_own_error_is_not():
     lost = GroupFailure("grpo: node 1 of 2 exited with signal SIGKILL", transient=True)
     guard = GroupFailure("grpo: node 0 of 2 exited with status 1\nrank 0: GuardError: ...", transient=False)
@@ -222,7 +269,7 @@ def test_deepspeed_nodes_are_the_hostfiles_hosts_in_its_order(tmp_path):
         world = json.loads(base64.urlsafe_b64decode(flags["--world_info"]))
         assert world == {"gpu-a": list(range(8)), "gpu-c": list(range(8))}  # DeepSpeed's --world_info
         assert (flags["--node_rank"], flags["--master_addr"], flags["--master_port"]) == (str(i), "10.0.0.5", "29500")
-        assert c[-4:] == ["--no_local_rank", "--module", "rlvr_core.pipeline.rank", str(tmp_path / "request.json")]
+        assert c[-4:] == ["--no_local_rank", "--module", "rlvr_core.pipeline.child.rank", str(tmp_path / "request.json")]
 
 
 @pytest.mark.parametrize("text,grpo,error", [

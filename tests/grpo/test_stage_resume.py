@@ -2,7 +2,7 @@
 the thread count or CPU instruction set (`numerics`) or the memory settings (`grpo.memory`, a section declared
 out of the key: `grpo_key_dump`), which it records instead (rlvr_core.pipeline.stages).
 
-A real `train` stage child (tasks.stage_runner, one torch thread) is SIGKILLed after its first checkpoint,
+A real `train` stage child (rlvr_core.pipeline.child.stage, one torch thread) is SIGKILLed after its first checkpoint,
 as a pre-emption would; the same stage then runs in this process at two threads and with smaller
 micro-batches, as a retry on a host with other numerics after a G-oom line would, and must continue from
 that checkpoint.
@@ -31,7 +31,7 @@ from rlvr_core.core.progress import Progress
 from rlvr_core.experiment.config import parse_config
 from rlvr_core.pipeline import stages
 from rlvr_core.sampling.models import model_hashes
-from tasks.retry import StageProcessError
+from rlvr_core.pipeline.child.errors import StageProcessError
 from tasks.stage_process import run_stage_process
 
 STEPS = 40  # ~0.05 s a step: long enough after the first checkpoint for the killer to act under load
@@ -56,7 +56,7 @@ def _kill_after_first_checkpoint(home: Path, stop: threading.Event) -> None:
         if list((home / "cache" / "grpo").glob("*/checkpoints/latest")):
             for child in psutil.Process().children(recursive=True):
                 try:  # other children of this test process (earlier tests' leftovers) may be zombies or gone
-                    if "tasks.stage_runner" in child.cmdline():
+                    if "rlvr_core.pipeline.child.stage" in child.cmdline():
                         os.kill(child.pid, signal.SIGKILL)
                 except (psutil.Error, ProcessLookupError):
                     continue

@@ -25,7 +25,10 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from grpo_helpers import model_params, tiny_cfg, train_tiny  # noqa: E402
 from rlvr_core.grpo.losses import grpo_loss, mask_from_lengths  # noqa: E402
-from rlvr_core.grpo.trainer import GuardError, build_batch, rows_for_curriculum, sequence_logprobs  # noqa: E402
+from rlvr_core.experiment.guards import GuardError  # noqa: E402
+from rlvr_core.grpo.logprobs import sequence_logprobs  # noqa: E402
+from rlvr_core.grpo.trainer import rows_for_curriculum  # noqa: E402
+from rlvr_core.grpo.update import build_batch  # noqa: E402
 
 
 def test_steps_change_every_parameter_and_record_metrics(tiny, tmp_path):

@@ -16,7 +16,9 @@ from grpo_helpers import tiny_cfg, train_tiny
 
 from rlvr_core.artifacts.export import export_checkpoint
 from rlvr_core.experiment.config import ConfigError, parse_config
-from rlvr_core.grpo.trainer import LORA_ADAPTER, build_batch, sequence_logprobs
+from rlvr_core.grpo.checkpointing import LORA_ADAPTER
+from rlvr_core.grpo.logprobs import sequence_logprobs
+from rlvr_core.grpo.update import build_batch
 
 RANK, ALPHA = 4, 8.0
 
@@ -103,7 +105,7 @@ def test_a_killed_lora_run_resumes_to_the_same_weights(tiny, lora_run, tmp_path)
 def test_the_adapters_start_from_the_seed_not_the_global_rng(tiny):
     from transformers import AutoModelForCausalLM
 
-    from rlvr_core.grpo.trainer import with_lora
+    from rlvr_core.grpo.policy import with_lora
 
     cfg = tiny_cfg(lora_rank=RANK, lora_alpha=ALPHA)
     made = []

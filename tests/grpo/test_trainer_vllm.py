@@ -171,7 +171,8 @@ def _worker(spec_path: str) -> None:
 
     from rlvr_core.experiment.config import RewardConfig
     from rlvr_core.grpo.distributed import shutdown
-    from rlvr_core.grpo.trainer import GuardError, train_grpo
+    from rlvr_core.experiment.guards import GuardError
+    from rlvr_core.grpo.trainer import train_grpo
     from rlvr_core.grpo.vllm_rollout import VLLMRolloutEngine
 
     torch.set_num_threads(1)

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset, read_jsonl, write_jsonl
+from rlvr_core.data.jsonl import read_jsonl, write_jsonl
+from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
 LINE = re.compile(r"^(-?\d+) ([-+*]) (\d+) = (-?\d+)$")
 

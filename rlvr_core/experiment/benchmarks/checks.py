@@ -11,8 +11,8 @@ from pathlib import Path
 from rlvr_core.core import hub
 from rlvr_core.data.loaders import DataFormatError
 from rlvr_core.data.templates import get_template
-from rlvr_core.experiment.benchmarks.data import _few_shot_file, _read, _uses_hub, data_file, few_shot_examples
-from rlvr_core.experiment.benchmarks.scoring import _ANSWER_VERIFIERS, _build, build_verifier, scoring_label, scorings
+from rlvr_core.experiment.benchmarks.data import few_shot_file, read_split, uses_hub, data_file, few_shot_examples
+from rlvr_core.experiment.benchmarks.scoring import ANSWER_VERIFIERS, built_verifier, build_verifier, scoring_label, scorings
 from rlvr_core.experiment.benchmarks.spec import (BREAKDOWN_FIELDS, DATA_DIR_ENV, SYNTHETIC, BenchmarkSpec, VerifierSpec,
                                                   parse_metric)
 
@@ -25,7 +25,7 @@ def _verifier_problems(v: VerifierSpec, where: str) -> list[tuple[str, str]]:
                "format_reward": "format shaping is for training rewards; evaluation scores are unshaped"}
         return [(f"{where}.options.{k}", why[k]) for k in bad]
     try:
-        plain = _build(v.name, json.dumps(dict(v.options), sort_keys=True, default=str))
+        plain = built_verifier(v.name, json.dumps(dict(v.options), sort_keys=True, default=str))
     except Exception as e:  # noqa: BLE001 — whatever the constructor says is the reason
         return [(f"{where}.options", f"verifier {v.name!r} rejects these options: {type(e).__name__}: {e}")]
     has_modes = "mode" in inspect.signature(type(plain).__init__).parameters
@@ -44,7 +44,7 @@ def _verifier_problems(v: VerifierSpec, where: str) -> list[tuple[str, str]]:
     return []
 
 
-def _semantic_problems(spec: BenchmarkSpec) -> list[tuple[str, str]]:
+def semantic_problems(spec: BenchmarkSpec) -> list[tuple[str, str]]:
     """Cross-field checks that need the registries; (field path, why) for each problem found."""
     return [problem for check in (_data_field_problems, _prompt_problems, _generation_problems, _verifiers_problems,
                                   _metrics_problems, _breakdown_problems) for problem in check(spec)]
@@ -149,9 +149,9 @@ def _metrics_problems(spec: BenchmarkSpec) -> list[tuple[str, str]]:
             out.append((where, "accuracy is scored on a greedy completion: set generation.greedy or temperature 0"))
         if k is not None and not 1 <= k <= g.n:
             out.append((where, f"bad k in {metric}: k must be between 1 and generation.n={g.n}"))
-        if kind == "maj" and any(n not in _ANSWER_VERIFIERS for n in names):
+        if kind == "maj" and any(n not in ANSWER_VERIFIERS for n in names):
             out.append((where, f"maj@k votes on extracted answers; not defined for verifier(s) "
-                        f"{sorted(set(names) - set(_ANSWER_VERIFIERS))}"))
+                        f"{sorted(set(names) - set(ANSWER_VERIFIERS))}"))
         if kind == "instruction_accuracy" and any(n != "ifeval" for n in names):
             out.append((where, "instruction_accuracy is an ifeval metric"))
     return out
@@ -170,27 +170,27 @@ def _breakdown_problems(spec: BenchmarkSpec) -> list[tuple[str, str]]:
     return out
 
 
-def _data_file_problems(spec: BenchmarkSpec, root: Path) -> list[tuple[str, str]]:
+def data_file_problems(spec: BenchmarkSpec, root: Path) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if spec.data.source != SYNTHETIC:
         f = data_file(spec, root)
         missing = f"missing data file {f} (data root: ${DATA_DIR_ENV} or ../shared/data)"
-        if not f.is_file() and not _uses_hub(spec, spec.data.split, f):
+        if not f.is_file() and not uses_hub(spec, spec.data.split, f):
             out.append(("data.path", missing))
         elif not f.is_file() or spec.data.split in spec.data.rows_sha256:
             try:  # a hub copy is fetched here, and the rows hash checked, before any work
-                _read(spec, spec.data.split, f)
+                read_split(spec, spec.data.split, f)
             except hub.HubMissing as e:
                 out.append(("data.path", f"{missing}, and {e}"))
             except DataFormatError as e:
                 out.append(("data.rows_sha256" if "rows_sha256" in str(e) else "data.path", str(e)))
     fs = spec.prompt.few_shot
     if fs.source == "split":
-        f = _few_shot_file(spec, root)
+        f = few_shot_file(spec, root)
         if f is not None and f.resolve() == data_file(spec, root).resolve():
             out.append(("prompt.few_shot.split", f"shots drawn from the evaluated file {f} would leak problems "
                         "into their own prompts"))
-        elif f is not None and not f.is_file() and not _uses_hub(spec, fs.split or "", f):
+        elif f is not None and not f.is_file() and not uses_hub(spec, fs.split or "", f):
             out.append(("prompt.few_shot.path" if fs.path else "prompt.few_shot.split", f"missing data file {f}"))
         else:
             try:

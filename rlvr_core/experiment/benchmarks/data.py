@@ -24,7 +24,7 @@ def data_root() -> Path:
     return Path(env) if env else (PROJECT_ROOT.parent / "shared" / "data")
 
 
-def _resolve_path(source: str, split: str, path: str | None, root: Path) -> Path:
+def resolve_path(source: str, split: str, path: str | None, root: Path) -> Path:
     if path is None and split == "test" and packaged_file(source) is not None:
         return packaged_file(source)  # shipped in an installed package (humaneval), no data-root file
     if path is None:
@@ -41,14 +41,14 @@ def data_file(spec: BenchmarkSpec, root: str | Path | None = None) -> Path | Non
     """The file the benchmark's problems are read from (None for the synthetic task)."""
     if spec.data.source == SYNTHETIC:
         return None
-    return _resolve_path(spec.data.source, spec.data.split, spec.data.path, Path(root) if root else data_root())
+    return resolve_path(spec.data.source, spec.data.split, spec.data.path, Path(root) if root else data_root())
 
 
-def _few_shot_file(spec: BenchmarkSpec, root: Path) -> Path | None:
+def few_shot_file(spec: BenchmarkSpec, root: Path) -> Path | None:
     fs = spec.prompt.few_shot
     if fs.source != "split" or spec.data.source == SYNTHETIC:
         return None
-    return _resolve_path(spec.data.source, fs.split or "", fs.path, root)
+    return resolve_path(spec.data.source, fs.split or "", fs.path, root)
 
 
 def _synthetic_rows(spec: BenchmarkSpec, split: str) -> list[dict]:
@@ -76,16 +76,16 @@ def hub_split(spec: BenchmarkSpec, split: str, pulling: bool = False) -> hub.Sna
                         pull=f"rlvr pull benchmark {spec.name}", pulling=pulling)
 
 
-def _uses_hub(spec: BenchmarkSpec, split: str, file: Path | None) -> bool:
+def uses_hub(spec: BenchmarkSpec, split: str, file: Path | None) -> bool:
     """The data root first (air-gapped clusters): the hub only when its file is missing and the hub has the split."""
     h = spec.data.hub
     return file is not None and not file.is_file() and h is not None and split in h.files
 
 
-def _read(spec: BenchmarkSpec, split: str, file: Path | None) -> list[dict]:
+def read_split(spec: BenchmarkSpec, split: str, file: Path | None) -> list[dict]:
     if spec.data.source == SYNTHETIC:
         return _synthetic_rows(spec, split)
-    if _uses_hub(spec, split, file):
+    if uses_hub(spec, split, file):
         return hub_rows(spec, split)[1]
     rows = load_problems(spec.data.source, file, split=split)
     _check_rows_hash(spec, split, rows, str(file))
@@ -120,8 +120,8 @@ def split_problems(spec: BenchmarkSpec, split: str, root: str | Path | None = No
     (`data.benchmark`)."""
     path = spec.data.path if split == spec.data.split else None
     root = Path(root) if root else data_root()
-    return _read(spec, split, None if spec.data.source == SYNTHETIC else
-                 _resolve_path(spec.data.source, split, path, root))
+    return read_split(spec, split, None if spec.data.source == SYNTHETIC else
+                 resolve_path(spec.data.source, split, path, root))
 
 
 def data_source_record(spec: BenchmarkSpec, root: str | Path | None = None) -> dict[str, Any]:
@@ -130,7 +130,7 @@ def data_source_record(spec: BenchmarkSpec, root: str | Path | None = None) -> d
     if spec.data.source == SYNTHETIC:
         return {"kind": "synthetic"}
     file = data_file(spec, root)
-    if _uses_hub(spec, spec.data.split, file):
+    if uses_hub(spec, spec.data.split, file):
         return {"kind": "hub", **hub_split(spec, spec.data.split).record()}
     return {"kind": "file", "path": str(file)}
 
@@ -156,7 +156,7 @@ def load_benchmark_problems(spec: BenchmarkSpec, root: str | Path | None = None)
     """
     d = spec.data
     file = data_file(spec, root)
-    problems = _read(spec, d.split, file)
+    problems = read_split(spec, d.split, file)
     if d.max_problems is not None and d.max_problems < len(problems):
         if d.subset_seed is None:
             problems = problems[: d.max_problems]
@@ -178,7 +178,7 @@ def few_shot_examples(spec: BenchmarkSpec, root: str | Path | None = None) -> li
         return [(e.question, e.completion) for e in fs.examples]
     if fs.source != "split":
         return []
-    rows = _read(spec, fs.split or "", _few_shot_file(spec, Path(root) if root else data_root()))
+    rows = read_split(spec, fs.split or "", few_shot_file(spec, Path(root) if root else data_root()))
     if len(rows) < fs.num_shots:
         raise ValueError(f"split {fs.split!r} has {len(rows)} rows, fewer than num_shots={fs.num_shots}")
     if fs.select == "first":

@@ -10,8 +10,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlvr_core.core import hub
-from rlvr_core.experiment.benchmarks.checks import _data_file_problems, _semantic_problems
-from rlvr_core.experiment.benchmarks.data import _resolve_path, _uses_hub, data_root, hub_split
+from rlvr_core.experiment.benchmarks.checks import data_file_problems, semantic_problems
+from rlvr_core.experiment.benchmarks.data import resolve_path, uses_hub, data_root, hub_split
 from rlvr_core.experiment.benchmarks.spec import BENCHMARK_DIR, SUITE_DIR, BenchmarkSpec, SuiteSpec
 from rlvr_core.experiment.config import ConfigError, read_yaml_file
 
@@ -42,9 +42,9 @@ def parse_benchmark(data: Any, source: str = "<benchmark>", *, check_data: bool 
         spec = BenchmarkSpec.model_validate(data)
     except ValidationError as e:
         raise ConfigError(source, [(_loc(err), _why(err)) for err in e.errors()]) from None
-    problems = _semantic_problems(spec)
+    problems = semantic_problems(spec)
     if not problems and check_data:
-        problems = _data_file_problems(spec, Path(root) if root else data_root())
+        problems = data_file_problems(spec, Path(root) if root else data_root())
         if spec.name not in known_benchmarks():  # not shipped: `rlvr pull benchmark` takes its file
             pull = f"rlvr pull benchmark {spec.name}`"
             problems = [(f, why.replace(pull, f"rlvr pull benchmark {source}`")) for f, why in problems]
@@ -97,11 +97,11 @@ def check_experiment_data(benchmark: str, source: str, where: str) -> None:
     if spec.data.source != source:
         raise ConfigError(where, [("data.benchmark", f"benchmark {benchmark!r} reads {spec.data.source!r} data but "
                                    f"data.source is {source!r}")])
-    train = _resolve_path(spec.data.source, "train", None, data_root())
-    if not train.is_file() and not _uses_hub(spec, "train", train):
+    train = resolve_path(spec.data.source, "train", None, data_root())
+    if not train.is_file() and not uses_hub(spec, "train", train):
         raise ConfigError(where, [("data.benchmark", f"no train split: no file {train} and benchmark {benchmark!r} "
                                    "names no hub file for 'train'")])
-    if _uses_hub(spec, "train", train):
+    if uses_hub(spec, "train", train):
         try:
             hub_split(spec, "train")
         except hub.HubMissing as e:

@@ -12,7 +12,7 @@ from rlvr_core.experiment.benchmarks.spec import BenchmarkSpec, VerifierSpec
 from rlvr_core.verifiers import get_verifier
 
 # Verifiers whose gold is the problem's `answer` string and whose `extracted` answers can be voted on (maj@k).
-_ANSWER_VERIFIERS = ("gsm8k", "math", "minerva", "mcq")
+ANSWER_VERIFIERS = ("gsm8k", "math", "minerva", "mcq")
 
 
 def scoring_label(v: VerifierSpec) -> str:
@@ -26,14 +26,14 @@ def scorings(spec: BenchmarkSpec) -> list[VerifierSpec]:
 
 
 @functools.lru_cache(maxsize=64)
-def _build(name: str, options_json: str):
+def built_verifier(name: str, options_json: str):
     return get_verifier(name, **json.loads(options_json))
 
 
 def build_verifier(v: VerifierSpec):
     """The verifier object (built once per process per settings)."""
     opts = dict(v.options) | ({"mode": v.mode} if v.mode is not None else {})
-    return _build(v.name, json.dumps(opts, sort_keys=True, default=str))
+    return built_verifier(v.name, json.dumps(opts, sort_keys=True, default=str))
 
 
 def gold_for(spec: BenchmarkSpec, problem: dict) -> Any:

@@ -12,7 +12,8 @@ from pydantic import Field, field_validator
 from rlvr_core.core import hub
 from rlvr_core.data.loaders import known_datasets
 from rlvr_core.data.templates import known_templates
-from rlvr_core.experiment.config import SyntheticDataConfig, _Strict, _one_of
+from rlvr_core.experiment.config import SyntheticDataConfig
+from rlvr_core.experiment.config_base import _one_of, _Strict
 from rlvr_core.verifiers import known_verifiers
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]

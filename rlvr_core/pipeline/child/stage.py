@@ -1,23 +1,20 @@
-"""Run one heavy stage in a clean child process: `python -m tasks.stage_runner STAGE REQUEST.json RESULT.json`.
+"""A heavy stage in a clean child process: `python -m rlvr_core.pipeline.child.stage STAGE REQUEST.json RESULT.json`
+(started by the stage task, `tasks/stage_process.py`).
 
-Why a subprocess: GPU memory, DeepSpeed's process-group state and any leaked threads go away with the
-process, and a kill (pre-emption, a lost node) is visible to the parent as death by signal, which the
-retry policy treats as transient unless the kernel's OOM killer sent it (`tasks.retry.stage_death`; the
-protocol, request to death, is `rlvr_core.pipeline.child`'s). A
-retried training stage resumes because `rlvr_core.pipeline.stages.train_stage` keys its folder on its
-inputs and `train_grpo` resumes from the last DeepSpeed checkpoint there.
+Why a child: GPU memory, DeepSpeed's process-group state and any leaked threads go away with the process, and a
+kill (pre-emption, a lost node) is visible to the parent as death by signal, transient unless the kernel's OOM
+killer sent it (`death.classify_death`). A retried training stage resumes because `stages.train_stage` keys its
+folder on its inputs and `train_grpo` resumes from the last DeepSpeed checkpoint there.
 
-The request holds the resolved config and the input artifacts (dataclasses as dicts); the result file
-holds the output artifact, or the error with the child's own transient/deterministic verdict
-(`tasks.retry.is_transient`). No Prefect in the child: it starts fast and needs no API.
+The request holds the resolved config and the input artifacts (dataclasses as dicts); the result file holds the
+output artifact, or the child's `ChildFailure` with its own transient/deterministic verdict. No Prefect in the
+child: it starts fast and needs no API.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,8 +22,7 @@ from typing import Any
 from rlvr_core.core.progress import Progress
 from rlvr_core.experiment.config import parse_config
 from rlvr_core.pipeline import stages
-from rlvr_core.pipeline.child import needs_oom_guard, oom_guard, read_request, watch_parent
-from tasks.retry import is_transient
+from rlvr_core.pipeline.child.protocol import ChildFailure, serve, watch_parent
 
 
 def _artifacts(req: dict[str, Any]):
@@ -57,16 +53,9 @@ def run(stage: str, req: dict[str, Any]) -> dict[str, Any]:
         pq.write_table(ev.metrics, out_dir / "metrics.parquet")
         pq.write_table(ev.curves, out_dir / "curves.parquet")
         return {"samples": str(out_dir / "samples.parquet"), "metrics": str(out_dir / "metrics.parquet"),
-                "curves": str(out_dir / "curves.parquet"), "curve": {str(k): v for k, v in ev.curve.items()}, "summary": ev.summary}
+                "curves": str(out_dir / "curves.parquet"), "curve": {str(k): v for k, v in ev.curve.items()},
+                "summary": ev.summary}
     raise SystemExit(f"unknown stage {stage!r} (train, evaluate)")
-
-
-def failure_report(stage: str, exc: BaseException) -> dict[str, Any]:
-    """The result file's account of a failure, with the child's own transient/deterministic verdict. Out of
-    memory ends with the G-oom line (what to lower), the line a one-line summary of the error shows."""
-    tb = "".join(traceback.format_exception(exc)) + (oom_guard(stage) if needs_oom_guard(exc) else "")
-    return {"ok": False, "error_type": f"{type(exc).__module__}.{type(exc).__name__}", "message": str(exc),
-            "transient": is_transient(exc), "traceback": tb}
 
 
 def main(argv: list[str]) -> int:
@@ -79,18 +68,9 @@ def main(argv: list[str]) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    try:
-        # Its sealed secrets come from our environment (tasks.stage_process); no request file is left behind.
-        out = {"ok": True, "result": run(stage, read_request(request, delete=True))}
-        code = 0
-    except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent, classified
-        out = failure_report(stage, e)
-        code = 1
-    tmp = result.with_name(result.name + ".tmp")
-    tmp.write_text(json.dumps(out, default=str))
-    os.replace(tmp, result)
-    sys.stdout.flush()
-    return code
+    # The request's sealed secrets come from our environment; the child is its only reader and deletes it.
+    return serve(request, lambda req: run(stage, req), result=result, failure=result, delete=True,
+                 judge=lambda e: ChildFailure.of(e, stage))
 
 
 if __name__ == "__main__":
