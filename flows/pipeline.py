@@ -37,6 +37,7 @@ from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core.progress import Progress
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, load_config, parse_config
+from rlvr_core.experiment.guard_coverage import guard_coverage, unguarded_line
 from rlvr_core.experiment.secrets import unseal
 from rlvr_core.pipeline import stages
 from rlvr_core.pipeline.run_record import (PipelineRun, StageOutputs, eval_metrics, finished_record, passk_metrics,
@@ -129,6 +130,9 @@ def _open(cfg: ExperimentConfig, kind: str, parent_run_id: str | None, sweep_id:
 def _run(cfg: ExperimentConfig, run: PipelineRun, progress: Progress, eval_base: bool, in_process: bool,
          t0: float) -> dict[str, Any]:
     run.tracker.log_params(run.run_id, run_params(run))  # first: a run that fails later still shows what it was
+    unguarded = unguarded_line(guard_coverage(cfg))  # what no guard watches in this run, said before any work
+    if unguarded:
+        progress("guards", unguarded)
     data, model, passrates, curriculum = _shared_stages(cfg, progress, run)
     base_eval = trained = exported = trained_eval = None
     if eval_base:
