@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any, Iterable, Mapping, Sequence
 
-from rlvr_core.experiment.no_signal import LOW_UNIQUE, NEAR_GREEDY, no_signal_cause, window_facts
+from rlvr_core.experiment.no_signal import NEAR_GREEDY, REPEATED_UNIQUE, no_signal_cause, window_facts
 
 __all__ = [
     "GUARD_COLLAPSE", "GUARD_ENTROPY", "GUARD_REWARD_HACKING", "GUARD_KL_EXPLOSION", "GUARD_NO_SIGNAL", "GUARD_IDS",
@@ -200,13 +200,17 @@ class KLExplosionConfig:
 @dataclass(frozen=True)
 class NoSignalConfig:
     """G-no-signal: at least `min_dead_steps` of the trailing `window` steps (fewer at the start of a run) trained
-    no token: every group was dropped or had no reward variance (`n_tokens` 0 or `zero_var_group_share` 1). Such
+    no token or nearly none: every group dropped (`n_tokens` 0) or at least `starved_share` of them without reward
+    variance (`zero_var_group_share`, dropped groups included). Such
     a run spends its budget learning nothing, so the firing stops it (serious), naming the cause
     (`rlvr_core.experiment.no_signal.no_signal_cause`). The last four fields are the run's settings the cause names,
     filled in by the trainer (`run_health`), not thresholds."""
 
     window: int = 5
     min_dead_steps: int = 4
+    # A step that kept only a sliver of its groups counts too: zero-variance share (dropped groups included) at or
+    # above this. Healthy demo steps peak at 0.71; near-greedy rollouts (grpo.temperature 0.05) keep 0-2 of 48.
+    starved_share: float = 0.95
     serious: bool = True
     rearm_steps: int | None = None
     verifier: str | None = None
@@ -690,15 +694,17 @@ class _RewardHackingScan:
 
 # ------------------------------------------------------------------------------------------- G-no-signal
 def _dead(row: Mapping[str, Any], cfg: NoSignalConfig) -> bool:
-    """A step that trained no token: every group dropped (n_tokens 0) or without reward variance (share 1).
-    Unless the rollouts are known to sample near greedy, a step whose groups repeat one completion is left out:
+    """A step that trained no token, or nearly none: every group dropped (n_tokens 0), or at least `starved_share` of
+    the groups sampled without reward variance.
+    Unless the rollouts are known to sample near greedy, a step whose groups repeat one completion (distinct share
+    <= REPEATED_UNIQUE) is left out:
     that is a policy that collapsed (G-collapse's) or a fixed seed (G-fixed-seed's), not a run without a signal."""
     n, z = _num(row.get("n_tokens")), _num(row.get("zero_var_group_share"))
     u = _num(row.get("unique_frac_mean"))
     greedy = cfg.temperature is not None and cfg.temperature <= NEAR_GREEDY
-    if not greedy and u is not None and u <= LOW_UNIQUE:
+    if not greedy and u is not None and u <= REPEATED_UNIQUE:
         return False
-    return n == 0 or (z is not None and z >= 1.0)
+    return n == 0 or (z is not None and z >= cfg.starved_share)
 
 
 class _NoSignalScan:
@@ -719,8 +725,8 @@ class _NoSignalScan:
                                       temperature=cfg.temperature, passrate_temperature=cfg.passrate_temperature)
         step, first = _step(rows, i), _step(rows, max(0, i - cfg.window + 1))
         reason = (f"{GUARD_NO_SIGNAL} at step {step}: {dead} of the {len(win)} steps {first}-{step} trained no token "
-                  f"(every group dropped or without reward variance; limit {cfg.min_dead_steps} of {cfg.window}); "
-                  f"cause: {cause}")
+                  f"or nearly none (>= {cfg.starved_share:.0%} of the groups dropped or without reward variance; limit "
+                  f"{cfg.min_dead_steps} of {cfg.window}); cause: {cause}")
         evidence = {**facts, "dead_steps": dead, "window": [first, step], "min_dead_steps": cfg.min_dead_steps,
                     "cause": kind}
         return [Firing(GUARD_NO_SIGNAL, step, cfg.serious, reason, evidence)]

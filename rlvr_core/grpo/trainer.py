@@ -395,11 +395,9 @@ def _step_row(run: _Run, step: int, epoch: int, rollouts: RolloutBatch, adv_all:
     cfg, state = run.cfg, run.state
     flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share,
                        history=state.step_rows, max_error_share=run.reward.max_error_share)
-    if flags["G-verifier-hang"]:
-        run.say(verifier_hang_line(step, rollouts, run.reward))
-    for guard in run.guards.count(flags, step + 1):  # one line when a flag's episode opens
-        if guard != "G-verifier-hang":  # its own line above names the timeouts at every flagged step
-            run.say(flag_line(guard, step + 1))
+    for guard in run.guards.count(flags, step + 1):  # one line when a flag's episode opens, not one per step
+        run.say(verifier_hang_line(step, rollouts, run.reward) if guard == "G-verifier-hang" else
+                flag_line(guard, step + 1))
     state.rollout_rows += rollout_sample_rows(cfg, run.policy.dp, step=step, data_pos=state.data_pos,
                                               rollouts=rollouts, adv_all=adv_all)
     row = step_row(cfg, step=step, epoch=epoch, rollouts=rollouts, upd=upd, times=times, flags=flags,
