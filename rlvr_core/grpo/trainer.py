@@ -72,7 +72,7 @@ from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pas
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig, apply_overrides
-from rlvr_core.experiment.guards import GuardError, HealthConfig, health_config
+from rlvr_core.experiment.guards import Firing, GuardError, HealthConfig, health_config
 from rlvr_core.grpo.advantages import get_advantage, weight_negative_advantages
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE, RunState,
                                           _write_rows, resume, save_checkpoint, save_final_model, write_lora_config,
@@ -226,11 +226,9 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     return _finish(run)
 
 
-def _raised_firing(err: GuardError, step: int) -> Any:
+def _raised_firing(err: GuardError, step: int) -> Firing:
     """A serious firing for a GuardError raised inside a phase: its guard id (the error's `guard` field, else the
     G-id its message starts with), the step it stopped and its message."""
-    from rlvr_core.experiment.guards import Firing
-
     guard = getattr(err, "guard", None)
     if not guard:
         head = str(err).split(":", 1)[0].split()
