@@ -135,25 +135,25 @@ def _run(cfg: ExperimentConfig, run: PipelineRun, progress: Progress, eval_base:
         progress("guards", unguarded)
     data, model, passrates, curriculum = _shared_stages(cfg, progress, run)
     base_eval = trained = exported = trained_eval = None
-    if eval_base:
-        with run.stage("evaluate-base", "eval", stage="evaluate", eval_id="base") as child:
-            base_eval = t.evaluate(cfg, data, model, "base", "base", in_process=in_process, progress=progress)
-            run.tracker.log_metrics(child, eval_metrics(base_eval))
-    if cfg.grpo.enabled:
-        # The base evaluation is G-reward-hacking's reference point (on the periodic evaluation's slice).
-        reference = stages.base_reference(cfg, data, base_eval) if base_eval else None
-        try:
+    training = False  # past the base evaluation: a failure may be a guard's stop in a stage process
+    try:
+        if cfg.grpo.enabled:  # G-no-signal: a curriculum the base never solves stops before the base evaluation
+            stages.no_signal_before_training(cfg, model, curriculum)
+        if eval_base:
+            with run.stage("evaluate-base", "eval", stage="evaluate", eval_id="base") as child:
+                base_eval = t.evaluate(cfg, data, model, "base", "base", in_process=in_process, progress=progress)
+                run.tracker.log_metrics(child, eval_metrics(base_eval))
+        if cfg.grpo.enabled:
+            # The base evaluation is G-reward-hacking's reference point (on the periodic evaluation's slice).
+            reference = stages.base_reference(cfg, data, base_eval) if base_eval else None
+            training = True
             trained, exported, trained_eval = _train(cfg, run, data, model, curriculum, progress, in_process,
                                                      reference)
-        except BaseException as err:
-            try:
-                stopped = _record_stopped(run, StageOutputs(data, model, passrates, curriculum, base_eval, None,
-                                                           None, None), progress, t0)
-                if stopped is not None:  # what the CLI's one-line stop message names (rlvr_cli/stops.py)
-                    err.rlvr_stopped = stopped
-            except Exception as exc:  # noqa: BLE001 - the stage's own error is the one to raise
-                progress("record", f"could not record the stopped run: {type(exc).__name__}: {exc}")
-            raise
+    except BaseException as err:
+        if cfg.grpo.enabled and (training or type(err).__name__ == "GuardError"):
+            _attach_stopped(err, run, StageOutputs(data, model, passrates, curriculum, base_eval, None, None, None),
+                            progress, t0)
+        raise
     evals = StageOutputs(data, model, passrates, curriculum, base_eval, trained, exported, trained_eval)
     return _record(run, evals, progress, t0)
 
@@ -223,6 +223,17 @@ def _record(run: PipelineRun, ev: StageOutputs, progress: Progress, t0: float) -
     rec.summary["warehouse_rows"] = counts
     _publish(rec.summary, rec.report_md, run)
     return rec.summary
+
+
+def _attach_stopped(err: BaseException, run: PipelineRun, ev: StageOutputs, progress: Progress, t0: float) -> None:
+    """Record a run a guard stopped (nothing for any other failure) and hang its record on `err`, which the CLI's
+    stop message names (rlvr_cli/stops.py)."""
+    try:
+        stopped = _record_stopped(run, ev, progress, t0)
+        if stopped is not None:
+            err.rlvr_stopped = stopped
+    except Exception as exc:  # noqa: BLE001 - the stage's own error is the one to raise
+        progress("record", f"could not record the stopped run: {type(exc).__name__}: {exc}")
 
 
 def _record_stopped(run: PipelineRun, ev: StageOutputs, progress: Progress, t0: float) -> dict[str, Any] | None:

@@ -155,6 +155,16 @@ def no_signal_at_start(cfg: ExperimentConfig, curriculum: CurriculumArtifact, fo
     raise GuardError(reason)
 
 
+def no_signal_before_training(cfg: ExperimentConfig, base: ModelArtifact, curriculum: CurriculumArtifact) -> None:
+    """`no_signal_at_start` in the training stage's own folder, for a caller that checks before other expensive
+    work (the pipeline flow, before the base evaluation); nothing for a folder that finished training already."""
+    folder = resumable_path("grpo", _train_key(cfg, base, curriculum))
+    if (folder / "result.json").exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    no_signal_at_start(cfg, curriculum, folder)
+
+
 def base_rollouts(curriculum: CurriculumArtifact) -> dict[str, dict[str, float]]:
     """{prompt id: the base model's reward_mean, truncation_share, completion_len_mean} from the curriculum (the
     pass-rate table's numbers on each prompt), for G-collapse's baselines; only the columns it holds."""

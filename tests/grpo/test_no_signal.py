@@ -105,6 +105,34 @@ def test_a_healthy_run_never_fires(plants):
                               temperature=s["grpo_temperature"], passrate_temperature=s["sampling_temperature"]) is None
 
 
+def test_the_pipeline_stops_before_the_base_evaluation_and_leaves_what_its_record_needs(plants, rlvr_home):
+    # The check the flow runs right after the curriculum (stages.no_signal_before_training), on the verifier plant's
+    # real curriculum and pass-rate samples laid out as the stages cache them: GuardError naming the cause, and the
+    # stopped summary in the training folder that the flow records (stopped_training finds it).
+    import pyarrow as pa
+
+    from rlvr_core.experiment.config import load_config
+    from rlvr_core.pipeline import stages
+
+    plant = plants["verifier"]
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml",
+                      {"reward.verifier": "math", "reward.mode": "boxed", "grpo.steps": 12})
+    cur_dir, table_dir = rlvr_home / "cache" / "curriculum" / "c1", rlvr_home / "cache" / "pass_rate_table" / "t1"
+    cur_dir.mkdir(parents=True), table_dir.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(plant["curriculum"]), cur_dir / "curriculum.parquet")
+    (cur_dir / "cache_key.json").write_text(json.dumps({"table": "t1"}))
+    pq.write_table(pa.Table.from_pylist(plant["samples"]), table_dir / "samples.parquet")
+    base = stages.ModelArtifact("unused", "base", "model-hash", "tokenizer-hash", True)
+    cur = stages.CurriculumArtifact(str(cur_dir / "curriculum.parquet"), "c1", len(plant["curriculum"]), True)
+    with pytest.raises(GuardError) as e:
+        stages.no_signal_before_training(cfg, base, cur)
+    assert str(e.value).startswith("G-no-signal before training") and "mode boxed" in str(e.value)
+    folder, summary = stages.stopped_training(cfg, base, cur)
+    assert summary["stopped_at_step"] == 0 and summary["stopped_by"] == [GUARD_NO_SIGNAL]
+    assert summary["guard_coverage"]["G-no-signal"] == "active" and summary["health_firings"][0]["serious"]
+    assert not (folder / STEPS_FILE).exists()  # no step ran; the record goes without train/steps.parquet
+
+
 # ------------------------------------------------------------------------------------- real trainer runs
 def test_a_real_run_whose_verifier_never_matches_stops_at_step_4_quoting_outputs_and_leaves_its_record(tiny, tmp_path):
     model_dir, rows, ids = tiny
