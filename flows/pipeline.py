@@ -37,7 +37,8 @@ from rlvr_core.core import manifest as manifest_mod
 from rlvr_core.core.progress import Progress
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import ExperimentConfig, apply_overrides, load_config, parse_config
-from rlvr_core.experiment.guards import RunStopped
+from rlvr_core.experiment.guard_coverage import guard_coverage, unguarded_line
+from rlvr_core.experiment.guards import GuardError, RunStopped
 from rlvr_core.experiment.secrets import unseal
 from rlvr_core.pipeline import stages
 from rlvr_core.pipeline.child.run import ROOT
@@ -131,28 +132,32 @@ def _open(cfg: ExperimentConfig, kind: str, parent_run_id: str | None, sweep_id:
 def _run(cfg: ExperimentConfig, run: PipelineRun, progress: Progress, eval_base: bool, in_process: bool,
          t0: float) -> dict[str, Any]:
     run.tracker.log_params(run.run_id, run_params(run))  # first: a run that fails later still shows what it was
+    unguarded = unguarded_line(guard_coverage(cfg))  # what no guard watches in this run, said before any work
+    if unguarded:
+        progress("guards", unguarded)
     data, model, passrates, curriculum = _shared_stages(cfg, progress, run)
     base_eval = trained = exported = trained_eval = None
-    if eval_base:
-        with run.stage("evaluate-base", "eval", stage="evaluate", eval_id="base") as child:
-            base_eval = t.evaluate(cfg, data, model, "base", "base", in_process=in_process, progress=progress)
-            run.tracker.log_metrics(child, eval_metrics(base_eval))
-    if cfg.grpo.enabled:
-        # The base evaluation is G-reward-hacking's reference point (on the periodic evaluation's slice).
-        reference = stages.base_reference(cfg, data, base_eval) if base_eval else None
-        try:
+    training = False  # past the base evaluation: a failure may be a guard's stop in a stage process
+    try:
+        if cfg.grpo.enabled:  # G-no-signal: a curriculum the base never solves stops before the base evaluation
+            stages.no_signal_before_training(cfg, model, curriculum)
+        if eval_base:
+            with run.stage("evaluate-base", "eval", stage="evaluate", eval_id="base") as child:
+                base_eval = t.evaluate(cfg, data, model, "base", "base", in_process=in_process, progress=progress)
+                run.tracker.log_metrics(child, eval_metrics(base_eval))
+        if cfg.grpo.enabled:
+            # The base evaluation is G-reward-hacking's reference point (on the periodic evaluation's slice).
+            reference = stages.base_reference(cfg, data, base_eval) if base_eval else None
+            training = True
             trained, exported, trained_eval = _train(cfg, run, data, model, curriculum, progress, in_process,
                                                      reference)
-        except Exception as err:
-            stopped = None
-            try:
-                stopped = _record_stopped(run, StageOutputs(data, model, passrates, curriculum, base_eval, None,
-                                                           None, None), progress, t0)
-            except Exception as exc:  # noqa: BLE001 - the stage's own error is the one to raise
-                progress("record", f"could not record the stopped run: {type(exc).__name__}: {exc}")
+    except Exception as err:
+        if cfg.grpo.enabled and (training or isinstance(err, GuardError)):
+            stopped = _recorded_stop(run, StageOutputs(data, model, passrates, curriculum, base_eval, None, None, None),
+                                     progress, t0)
             if stopped is not None:  # what the CLI's one-line stop message names (rlvr_cli/stops.py)
                 raise RunStopped(str(err), record=stopped) from err
-            raise
+        raise
     evals = StageOutputs(data, model, passrates, curriculum, base_eval, trained, exported, trained_eval)
     return _record(run, evals, progress, t0)
 
@@ -222,6 +227,16 @@ def _record(run: PipelineRun, ev: StageOutputs, progress: Progress, t0: float) -
     rec.summary["warehouse_rows"] = counts
     _publish(rec.summary, rec.report_md, run)
     return rec.summary
+
+
+def _recorded_stop(run: PipelineRun, ev: StageOutputs, progress: Progress, t0: float) -> dict[str, Any] | None:
+    """Record a run a guard stopped (`_record_stopped`); None for any other failure, or when recording failed (the
+    stage's own error is then the one raised)."""
+    try:
+        return _record_stopped(run, ev, progress, t0)
+    except Exception as exc:  # noqa: BLE001 - the stage's own error is the one to raise
+        progress("record", f"could not record the stopped run: {type(exc).__name__}: {exc}")
+        return None
 
 
 def _record_stopped(run: PipelineRun, ev: StageOutputs, progress: Progress, t0: float) -> dict[str, Any] | None:

@@ -29,6 +29,9 @@ def _advice(guard: str, message: str, grpo: Any) -> str:
         "G-collapse": f"lower {lr}; the thresholds are grpo.guards.health.collapse",
         "G-kl-explosion": f"lower {lr} or raise {beta}; the thresholds are grpo.guards.health.kl_explosion",
         "G-entropy": f"lower {lr} or raise {beta}; the thresholds are grpo.guards.health.entropy",
+        # G-no-signal's message names its cause and the setting to change: that part is the advice.
+        "G-no-signal": message.split("cause: ", 1)[-1].splitlines()[0] if "cause: " in message else
+        "check reward.verifier / reward.mode and the temperatures (sampling, grpo)",
         "G-logprob-temp": f"set grpo.logprob_temperature to 1 (now {grpo.logprob_temperature:g}): the rollout "
                           "engine's log-probs are at temperature 1",
     }
@@ -50,11 +53,13 @@ def stop_lines(err: BaseException, cfg: Any, command: str, log_path: Path | None
         return None
     guard, step = hit
     stopped = err.record if isinstance(err, RunStopped) else {}
-    at = f" at step {step} of {cfg.grpo.steps}" if step else ""
+    at = f" at step {step} of {cfg.grpo.steps}" if step else (" before training" if step == 0 else "")
     why = stopped.get("reasons") or str(err).splitlines()[0]
+    mlflow = stopped.get("mlflow_open") or stopped.get("mlflow_run_url")
     details = [f"report {stopped['report']}" if stopped.get("report") else None,
-               f"MLflow {stopped['mlflow_run_url']}" if stopped.get("mlflow_run_url") else None,
-               f"training summary {stopped['train_folder']}/summary.json" if stopped.get("train_folder") else None,
+               f"MLflow {mlflow}" if mlflow else None,
+               f"training summary {stopped.get('train_summary') or stopped['train_folder'] + '/grpo_summary.json'}"
+               if stopped.get("train_summary") or stopped.get("train_folder") else None,
                f"log {log_path}" if log_path else None]
     return [f"rlvr {command}: stopped by {guard}{at}; {_advice(guard, str(err), cfg.grpo)}",
             f"  why: {why}",

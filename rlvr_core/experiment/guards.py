@@ -1,5 +1,5 @@
 """Training-health detectors over the GRPO trainer's step rows (BUGZOO G-collapse, G-entropy,
-G-reward-hacking, G-kl-explosion). Pure Python: no torch, no Prefect, no I/O. One idea, kept in one file
+G-reward-hacking, G-kl-explosion, G-no-signal). Pure Python: no torch, no Prefect, no I/O. One idea, kept in one file
 past 600 lines on purpose: the detectors, their thresholds and the monitor that runs them read as one table.
 
 Input: the trainer's step rows, a list of dicts in step order with the columns documented in
@@ -43,10 +43,13 @@ from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any, Iterable, Mapping, Sequence
 
+from rlvr_core.experiment.no_signal import NEAR_GREEDY, REPEATED_UNIQUE, no_signal_cause, window_facts
+
 __all__ = [
-    "GUARD_COLLAPSE", "GUARD_ENTROPY", "GUARD_REWARD_HACKING", "GUARD_KL_EXPLOSION", "GUARD_IDS",
-    "Firing", "CollapseConfig", "EntropyConfig", "RewardHackingConfig", "KLExplosionConfig", "HealthConfig",
-    "detect_collapse", "detect_entropy", "detect_reward_hacking", "detect_kl_explosion", "check_health",
+    "GUARD_COLLAPSE", "GUARD_ENTROPY", "GUARD_REWARD_HACKING", "GUARD_KL_EXPLOSION", "GUARD_NO_SIGNAL", "GUARD_IDS",
+    "Firing", "CollapseConfig", "EntropyConfig", "RewardHackingConfig", "KLExplosionConfig", "NoSignalConfig",
+    "HealthConfig", "detect_collapse", "detect_entropy", "detect_reward_hacking", "detect_kl_explosion",
+    "detect_no_signal", "check_health",
     "HealthMonitor", "health_flags", "firing_dict", "GuardError", "RunStopped", "health_config",
 ]
 
@@ -54,7 +57,8 @@ GUARD_COLLAPSE = "G-collapse"
 GUARD_ENTROPY = "G-entropy"
 GUARD_REWARD_HACKING = "G-reward-hacking"
 GUARD_KL_EXPLOSION = "G-kl-explosion"
-GUARD_IDS = (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_REWARD_HACKING, GUARD_KL_EXPLOSION)
+GUARD_NO_SIGNAL = "G-no-signal"
+GUARD_IDS = (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_REWARD_HACKING, GUARD_KL_EXPLOSION, GUARD_NO_SIGNAL)
 
 
 class GuardError(RuntimeError):
@@ -222,16 +226,39 @@ class KLExplosionConfig:
 
 
 @dataclass(frozen=True)
+class NoSignalConfig:
+    """G-no-signal: at least `min_dead_steps` of the trailing `window` steps (fewer at the start of a run) trained
+    no token or nearly none: every group dropped (`n_tokens` 0) or at least `starved_share` of them without reward
+    variance (`zero_var_group_share`, dropped groups included). Such
+    a run spends its budget learning nothing, so the firing stops it (serious), naming the cause
+    (`rlvr_core.experiment.no_signal.no_signal_cause`). The last four fields are the run's settings the cause names,
+    filled in by the trainer (`run_health`), not thresholds."""
+
+    window: int = 5
+    min_dead_steps: int = 4
+    # A step that kept only a sliver of its groups counts too: zero-variance share (dropped groups included) at or
+    # above this. Healthy demo steps peak at 0.71; near-greedy rollouts (grpo.temperature 0.05) keep 0-2 of 48.
+    starved_share: float = 0.95
+    serious: bool = True
+    rearm_steps: int | None = None
+    verifier: str | None = None
+    verifier_mode: str | None = None
+    temperature: float | None = None              # grpo.temperature: the rollouts'
+    passrate_temperature: float | None = None     # sampling.temperature: the pass-rate table's (the curriculum's filter)
+
+
+@dataclass(frozen=True)
 class HealthConfig:
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     entropy: EntropyConfig = field(default_factory=EntropyConfig)
     reward_hacking: RewardHackingConfig = field(default_factory=RewardHackingConfig)
     kl_explosion: KLExplosionConfig = field(default_factory=KLExplosionConfig)
+    no_signal: NoSignalConfig = field(default_factory=NoSignalConfig)
     enabled: tuple[str, ...] = GUARD_IDS
 
 
 _DETECTORS = {"collapse": CollapseConfig, "entropy": EntropyConfig, "reward_hacking": RewardHackingConfig,
-              "kl_explosion": KLExplosionConfig}
+              "kl_explosion": KLExplosionConfig, "no_signal": NoSignalConfig}
 
 
 def health_config(settings: Mapping[str, Any] | None) -> HealthConfig:
@@ -693,11 +720,52 @@ class _RewardHackingScan:
         return Firing(GUARD_REWARD_HACKING, step, cfg.serious, reason, evidence, key=name)
 
 
+# ------------------------------------------------------------------------------------------- G-no-signal
+def _dead(row: Mapping[str, Any], cfg: NoSignalConfig) -> bool:
+    """A step that trained no token, or nearly none: every group dropped (n_tokens 0), or at least `starved_share` of
+    the groups sampled without reward variance.
+    Unless the rollouts are known to sample near greedy, a step whose groups repeat one completion (distinct share
+    <= REPEATED_UNIQUE) is left out:
+    that is a policy that collapsed (G-collapse's) or a fixed seed (G-fixed-seed's), not a run without a signal."""
+    n, z = _num(row.get("n_tokens")), _num(row.get("zero_var_group_share"))
+    u = _num(row.get("unique_frac_mean"))
+    greedy = cfg.temperature is not None and cfg.temperature <= NEAR_GREEDY
+    if not greedy and u is not None and u <= REPEATED_UNIQUE:
+        return False
+    return n == 0 or (z is not None and z >= cfg.starved_share)
+
+
+class _NoSignalScan:
+    guard_id = GUARD_NO_SIGNAL
+
+    def __init__(self, cfg: NoSignalConfig) -> None:
+        self.cfg = cfg
+        self.ep = _Episodes(cfg.rearm_steps or cfg.window)
+
+    def step(self, rows: Sequence[Mapping[str, Any]], i: int) -> list[Firing]:
+        cfg = self.cfg
+        win = rows[max(0, i - cfg.window + 1):i + 1]
+        dead = sum(_dead(r, cfg) for r in win)
+        if not self.ep.update(dead >= cfg.min_dead_steps):
+            return []
+        facts = window_facts(win)
+        kind, cause = no_signal_cause(facts, verifier=cfg.verifier, mode=cfg.verifier_mode,
+                                      temperature=cfg.temperature, passrate_temperature=cfg.passrate_temperature)
+        step, first = _step(rows, i), _step(rows, max(0, i - cfg.window + 1))
+        reason = (f"{GUARD_NO_SIGNAL} at step {step}: {dead} of the {len(win)} steps {first}-{step} trained no token "
+                  f"or nearly none (>= {cfg.starved_share:.0%} of the groups dropped or without reward variance; limit "
+                  f"{cfg.min_dead_steps} of {cfg.window}); cause: {cause}")
+        evidence = {**facts, "dead_steps": dead, "window": [first, step], "min_dead_steps": cfg.min_dead_steps,
+                    "cause": kind}
+        return [Firing(GUARD_NO_SIGNAL, step, cfg.serious, reason, evidence)]
+
+
 # ------------------------------------------------------------------------------------------- public API
 def _scans(cfg: HealthConfig) -> list[Any]:
     makers = {GUARD_COLLAPSE: lambda: _CollapseScan(cfg.collapse), GUARD_ENTROPY: lambda: _EntropyScan(cfg.entropy),
               GUARD_REWARD_HACKING: lambda: _RewardHackingScan(cfg.reward_hacking),
-              GUARD_KL_EXPLOSION: lambda: _KLScan(cfg.kl_explosion)}
+              GUARD_KL_EXPLOSION: lambda: _KLScan(cfg.kl_explosion),
+              GUARD_NO_SIGNAL: lambda: _NoSignalScan(cfg.no_signal)}
     unknown = [g for g in cfg.enabled if g not in makers]
     if unknown:
         raise ValueError(f"unknown guard ids {unknown}; known: {list(makers)}")
@@ -753,6 +821,11 @@ def detect_reward_hacking(rows: Sequence[Mapping[str, Any]],
 def detect_kl_explosion(rows: Sequence[Mapping[str, Any]], cfg: KLExplosionConfig | None = None) -> list[Firing]:
     """G-kl-explosion episodes over the whole history (a flag by default)."""
     return _run(_KLScan(cfg or KLExplosionConfig()), rows)
+
+
+def detect_no_signal(rows: Sequence[Mapping[str, Any]], cfg: NoSignalConfig | None = None) -> list[Firing]:
+    """G-no-signal episodes over the whole history (a stop by default)."""
+    return _run(_NoSignalScan(cfg or NoSignalConfig()), rows)
 
 
 def check_health(rows: Sequence[Mapping[str, Any]], cfg: HealthConfig | None = None, *,

@@ -36,6 +36,7 @@ consecutive steps with a per-step flag as one episode (first step, `last_step`, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -43,14 +44,16 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import torch
 
 from rlvr_core.experiment.config import GRPOConfig
-from rlvr_core.experiment.guards import GUARD_IDS, GUARD_KL_EXPLOSION, Firing, HealthConfig, HealthMonitor, firing_dict
+from rlvr_core.experiment.guards import (GUARD_IDS, GUARD_KL_EXPLOSION, GUARD_NO_SIGNAL, Firing, HealthConfig,
+                                         HealthMonitor, firing_dict)
+from rlvr_core.experiment.no_signal import examples
 from rlvr_core.grpo.distributed import DataParallel
 
 if TYPE_CHECKING:
     from rlvr_core.grpo.rollouts import RolloutBatch
     from rlvr_core.grpo.update import UpdateResult
 
-__all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "step_row", "rollout_sample_rows", "StepGuards",
+__all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "flag_line", "step_row", "rollout_sample_rows", "StepGuards",
            "non_finite_loss", "progress_line", "verifier_hang_line", "run_summary", "base_columns"]
 
 NON_FINITE_LOSS = "non_finite_loss"  # the episode key (and summary tag) of a stop for a non-finite loss
@@ -105,6 +108,11 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
         "G-correction-mask": int(cfg.tis_cap is not None and cfg.tis_mode.endswith("_mask")
                                  and first.get("tis/masked_share", 0.0) > cfg.guards.correction_mask_share),
     }
+
+
+def flag_line(guard: str, step: int) -> str:
+    """The progress line of a per-step flag episode that opens at `step` (1-based): the guard and its rule."""
+    return f"flag {guard} from step {step}: {FLAG_MEANING[guard]} (one line per episode; all in health_events)"
 
 
 def verifier_hang_line(step: int, rollouts: "RolloutBatch", reward: Any) -> str:
@@ -270,18 +278,39 @@ class StepGuards:
         for r in step_rows:
             self._mark(r["step"], replayed_flags(r, cfg))
         self._step = step_rows[-1]["step"] if step_rows else 0
+        self.unextracted: list[str] = []  # the newest completions whose answer the verifier could not extract
+
+    def note_unextracted(self, rollouts: "RolloutBatch", keep: int = 2) -> None:
+        """Keep up to `keep` of this step's completions with status no_answer (this rank's groups), for
+        G-no-signal's cause: the outputs a verifier that never matches could not read."""
+        found = [x.text for g in rollouts.local.values() for x, o in zip(g.samples, g.outcomes)
+                 if o.status.value == "no_answer"][:keep]
+        if found:
+            self.unextracted = found
+
+    def _explained(self, f: Firing) -> Firing:
+        """A G-no-signal firing that blames the verifier, with the unextracted outputs quoted."""
+        if f.guard_id != GUARD_NO_SIGNAL or f.evidence.get("cause") != "verifier" or not self.unextracted:
+            return f
+        return dataclasses.replace(f, reason=f"{f.reason}; unextracted outputs: {examples(self.unextracted)}",
+                                   evidence={**f.evidence, "examples": list(self.unextracted)})
 
     def _mark(self, step: int, flags: dict[str, int]) -> None:
         for g, v in flags.items():
             if v:
                 self.flagged[g].append(step)
 
-    def count(self, flags: dict[str, int], step: int | None = None) -> None:
-        """Add a step's per-step flags (`step`: its 1-based number; None = the step after the last one)."""
+    def count(self, flags: dict[str, int], step: int | None = None) -> list[str]:
+        """Add a step's per-step flags (`step`: its 1-based number; None = the step after the last one). Returns
+        the guards whose flag episode opens at this step (flagged now, not at the step before), for the one
+        terminal line each episode gets (`flag_line`)."""
         for g, v in flags.items():
             self.counts[g] += v
+        prev = self._step
         self._step = self._step + 1 if step is None else step
+        opened = [g for g, v in flags.items() if v and not (self.flagged[g] and self.flagged[g][-1] == prev)]
         self._mark(self._step, flags)
+        return opened
 
     @property
     def firings(self) -> list[dict]:
@@ -294,7 +323,7 @@ class StepGuards:
         row = step_rows[-1]
         for g in GUARD_IDS:
             row.setdefault(f"health/{g}", 0)
-        new = self.health.update(step_rows)  # firings at this step only, once per episode
+        new = [self._explained(f) for f in self.health.update(step_rows)]  # this step's, once per episode
         new += non_finite_loss(row)
         for f in new:
             say(("STOP " if f.serious else "flag ") + f.reason)

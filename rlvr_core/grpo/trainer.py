@@ -72,7 +72,7 @@ from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pas
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig, apply_overrides
-from rlvr_core.experiment.guards import GuardError, HealthConfig, health_config
+from rlvr_core.experiment.guards import Firing, GuardError, HealthConfig, health_config
 from rlvr_core.grpo.advantages import get_advantage, weight_negative_advantages
 from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, RunState, resume, save_checkpoint, save_final_model,
@@ -82,7 +82,7 @@ from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.sampling.environment_engine import with_environment
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
-from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, run_summary, base_columns,
+from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, base_columns, flag_line, run_summary,
                                          progress_line, rollout_sample_rows, step_flags, step_row, verifier_hang_line)
 from rlvr_core.grpo.policy import Policy, build_policy, ds_config, load_policy_model
 from rlvr_core.grpo.logprobs import sequence_logprobs
@@ -145,7 +145,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
                base_eval: dict[str, float] | None = None,
                base_rollouts: Mapping[str, Mapping[str, float]] | None = None,
                on_rollouts: Callable[[dict, RolloutBatch], None] | None = None,
-               environment: Any = None) -> GRPOResult:
+               environment: Any = None, passrate_temperature: float | None = None) -> GRPOResult:
     """Train the policy in `base_model_dir` with GRPO on the curriculum; see the module docstring.
 
     Resumes from `out_dir/checkpoints` when it holds a checkpoint. `stop_after_steps` ends this call
@@ -174,10 +174,11 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     run = _setup(base_model_dir, train_rows, curriculum_ids, Path(out_dir), cfg, template_id=template_id,
                  reward=reward, max_new_tokens=max_new_tokens, seed=seed,
                  progress=progress, stop_after_steps=stop_after_steps, evaluate=evaluate, engine=engine,
-                 engine_options=engine_options, base_eval=base_eval, environment=environment)
+                 engine_options=engine_options, base_eval=base_eval, environment=environment,
+                 passrate_temperature=passrate_temperature)
     run.base_rollouts = base_rollouts
     policy, state, dp, say = run.policy, run.state, run.policy.dp, run.say
-    ahead = None
+    ahead, step = None, state.start_step
     try:
         if cfg.max_staleness and state.start_step < run.last_step:
             ahead = run.collector.start_ahead(first_step=state.start_step, last_step=run.last_step,
@@ -188,6 +189,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             epoch = state.data_pos // len(run.rows)
             # 1-2. collect + reward: this rank's groups, sampled and verified; every group's numbers gathered
             rollouts = run.collector.collect(step, state.data_pos)
+            run.guards.note_unextracted(rollouts)  # G-no-signal quotes them when the verifier reads no answer
             # 3. advantages over the trained groups, identical on every rank (each keeps its own rows)
             adv_all = _advantages(cfg, rollouts)
             t2 = time.perf_counter()
@@ -211,9 +213,26 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
             # 7. checkpoint
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == run.last_step:
                 save_checkpoint(policy.engine, run.out_dir, step + 1, state, ahead, is_main=dp.is_main)
+    except GuardError as err:
+        # A stop raised inside a phase (G-logprob-temp at step 1, G-weight-push) leaves the same record as a
+        # run-level detector's stop (_stop_collapsed writes its own before raising).
+        if not isinstance(err, _StopRecorded):
+            _write_stopped(run, [_raised_firing(err, step + 1)], step)
+        raise
     finally:
         run.close()
     return _finish(run)
+
+
+def _raised_firing(err: GuardError, step: int) -> Firing:
+    """A serious firing for a GuardError raised inside a phase: its guard id (the error's `guard` field, else the
+    G-id its message starts with), the step it stopped and its message."""
+    guard = getattr(err, "guard", None)
+    if not guard:
+        head = str(err).split(":", 1)[0].split()
+        guard = head[0] if head and head[0].startswith("G-") else "guard"
+    return Firing(guard, getattr(err, "step", None) or step, True, str(err).splitlines()[0] if str(err) else guard,
+                  {}, "raised")
 
 
 @dataclass
@@ -248,7 +267,7 @@ class _Run:
 def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOConfig, *, template_id: str,
            reward: RewardConfig, max_new_tokens: int, seed: int, progress, stop_after_steps,
            evaluate, engine: str, engine_options: dict | None, base_eval: dict[str, float] | None = None,
-           environment: Any = None) -> _Run:
+           environment: Any = None, passrate_temperature: float | None = None) -> _Run:
     """Check the request and start the verifier pool (before any work), then `_load` the rest."""
     t_start = time.perf_counter()
     rows = rows_for_curriculum(train_rows, list(curriculum_ids))
@@ -267,7 +286,7 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
         return _load(base_model_dir, rows, out_dir, cfg, template_id=template_id, reward=reward, pool=pool,
                      max_new_tokens=max_new_tokens, seed=seed, progress=progress, stop_after_steps=stop_after_steps,
                      evaluate=evaluate, engine=engine, engine_options=engine_options, t_start=t_start,
-                     health=run_health(cfg, base_eval), environment=environment)
+                     health=run_health(cfg, base_eval, reward, passrate_temperature), environment=environment)
     except BaseException:
         pool.close()
         raise
@@ -317,14 +336,21 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                 cfg.guards.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)
 
 
-def run_health(cfg: GRPOConfig, base_eval: dict[str, float] | None) -> HealthConfig:
+def run_health(cfg: GRPOConfig, base_eval: dict[str, float] | None, reward: RewardConfig | None = None,
+               passrate_temperature: float | None = None) -> HealthConfig:
     """The run-level detectors' settings: `grpo.guards.health`, with the base model's evaluation as G-reward-hacking's
-    reference unless the config names one itself."""
+    reference unless the config names one itself, and the settings G-no-signal's cause names (verifier, mode, the
+    rollouts' and the pass-rate table's temperatures)."""
     health = health_config(cfg.guards.health)
     if base_eval and health.reward_hacking.base_eval is None:
         health = dataclasses.replace(health, reward_hacking=dataclasses.replace(
             health.reward_hacking, base_eval={k: float(v) for k, v in base_eval.items()}))
-    return health
+    ns = health.no_signal
+    return dataclasses.replace(health, no_signal=dataclasses.replace(
+        ns, verifier=ns.verifier or (reward.verifier if reward else None),
+        verifier_mode=ns.verifier_mode or (reward.mode if reward else None),
+        temperature=cfg.temperature if ns.temperature is None else ns.temperature,
+        passrate_temperature=passrate_temperature if ns.passrate_temperature is None else ns.passrate_temperature))
 
 
 def _group_advantages(name: str, rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -368,9 +394,9 @@ def _step_row(run: _Run, step: int, epoch: int, rollouts: RolloutBatch, adv_all:
     cfg, state = run.cfg, run.state
     flags = step_flags(cfg, step, rollouts, upd, run.guard_tol, max_timeout_share=run.reward.max_timeout_share,
                        history=state.step_rows, max_error_share=run.reward.max_error_share)
-    if flags["G-verifier-hang"]:
-        run.say(verifier_hang_line(step, rollouts, run.reward))
-    run.guards.count(flags, step + 1)
+    for guard in run.guards.count(flags, step + 1):  # one line when a flag's episode opens, not one per step
+        run.say(verifier_hang_line(step, rollouts, run.reward) if guard == "G-verifier-hang" else
+                flag_line(guard, step + 1))
     state.rollout_rows += rollout_sample_rows(cfg, run.policy.dp, step=step, data_pos=state.data_pos,
                                               rollouts=rollouts, adv_all=adv_all)
     row = step_row(cfg, step=step, epoch=epoch, rollouts=rollouts, upd=upd, times=times, flags=flags,
@@ -415,6 +441,20 @@ def _evaluate(run: _Run, row: dict, step: int) -> None:
 def _stop_collapsed(run: _Run, serious: list, step: int) -> None:
     """A serious guard fired on some rank (a run-level detector, or a non-finite loss): write steps/rollouts
     and a summary tagged `collapsed` (and `non_finite_loss` for that stop) with the step and the firings, raise."""
+    _write_stopped(run, serious, step, recorded=True)
+    # No checkpoint of the collapsed state: a resume starts from the last good one.
+    raise _StopRecorded("; ".join(f.reason for f in serious)
+                        or f"serious guard firing on rank 0 at step {step + 1}: run collapsed",
+                        guard=serious[0].guard_id if serious else "", step=step + 1)
+
+
+class _StopRecorded(GuardError):
+    """A stop whose summary `_stop_collapsed` wrote before raising (train_grpo writes one for any other)."""
+
+
+def _write_stopped(run: _Run, serious: list, step: int, recorded: bool = False) -> None:
+    """steps.parquet (possibly empty: a stop at step 1), rollouts and the summary tagged `collapsed` of a run a
+    guard stopped at `step` (0-based). `recorded`: the firings are in run.guards already (else they are added)."""
     state, is_main = run.state, run.policy.dp.is_main
     write_rollouts(state, run.out_dir, is_main=is_main)
     if is_main:
@@ -422,13 +462,10 @@ def _stop_collapsed(run: _Run, serious: list, step: int) -> None:
         stopped = run_summary(state.step_rows, run.cfg, run.guards.counts, False, time.perf_counter() - run.t_start,
                            state.start_step)
         tags = ["collapsed"] + ([NON_FINITE_LOSS] if any(f.key == NON_FINITE_LOSS for f in serious) else [])
+        firings = run.guards.firings + ([] if recorded else [dataclasses.asdict(f) for f in serious])
         stopped.update(tags=tags, stopped_at_step=step + 1, stopped_by=sorted({f.guard_id for f in serious}),
-                       health_firings=run.guards.firings, data_position=state.data_pos)
+                       health_firings=firings, data_position=state.data_pos)
         (run.out_dir / SUMMARY_FILE).write_text(json.dumps(stopped, indent=2) + "\n")
-    # No checkpoint of the collapsed state: a resume starts from the last good one.
-    raise GuardError("; ".join(f.reason for f in serious)
-                     or f"serious guard firing on rank 0 at step {step + 1}: run collapsed",
-                     guard=serious[0].guard_id if serious else "", step=step + 1)
 
 
 def _finish(run: _Run) -> GRPOResult:

@@ -11,6 +11,7 @@ the comparison and the probe, all layers above the recorder (tests/core/test_imp
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE
+from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE
 from rlvr_core.artifacts.storage import ArtifactStore
 from rlvr_core.core import settings
 from rlvr_core.core.numerics import numerics
@@ -36,7 +37,7 @@ from rlvr_core.records import warehouse
 from rlvr_core.records.tracking import Tracker, config_params
 
 __all__ = ["PipelineRun", "StageOutputs", "Record", "finished_record", "stopped_record", "run_params", "eval_metrics",
-           "passk_metrics", "eval_events", "collapsed", "report_markdown", "coverage_lines"]
+           "passk_metrics", "eval_events", "collapsed", "report_markdown", "coverage_lines", "mlflow_link"]
 
 
 @dataclass
@@ -191,16 +192,21 @@ def stopped_record(cfg: ExperimentConfig, run: PipelineRun, ev: StageOutputs, t0
     if stopped is None:
         return None
     folder, train_summary = stopped
+    # What the run was guarded against goes with the stopped run's training summary too.
+    train_summary = {**train_summary, "guard_coverage": train_summary.get("guard_coverage") or guard_coverage(cfg)}
     trained = stages.TrainArtifact(ev.model, str(folder / STEPS_FILE), str(folder), False, train_summary)
     summary = {"mlflow_run_id": run.run_id, "experiment": cfg.tracking.experiment, "kind": run.kind, **run.sweep,
                "status": "collapsed", "stopped_at_step": train_summary.get("stopped_at_step"),
                "stopped_by": train_summary.get("stopped_by"), "health_firings": train_summary.get("health_firings"),
                "train": {k: v for k, v in train_summary.items() if not isinstance(v, (list, dict))},
                "config_hash": run.config_hash, "artifact_uri": run.store.url(run.prefix),
-               "mlflow_run_url": run.tracker.run_url(run.run_id), "duration_s": round(time.monotonic() - t0, 2)}
+               "mlflow_run_url": run.tracker.run_url(run.run_id), "mlflow_open": mlflow_link(run.tracker, run.run_id),
+               "guard_coverage": train_summary["guard_coverage"], "duration_s": round(time.monotonic() - t0, 2)}
     row = {**_run_row(cfg, run, ev, t0), "status": "FAILED",
            "tags": {"collapsed": "true", "stopped_at_step": str(summary["stopped_at_step"])}}
-    tables = {**record_tables(cfg, ev.model, ev.passrates, ev.curriculum), **_train_tables(trained),
+    # A stop before the first step's row (G-no-signal before training) has no steps file.
+    steps = _train_tables(trained) if Path(trained.steps_path).is_file() else {}
+    tables = {**record_tables(cfg, ev.model, ev.passrates, ev.curriculum), **steps,
               "train/health_events.parquet": warehouse.health_events_table(
                   (train_summary.get("health_firings") or []) + eval_events(ev))}
     if ev.base_eval:
@@ -212,9 +218,20 @@ def stopped_record(cfg: ExperimentConfig, run: PipelineRun, ev: StageOutputs, t0
     files = dict(run=row, params=run_params(run), manifest=_manifest(cfg, run, ev), config=run.public, summary=summary,
                  tables=tables, metrics=eval_metrics(ev.base_eval) if ev.base_eval else {},
                  tags={"collapsed": "true", "stopped_at_step": str(summary["stopped_at_step"]),
-                       "artifact_uri": summary["artifact_uri"]}, texts={"report.md": report_md})
+                       "artifact_uri": summary["artifact_uri"]},
+                 texts={"report.md": report_md, f"train/{SUMMARY_FILE}": json.dumps(train_summary, indent=2, default=str)})
     return Record(files, {**summary, "reasons": reasons, "report": run.store.url(f"{run.prefix}/report.md"),
-                          "train_folder": str(folder)}, report_md)
+                          "train_folder": str(folder), "train_summary": str(folder / SUMMARY_FILE)}, report_md)
+
+
+def mlflow_link(tracker: Tracker, run_id: str) -> str:
+    """Where a browser opens the run: its page on the MLflow server, or, for a file or database store, the
+    `mlflow ui` command that serves it and the page's address under that command's default port."""
+    url = tracker.run_url(run_id)
+    if url.startswith(("http://", "https://")):
+        return url
+    return (f"`mlflow ui --backend-store-uri {tracker.display_uri}`, then "
+            f"http://127.0.0.1:5000/#{url.split('#', 1)[1]}")
 
 
 def _run_row(cfg: ExperimentConfig, run: PipelineRun, ev: StageOutputs, t0: float) -> dict[str, Any]:

@@ -19,8 +19,11 @@ from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import ExperimentConfig, grpo_key_dump, grpo_unkeyed_dump
 from rlvr_core.experiment.guard_coverage import guard_coverage
+from rlvr_core.experiment.guards import GUARD_NO_SIGNAL, GuardError
+from rlvr_core.experiment.no_signal import passrate_no_signal
 from rlvr_core.pipeline.base_model_stage import check_template_at_start
-from rlvr_core.pipeline.cache import localize, mark_done, resumable_dir, resumable_path
+from rlvr_core.core import settings
+from rlvr_core.pipeline.cache import fetch, localize, mark_done, resumable_dir, resumable_path
 from rlvr_core.pipeline.curriculum_stage import BASE_ROLLOUT_COLUMNS, CurriculumArtifact
 from rlvr_core.pipeline.evaluation_stage import vllm_options, held_out_eval
 from rlvr_core.pipeline.launch import train_group
@@ -90,6 +93,7 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     template_warnings = check_template_at_start(cfg, base.path, progress, "grpo")
     folder, done = resumable_dir("grpo", _train_key(cfg, base, curriculum))
     if not done:
+        no_signal_at_start(cfg, curriculum, folder)  # G-no-signal: a stop before any training step
         recorded = grpo_unkeyed_dump(cfg.grpo)
         run_numerics = _track_numerics(folder, progress, {f"grpo.{k}": v for k, v in sorted(recorded.items())})
         if cfg.grpo.launch.mode in ("torchrun", "deepspeed"):
@@ -112,6 +116,54 @@ def train_stage(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, 
     progress("grpo", f"trained model {folder.name} ({'cached' if done else 'trained'})")
     return TrainArtifact(ModelArtifact(str(final), f"grpo-{folder.name}", mh, th, done), paths["steps_path"],
                          str(folder), done, summary)
+
+
+def _passrate_samples(curriculum: CurriculumArtifact) -> list[dict[str, Any]]:
+    """The pass-rate table's sampled completions (problem_id, status, response) that the curriculum was filtered
+    by, from the table's cache folder (named in the curriculum's cache key); [] when it cannot be found."""
+    try:
+        table_id = json.loads((Path(curriculum.path).parent / "cache_key.json").read_text())["table"]
+        folder = settings.paths().cache / "pass_rate_table" / table_id
+        if not (folder / "samples.parquet").is_file():
+            fetch("pass_rate_table", folder)
+        return pq.read_table(folder / "samples.parquet", columns=["problem_id", "status", "response"]).to_pylist()
+    except (OSError, KeyError, ValueError):
+        return []
+
+
+def no_signal_at_start(cfg: ExperimentConfig, curriculum: CurriculumArtifact, folder: Path) -> None:
+    """G-no-signal before training: when the pass-rate table shows the base model solves none of the curriculum's
+    prompts with the configured reward, every group of every step would have zero reward variance. Write the
+    stopped summary a guard's stop leaves (tags `collapsed`, stopped at step 0; the flow records it) and raise
+    GuardError naming the cause (verifier and mode with unextracted outputs, or the pass-rate temperature)."""
+    from rlvr_core.grpo.checkpointing import SUMMARY_FILE
+
+    if not {"c", "n"} <= set(pq.read_schema(curriculum.path).names):
+        return  # a curriculum without the pass-rate counts (made by hand): nothing to judge
+    kept = pq.read_table(curriculum.path, columns=["problem_id", "c", "n"]).to_pylist()
+    hit = passrate_no_signal(kept, _passrate_samples(curriculum) if kept and not any(r["c"] for r in kept) else [],
+                             verifier=cfg.reward.verifier, mode=cfg.reward.mode, temperature=cfg.grpo.temperature,
+                             passrate_temperature=cfg.sampling.temperature)
+    if hit is None:
+        return
+    reason, evidence = hit
+    firing = {"guard_id": GUARD_NO_SIGNAL, "step": 0, "serious": True, "reason": reason, "evidence": evidence,
+              "key": "passrate", "source": "passrate"}
+    summary = {"steps": 0, "done": False, "tags": ["collapsed"], "stopped_at_step": 0, "stopped_by": [GUARD_NO_SIGNAL],
+               "health_firings": [firing], "guard_coverage": guard_coverage(cfg),
+               "prompt_template": get_template(cfg.prompt.template).key}
+    (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    raise GuardError(reason, guard=GUARD_NO_SIGNAL, step=0)
+
+
+def no_signal_before_training(cfg: ExperimentConfig, base: ModelArtifact, curriculum: CurriculumArtifact) -> None:
+    """`no_signal_at_start` in the training stage's own folder, for a caller that checks before other expensive
+    work (the pipeline flow, before the base evaluation); nothing for a folder that finished training already."""
+    folder = resumable_path("grpo", _train_key(cfg, base, curriculum))
+    if (folder / "result.json").exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    no_signal_at_start(cfg, curriculum, folder)
 
 
 def base_rollouts(curriculum: CurriculumArtifact) -> dict[str, dict[str, float]]:
@@ -139,7 +191,7 @@ def train_here(cfg: ExperimentConfig, data: DataArtifact, base: ModelArtifact, c
                           evaluate=held_out_eval(cfg, data, on_samples=traces and traces.on_samples),
                           engine=cfg.sampling.engine, engine_options=_rollout_options(cfg), on_step=on_step,
                           base_eval=base_eval, base_rollouts=base_rollouts(curriculum), on_rollouts=traces,
-                          environment=cfg.environment)
+                          environment=cfg.environment, passrate_temperature=cfg.sampling.temperature)
 
 
 @contextlib.contextmanager

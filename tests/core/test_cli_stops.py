@@ -32,7 +32,7 @@ def test_a_recorded_stop_names_guard_step_setting_and_details(tmp_path):
                      "the thresholds are grpo.guards.health.collapse")
     assert why == "  why: G-collapse at step 6: ..."
     assert details.startswith("  details: report /a/report.md; MLflow http://m/#/runs/1; training summary "
-                              "/c/grpo/k/summary.json; log ")
+                              "/c/grpo/k/grpo_summary.json; log ")
 
 
 def test_a_guard_error_raised_before_any_record_is_read_from_its_message():

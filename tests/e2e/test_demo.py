@@ -335,6 +335,11 @@ def test_a_run_stopped_by_a_guard_is_recorded_and_exports_nothing(demo_runs):
     assert "Traceback" not in proc.stderr and not any(x.startswith("{") for x in proc.stdout.splitlines())
     log = Path(re.search(r"log (\S+\.log)", err[i + 2]).group(1))
     assert "Traceback" in log.read_text() and "GuardError" in log.read_text()
+    # The details name files that exist and an MLflow address a browser opens (a database store: the command that
+    # serves it, then the run's page there).
+    report, train_summary = (Path(re.search(rf"{k} (\S+?);", err[i + 2]).group(1)) for k in ("report", "training summary"))
+    assert report.is_file() and train_summary.is_file(), err[i + 2]
+    assert "MLflow `mlflow ui --backend-store-uri sqlite:" in err[i + 2] and "http://127.0.0.1:5000/#/experiments/" in err[i + 2]
     q = rlvr(home, "warehouse", "query", "select r.run_id, r.status, t.value as stopped_at from runs r join run_tags t "
              "using (run_id) where r.experiment = 'e2e-stop' and t.key = 'stopped_at_step'", "--json")
     (run,) = json.loads(q.stdout)
@@ -359,6 +364,9 @@ def test_a_run_stopped_by_a_guard_is_recorded_and_exports_nothing(demo_runs):
     assert summary["status"] == "collapsed" and summary["stopped_at_step"] == stop
     assert "stopped by a guard" in (run_dir / "report.md").read_text()
     assert not (run_dir / "checkpoints").exists()
+    # ... and the training summary, with what the run was guarded against.
+    train_summary = json.loads((run_dir / "train" / "grpo_summary.json").read_text())
+    assert train_summary["stopped_at_step"] == stop and train_summary["guard_coverage"]["G-collapse"].startswith("active")
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlvr_core.experiment.config import ConfigError, GRPOConfig, demo_config, load_config, parse_config
-from rlvr_core.experiment.guard_coverage import GUARDS, guard_coverage
+from rlvr_core.experiment.guard_coverage import GUARDS, guard_coverage, unguarded_line
 from rlvr_core.experiment.guards import (GUARD_ENTROPY, GUARD_KL_EXPLOSION, GUARD_REWARD_HACKING, check_health)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def _needs(cov: dict[str, str]) -> dict[str, str]:
 
 def test_guard_coverage_lists_every_guard_for_the_shipped_configs():
     demo = guard_coverage(demo_config())
-    assert list(demo) == list(GUARDS) and len(GUARDS) == 26
+    assert list(demo) == list(GUARDS) and len(GUARDS) == 27
     assert all(v.startswith(("active", "needs ")) for v in demo.values())
     assert _needs(demo) == {}  # the demo (beta 0.1, eval every 40 of 120 steps) is guarded by every guard
     assert demo["G-kl-explosion"] == "active" and demo["G-no-eval"].startswith("active: every 40 steps")
@@ -68,12 +68,14 @@ def test_guard_coverage_names_the_setting_a_blind_guard_needs():
                                    "guards": {"drift_every": 0,
                                               "health": {"enabled": ["G-collapse", "G-entropy", "G-kl-explosion"]}}},
                           "reward": {"max_timeout_share": 1.0}})
+    enabled = "off: grpo.guards.health.enabled = ['G-collapse', 'G-entropy', 'G-kl-explosion']"
     assert _needs(guard_coverage(blind)) == {
         "G-kl-explosion": "needs grpo.beta > 0 or grpo.guards.drift_every > 0 (no reference model and no drift signal)",
         "G-entropy": "needs grpo.beta > 0 or grpo.guards.drift_every > 0 for its stop (the entropy-floor flag is active)",
         "G-no-eval": "needs grpo.eval_every > 0 (or auto with grpo.steps > 40); now only the last step is evaluated",
-        "G-reward-hacking": "needs G-reward-hacking in grpo.guards.health.enabled",
-        "G-verifier-hang": "needs reward.max_timeout_share < 1 (a share above 1 can never be exceeded)",
+        "G-reward-hacking": f"{enabled} (G-reward-hacking left out)",
+        "G-no-signal": f"{enabled} (G-no-signal left out)",
+        "G-verifier-hang": "off: reward.max_timeout_share = 1 (no share can exceed 1)",
     }
     few = guard_coverage(parse_config({"grpo": {"enabled": True, "steps": 100, "eval_every": 50}}))
     assert few["G-reward-hacking"] == "needs at least 3 eval points during training (grpo.eval_every; now 2)"
@@ -81,8 +83,56 @@ def test_guard_coverage_names_the_setting_a_blind_guard_needs():
     from rlvr_core.pipeline.run_record import coverage_lines
 
     lines = coverage_lines(guard_coverage(blind))
-    assert lines[1] == "Guards (docs/guards.md): 21 of 26 active." and len(lines) == 2 + 5
+    assert lines[1] == "Guards (docs/guards.md): 21 of 27 active." and len(lines) == 2 + 6
     assert "- G-no-eval needs grpo.eval_every > 0" in "\n".join(lines)
+
+
+# Each guard switched off by a value of the demo's config: (override, guard, what coverage must say). Every guard
+# is active in the demo itself, so each row also shows the value, not the guard, is what switched it off.
+H = "grpo.guards.health"
+OFF_BY_VALUE = [
+    ({"reward.max_timeout_share": 1.0}, "G-verifier-hang", "off: reward.max_timeout_share = 1 (no share can exceed 1)"),
+    ({"reward.max_error_share": 1.0, "eval.max_verifier_error_share": 1.0}, "G-verifier-error",
+     "off: reward.max_error_share and eval.max_verifier_error_share = 1 and 1 (no share can exceed 1)"),
+    ({"eval.max_truncation_share": 1.0}, "G-truncation", "off: eval.max_truncation_share = 1 (no share can exceed 1"),
+    ({"grpo.steps": 12}, "G-no-eval",
+     "off: grpo.eval_every = 40 (not shorter than the run's 12 steps: only the last step is evaluated)"),
+    ({"grpo.steps": 12}, "G-reward-hacking", "needs at least 3 eval points during training (grpo.eval_every; now 1)"),
+    ({f"{H}.collapse": {"window": 130}}, "G-collapse",
+     f"off: {H}.collapse.window = 130 (first judged at step 130, after the run's 120 steps)"),
+    ({f"{H}.collapse": {"min_signals": 8}}, "G-collapse",
+     f"off: {H}.collapse.min_signals = 8 (more than the 7 signals it watches)"),
+    ({f"{H}.entropy": {"window": 100, "baseline_steps": 30}}, "G-entropy",
+     f"off: {H}.entropy.window + baseline_steps = 130 (first judged at step 130, after the run's 120 steps)"),
+    ({f"{H}.kl_explosion": {"window": 200}, "grpo.beta": 0.0}, "G-kl-explosion",
+     f"off: {H}.kl_explosion.window = 200 (first judged at step 200, after the run's 120 steps)"),
+    ({f"{H}.no_signal": {"min_dead_steps": 6}}, "G-no-signal",
+     f"off: {H}.no_signal.min_dead_steps = 6 (more than its window of 5 steps holds)"),
+    ({f"{H}.enabled": ["G-collapse", "G-entropy", "G-kl-explosion", "G-reward-hacking"]}, "G-no-signal",
+     f"off: {H}.enabled = ['G-collapse', 'G-entropy', 'G-kl-explosion', 'G-reward-hacking'] (G-no-signal left out)"),
+    ({"grpo.enabled": False}, "G-no-signal", "needs grpo.enabled (no training in this run)"),
+]
+
+
+@pytest.mark.parametrize("overrides, guard, expected", OFF_BY_VALUE, ids=[f"{g}-{i}" for i, (_, g, _) in
+                                                                         enumerate(OFF_BY_VALUE)])
+def test_a_guard_switched_off_by_a_value_is_listed_off_with_the_value(overrides, guard, expected):
+    assert guard_coverage(demo_config())[guard].startswith("active")
+    cfg = load_config(ROOT / "configs" / "demo.yaml", overrides)
+    cov = guard_coverage(cfg)
+    assert cov[guard].startswith(expected), cov[guard]
+    # The run says so once at start, beside every other guard it runs without.
+    assert f"{guard} ({expected.removeprefix('off: ')}" in unguarded_line(cov)
+
+
+def test_partly_off_guards_stay_active_and_say_which_part_runs():
+    kl = guard_coverage(load_config(ROOT / "configs" / "demo.yaml", {f"{H}.kl_explosion": {"window": 200}}))
+    assert kl["G-kl-explosion"].startswith("active: the per-step kl_spike_max flag only")  # beta 0.1: the flag runs
+    err = guard_coverage(load_config(ROOT / "configs" / "demo.yaml", {"eval.max_verifier_error_share": 1.0}))
+    assert err["G-verifier-error"].startswith("active: training steps only")
+    short = guard_coverage(load_config(ROOT / "configs" / "demo.yaml", {"grpo.steps": 8}))
+    assert short["G-collapse"].startswith("active: reward, truncation and length against the base model only")
+    assert unguarded_line(guard_coverage(demo_config())) is None  # the demo: nothing to say
 
 
 # ----------------------------------------------------------------------------------------- base eval reference
