@@ -150,8 +150,9 @@ def test_the_policy_loss_is_chosen_in_yaml_and_checked_against_its_registry(tmp_
     from rlvr_core.core.registry import POLICY_LOSSES
 
     assert parse_config({}).grpo.policy_loss == "ppo_clip"
-    for name in POLICY_LOSSES.names():
-        assert load_config(write(tmp_path, f"grpo:\n  policy_loss: {name}\n")).grpo.policy_loss == name
+    for name in POLICY_LOSSES.names():  # luspo is gspo summed over tokens: it needs its own aggregation
+        agg = "  loss_agg: seq-mean-token-sum\n" if name == "luspo" else ""
+        assert load_config(write(tmp_path, f"grpo:\n  policy_loss: {name}\n{agg}")).grpo.policy_loss == name
     with pytest.raises(ConfigError) as e:
         load_config(write(tmp_path, "grpo:\n  policy_loss: nope\n"))
     assert e.value.problems == [("grpo.policy_loss", "unknown policy loss 'nope'; known: "
@@ -165,7 +166,9 @@ def test_the_default_policy_loss_leaves_the_resolved_config_and_its_hash_as_befo
     from rlvr_core.core.registry import POLICY_LOSSES
 
     default = parse_config({}).model_dump(mode="json")["grpo"]
-    assert "policy_loss" not in default and set(default) == set(GRPOConfig.model_fields) - {"policy_loss"}
+    hidden = set(GRPOConfig._DUMPED_AWAY_FROM_DEFAULT)  # policy_loss and every field added with the new losses
+    assert "policy_loss" in hidden and "policy_loss" not in default
+    assert set(default) == set(GRPOConfig.model_fields) - hidden
     assert GRPOConfig.model_validate(default).policy_loss == "ppo_clip"
     monkeypatch.setattr(POLICY_LOSSES, "_items", dict(POLICY_LOSSES._items))
     POLICY_LOSSES.add("other", lambda *a, **k: None)
