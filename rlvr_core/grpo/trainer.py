@@ -216,7 +216,7 @@ def train_grpo(base_model_dir: str | Path, train_rows: list[dict], curriculum_id
     except GuardError as err:
         # A stop raised inside a phase (G-logprob-temp at step 1, G-weight-push) leaves the same record as a
         # run-level detector's stop (_stop_collapsed writes its own before raising).
-        if not isinstance(err, _StopRecorded):
+        if not isinstance(err, RecordedGuardError):
             _write_stopped(run, [_raised_firing(err, step + 1)], step)
         raise
     finally:
@@ -443,12 +443,12 @@ def _stop_collapsed(run: _Run, serious: list, step: int) -> None:
     and a summary tagged `collapsed` (and `non_finite_loss` for that stop) with the step and the firings, raise."""
     _write_stopped(run, serious, step, recorded=True)
     # No checkpoint of the collapsed state: a resume starts from the last good one.
-    raise _StopRecorded("; ".join(f.reason for f in serious)
+    raise RecordedGuardError("; ".join(f.reason for f in serious)
                         or f"serious guard firing on rank 0 at step {step + 1}: run collapsed",
                         guard=serious[0].guard_id if serious else "", step=step + 1)
 
 
-class _StopRecorded(GuardError):
+class RecordedGuardError(GuardError):
     """A stop whose summary `_stop_collapsed` wrote before raising (train_grpo writes one for any other)."""
 
 

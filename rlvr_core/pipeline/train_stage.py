@@ -19,7 +19,7 @@ from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import ExperimentConfig, grpo_key_dump, grpo_unkeyed_dump
 from rlvr_core.experiment.guard_coverage import guard_coverage
-from rlvr_core.experiment.guards import GUARD_NO_SIGNAL, GuardError
+from rlvr_core.experiment.guards import GUARD_NO_SIGNAL, GuardError, health_config
 from rlvr_core.experiment.no_signal import passrate_no_signal
 from rlvr_core.pipeline.base_model_stage import check_template_at_start
 from rlvr_core.core import settings
@@ -138,6 +138,9 @@ def no_signal_at_start(cfg: ExperimentConfig, curriculum: CurriculumArtifact, fo
     GuardError naming the cause (verifier and mode with unextracted outputs, or the pass-rate temperature)."""
     from rlvr_core.grpo.checkpointing import SUMMARY_FILE
 
+    health = health_config(cfg.grpo.guards.health)
+    if GUARD_NO_SIGNAL not in health.enabled or not health.no_signal.serious:
+        return  # switched off, or made a flag (grpo.guards.health.no_signal.serious: false): nothing stops here
     if not {"c", "n"} <= set(pq.read_schema(curriculum.path).names):
         return  # a curriculum without the pass-rate counts (made by hand): nothing to judge
     kept = pq.read_table(curriculum.path, columns=["problem_id", "c", "n"]).to_pylist()

@@ -30,7 +30,8 @@ TINY = {"data.synthetic.n_train": 16, "data.synthetic.n_test": 4, "model.warm_st
         "eval.max_problems": 4, "sampling.max_new_tokens": 8, "eval.max_new_tokens": 8,
         "tracking.experiment": "secrets"}
 TRAIN = {"grpo.enabled": True, "grpo.steps": 2, "grpo.warmup_steps": 0, "grpo.prompts_per_step": 2,
-         "grpo.group_size": 2, "grpo.dynamic_sampling": False, "grpo.checkpoint_every": 2}
+         "grpo.group_size": 2, "grpo.dynamic_sampling": False, "grpo.checkpoint_every": 2,
+         "grpo.guards.health.no_signal.serious": False}  # 2 steps of a tiny base: no signal, by design
 
 
 def _hits(canaries: dict[str, str], data: bytes | str) -> list[str]:

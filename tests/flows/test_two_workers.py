@@ -31,7 +31,8 @@ OVERRIDES = {"model.warm_start.steps": 4, "data.synthetic.n_train": 16, "data.sy
              "passk.n_samples": 2, "passk.ks": [1, 2], "passk.max_prompts": 16, "passk.drop_always_solved": False,
              "sampling.max_new_tokens": 8, "eval.max_new_tokens": 8, "eval.n_samples": 2, "eval.max_problems": 4,
              "eval.verifier_workers": 0, "reward.workers": 0, "grpo.steps": 2, "grpo.prompts_per_step": 4,
-             "grpo.group_size": 4, "grpo.eval_every": 0, "grpo.dynamic_sampling": False, "grpo.warmup_steps": 0}
+             "grpo.group_size": 4, "grpo.eval_every": 0, "grpo.dynamic_sampling": False, "grpo.warmup_steps": 0,
+             "grpo.guards.health.no_signal.serious": False}  # a tiny base that learns nothing, by design
 PARAMS = {"config": "configs/demo.yaml", "overrides": OVERRIDES}
 
 

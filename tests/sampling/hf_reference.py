@@ -255,4 +255,5 @@ class HFEngine:
         if cut >= 0:
             text = text[:cut]
         return Sample(prompt_id=prompt_id, sample_index=row.sample_index, text=text, token_ids=row.tokens,
-                      finish_reason=row.finish_reason, logprobs=row.logprobs, seed=row.seed)
+                      finish_reason=row.finish_reason, logprobs=row.logprobs, seed=row.seed,
+                      prompt_token_ids=list(row.prompt_tokens))
