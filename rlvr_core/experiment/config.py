@@ -362,14 +362,11 @@ class ExperimentConfig(_AddedLater):
 
     @model_validator(mode="after")
     def _environment_fits(self) -> "ExperimentConfig":
-        """A multi-turn environment needs an engine that takes token ids (hf) and on-policy, fixed-size groups."""
+        """A multi-turn environment runs on-policy with fixed-size groups (every engine takes token ids)."""
         env, why, loc = self.environment, None, ("environment", "name")
         if not env.multi_turn:
             return self
-        if self.sampling.engine != "hf":
-            why, loc = (f"environment {env.name!r} runs its turns token-in/token-out, which the {self.sampling.engine!r} "
-                        "engine does not do yet: use sampling.engine: hf"), ("sampling", "engine")
-        elif self.grpo.max_staleness or self.grpo.adaptive_sampling:
+        if self.grpo.max_staleness or self.grpo.adaptive_sampling:
             why = (f"environment {env.name!r} runs on-policy with fixed groups: set grpo.max_staleness: 0 and "
                    "grpo.adaptive_sampling: false")
         if why:

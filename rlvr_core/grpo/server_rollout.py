@@ -68,15 +68,23 @@ def check_sample_versions(groups: list[list[Sample]], expected: int, server_urls
 
 
 class _CheckedSampler:
-    """The server engine's `generate`, plus the version check of every sample it returns and the refill of
-    stale groups on the servers that were current (see the module docstring)."""
+    """The server engine's `generate` and `generate_ids` (a multi-turn environment's), plus the version check of
+    every sample it returns and the refill of stale groups on the servers that were current (see the module
+    docstring)."""
 
     def __init__(self, engine: VLLMServerEngine, owner: "VLLMServerRolloutEngine"):
         self._engine, self._owner = engine, owner
+        self.tokenizer = engine.tokenizer
         self.pad_token_id, self.add_special_tokens = engine.pad_token_id, engine.add_special_tokens
 
     def generate(self, prompts, prompt_ids, params, **kw) -> list[list[Sample]]:
-        groups = self._engine.generate(prompts, prompt_ids, params, **kw)
+        return self._checked(self._engine.generate, prompts, prompt_ids, params, **kw)
+
+    def generate_ids(self, prompt_token_ids, prompt_ids, params, **kw) -> list[list[Sample]]:
+        return self._checked(self._engine.generate_ids, prompt_token_ids, prompt_ids, params, **kw)
+
+    def _checked(self, call, prompts, prompt_ids, params, **kw) -> list[list[Sample]]:
+        groups = call(prompts, prompt_ids, params, **kw)
         v, clients = self._owner.version, self._engine.clients
         if v is None:
             return groups
@@ -86,8 +94,8 @@ class _CheckedSampler:
         current = sorted({i % len(clients) for i in accepted})  # prompt i was sampled by server i mod n
         if not current:
             check_sample_versions(groups, v, [c.url for c in clients])
-        redo = self._engine.generate([prompts[i] for i in stale], [prompt_ids[i] for i in stale], params,
-                                     clients=[clients[j] for j in current], **kw)
+        redo = call([prompts[i] for i in stale], [prompt_ids[i] for i in stale], params,
+                    clients=[clients[j] for j in current], **kw)
         check_sample_versions(redo, v, [clients[j].url for j in current])
         lag = max(v - s.weight_version for i in stale for s in groups[i])
         self._owner.count_stale(int(kw.get("step", 0)), len(stale), lag)

@@ -32,17 +32,11 @@ class EnvironmentEngine:
         self.limits = {"max_tool_error_share": max_tool_error_share, "max_cut_share": max_cut_share}
         self._taken: list[tuple[str, int, Trajectory]] = []
 
-    @property
-    def tokenizer(self) -> Any:
-        return self.engine.tokenizer
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.engine.pad_token_id
-
-    @property
-    def add_special_tokens(self) -> bool:
-        return self.engine.add_special_tokens
+    def __getattr__(self, name: str) -> Any:
+        """Everything else is the wrapped engine's (tokenizer, pad id, a rollout engine's `load_weights`, ...)."""
+        if name == "engine":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.engine, name)
 
     def generate(self, prompts: list[str], prompt_ids: list[str], params: SamplingParams, *, step: int = 0,
                  epoch: int = 0, first_sample_index: int = 0) -> list[list[Sample]]:

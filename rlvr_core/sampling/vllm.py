@@ -255,23 +255,33 @@ class VLLMEngine:
         the same seeds as the `hf` engine. See `Sample` for fields."""
         check_prompt_ids(prompts, prompt_ids)
         encoded = [self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"] for p in prompts]
+        return self.generate_ids(encoded, prompt_ids, params, step=step, epoch=epoch,
+                                 first_sample_index=first_sample_index)
+
+    def generate_ids(self, prompt_token_ids: list[list[int]], prompt_ids: list[str], params: SamplingParams, *,
+                     step: int = 0, epoch: int = 0, first_sample_index: int = 0) -> list[list[Sample]]:
+        """`generate` on prompts given as token ids (token-in/token-out, as a multi-turn rollout needs). Each
+        sample's `prompt_token_ids` are the ids vLLM reports it conditioned on."""
+        check_prompt_ids(prompt_token_ids, prompt_ids)
         keys, requests, req_params = [], [], []
         skip_text = self.skip_logprob_text and self._logprob_text_skippable
         extra = {"extra_args": {_NO_LOGPROB_TEXT: True}} if skip_text else {}
-        for i, (ids, pid) in enumerate(zip(encoded, prompt_ids)):
+        for i, (ids, pid) in enumerate(zip(prompt_token_ids, prompt_ids)):
             if len(ids) == 0:
                 raise ValueError(f"prompt {pid!r} encodes to zero tokens")
             for s in range(first_sample_index, first_sample_index + params.n):
                 seed = request_seed(params.seed, pid, step, s, epoch=epoch)
                 keys.append((i, s, seed))
-                requests.append({"prompt_token_ids": list(ids)})
+                requests.append({"prompt_token_ids": [int(t) for t in ids]})
                 req_params.append(self._vllm.SamplingParams(
                     **to_vllm_sampling_kwargs(params, seed, self.eos_token_ids), **extra))
-        outputs = self.llm.generate(requests, sampling_params=req_params, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling_params=req_params, use_tqdm=False) if requests else []
 
-        result: list[list[Sample]] = [[] for _ in prompts]
+        result: list[list[Sample]] = [[] for _ in prompt_token_ids]
         for (i, s, seed), req_out in zip(keys, outputs):
-            result[i].append(self._to_sample(req_out.outputs[0], prompt_ids[i], s, seed, params))
+            sample = self._to_sample(req_out.outputs[0], prompt_ids[i], s, seed, params)
+            sample.prompt_token_ids = [int(t) for t in req_out.prompt_token_ids]
+            result[i].append(sample)
         return result
 
     def _to_sample(self, o, prompt_id: str, sample_index: int, seed: int, params: SamplingParams) -> Sample:

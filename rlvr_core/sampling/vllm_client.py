@@ -54,7 +54,9 @@ class ServerClient:
         return self.call("GET", "/weight_info", self.push_timeout_s).get("weight_version")
 
     def generate(self, token_ids: list[int], sampling_params: dict) -> dict:
-        """One request; the single choice of vLLM's answer (token_ids, logprobs, finish_reason, weight_versions)."""
-        body = {"token_ids": token_ids, "sampling_params": sampling_params, "output_mode": "tokens"}
+        """One request; the single choice of vLLM's answer (token_ids, logprobs, finish_reason, weight_versions),
+        with the prompt ids the server conditioned on (`prompt_token_ids`, None where it reports none)."""
+        body = {"token_ids": token_ids, "sampling_params": sampling_params, "output_mode": "tokens",
+                "return_token_ids": True}
         out = self.call("POST", "/inference/v1/generate", self.request_timeout_s, body)
-        return out["choices"][0]
+        return {**out["choices"][0], "prompt_token_ids": out.get("prompt_token_ids")}

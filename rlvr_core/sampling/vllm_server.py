@@ -91,20 +91,33 @@ class VLLMServerEngine:
         """Per prompt (input order), params.n samples ordered by sample_index from `first_sample_index`; the
         seeds of the other engines; each Sample's `weight_version` is the version the server sampled it with.
         Prompt i goes to server i mod len(clients) (clients: a subset of the servers; default all)."""
-        clients = clients or self.clients
         check_prompt_ids(prompts, prompt_ids)
         encoded = [self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"] for p in prompts]
+        return self.generate_ids(encoded, prompt_ids, params, step=step, epoch=epoch,
+                                 first_sample_index=first_sample_index, clients=clients)
+
+    def generate_ids(self, prompt_token_ids: list[list[int]], prompt_ids: list[str], params: SamplingParams, *,
+                     step: int = 0, epoch: int = 0, first_sample_index: int = 0,
+                     clients: list[ServerClient] | None = None) -> list[list[Sample]]:
+        """`generate` on prompts given as token ids (the server's endpoint takes ids: nothing is re-encoded); each
+        sample's `prompt_token_ids` are the ids the server reports it conditioned on."""
+        clients = clients or self.clients
+        check_prompt_ids(prompt_token_ids, prompt_ids)
         jobs = []
-        for i, (ids, pid) in enumerate(zip(encoded, prompt_ids)):
+        for i, (ids, pid) in enumerate(zip(prompt_token_ids, prompt_ids)):
             if len(ids) == 0:
                 raise ValueError(f"prompt {pid!r} encodes to zero tokens")
             for s in range(first_sample_index, first_sample_index + params.n):
-                jobs.append((i, s, request_seed(params.seed, pid, step, s, epoch=epoch), list(ids)))
+                jobs.append((i, s, request_seed(params.seed, pid, step, s, epoch=epoch), [int(t) for t in ids]))
         futures = [self._pool.submit(clients[i % len(clients)].generate, ids, self._request_params(params, seed))
                    for (i, _, seed, ids) in jobs]
-        result: list[list[Sample]] = [[] for _ in prompts]
-        for (i, s, seed, _), fut in zip(jobs, futures):
-            result[i].append(self._to_sample(fut.result(), prompt_ids[i], s, seed, params))
+        result: list[list[Sample]] = [[] for _ in prompt_token_ids]
+        for (i, s, seed, ids), fut in zip(jobs, futures):
+            choice = fut.result()
+            sample = self._to_sample(choice, prompt_ids[i], s, seed, params)
+            reported = choice.get("prompt_token_ids")
+            sample.prompt_token_ids = [int(t) for t in reported] if reported is not None else ids
+            result[i].append(sample)
         return result
 
     def _to_sample(self, choice: dict, prompt_id: str, sample_index: int, seed: int, params: SamplingParams) -> Sample:

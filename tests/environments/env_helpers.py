@@ -58,7 +58,12 @@ class DroppingEngine:
 def trained_engine(steps: int = 150, seed: int = 0) -> HFEngine:
     """The tiny model taught the corpus (a few seconds of AdamW on the CPU), so that it calls the calculator."""
     engine = tiny_engine(seed)
-    tok, model = engine.tokenizer, engine.model
+    teach(engine.model, engine.tokenizer, steps=steps, seed=seed)
+    return engine
+
+
+def teach(model, tok, *, steps: int, seed: int) -> None:
+    """Full-batch AdamW on the corpus's first four texts (each ending in eos); the model is left in eval mode."""
     rows = [tok(t + tok.eos_token, add_special_tokens=False)["input_ids"] for t in CORPUS[:4]]
     width = max(map(len, rows))
     batch = torch.full((len(rows), width), tok.pad_token_id)
@@ -75,4 +80,3 @@ def trained_engine(steps: int = 150, seed: int = 0) -> HFEngine:
             loss.backward()
             opt.step()
     model.eval()
-    return engine

@@ -26,13 +26,19 @@ def test_the_tool_demo_recipe_is_valid_and_multi_turn():
     ({"environment": {"name": "browser"}}, "environment.name", "unknown environment 'browser'"),
     ({"environment": {"name": "tools", "tools": []}}, "environment.tools", "non-empty"),
     ({"environment": {"name": "tools", "max_turns": 1}}, "environment", "max_turns >= 2"),
-    ({"environment": {"name": "tools"}, "sampling": {"engine": "vllm"}}, "sampling.engine", "use sampling.engine: hf"),
     ({"environment": {"name": "tools"}, "grpo": {"max_staleness": 1}}, "environment.name", "max_staleness: 0"),
 ])
 def test_a_bad_environment_fails_before_any_work_naming_the_field(data, field, words):
     with pytest.raises(ConfigError) as err:
         parse_config(data, "exp.yaml")
     assert any(f == field and words in why for f, why in err.value.problems), err.value.problems
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm", "vllm-server"])
+def test_every_engine_runs_a_multi_turn_environment(engine):
+    """Each engine takes token ids (generate_ids); tests/environments/test_vllm_multi_turn.py runs vLLM's."""
+    cfg = parse_config({"environment": {"name": "tools"}, "sampling": {"engine": engine}}, "exp.yaml")
+    assert cfg.environment.multi_turn and cfg.sampling.engine == engine
 
 
 def test_single_turn_leaves_the_training_key_as_it_was():
