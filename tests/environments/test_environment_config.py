@@ -37,7 +37,8 @@ def test_a_bad_environment_fails_before_any_work_naming_the_field(data, field, w
 @pytest.mark.parametrize("engine", ["hf", "vllm", "vllm-server"])
 def test_every_engine_runs_a_multi_turn_environment(engine):
     """Each engine takes token ids (generate_ids); tests/environments/test_vllm_multi_turn.py runs vLLM's."""
-    cfg = parse_config({"environment": {"name": "tools"}, "sampling": {"engine": engine}}, "exp.yaml")
+    sampling = {"engine": engine, **({"servers": ["http://127.0.0.1:8000"]} if engine == "vllm-server" else {})}
+    cfg = parse_config({"environment": {"name": "tools"}, "sampling": sampling}, "exp.yaml")
     assert cfg.environment.multi_turn and cfg.sampling.engine == engine
 
 
