@@ -29,6 +29,7 @@ RUN_FILE = "run.json"
 STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "grpo_summary.json"
 ROLLOUTS_FILE = "rollouts.parquet"
+SEGMENTS_FILE = "rollout_segments.parquet"  # a multi-turn run's sampled trajectories, one row per segment
 SUFFIX_LEN = 8
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from rlvr_core.artifacts.export import LORA_CONFIG  # written beside the checkpoints: what export needs to merge adapters
-from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE
+from rlvr_core.artifacts.layout import ROLLOUTS_FILE, SEGMENTS_FILE, STEPS_FILE, SUMMARY_FILE
 from rlvr_core.experiment.config import GRPOConfig
 
 __all__ = ["CHECKPOINTS", "FINAL_MODEL", "LORA_ADAPTER", "STEPS_FILE", "SUMMARY_FILE", "ROLLOUTS_FILE",
@@ -49,6 +49,7 @@ class RunState:
     data_pos: int = 0
     ahead_weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # max_staleness > 0
     rollout_rows: list[dict] = field(default_factory=list)  # rank 0: rollouts.parquet's rows so far
+    segment_rows: list[dict] = field(default_factory=list)  # rank 0: rollout_segments.parquet's (multi-turn)
     resumed_from: str | None = None   # the checkpoint loaded, if any
 
 
@@ -73,12 +74,15 @@ def resume(engine: Any, out_dir: Path, cfg: GRPOConfig, device: torch.device, *,
     # Rollout samples of the steps up to the resume point; rows of later steps (written by a call killed
     # before its checkpoint) are dropped here and sampled again, so nothing is duplicated.
     state.rollout_rows = _read_rollouts(out_dir / ROLLOUTS_FILE, state.start_step) if is_main else []
+    state.segment_rows = _read_rollouts(out_dir / SEGMENTS_FILE, state.start_step) if is_main else []
     return state
 
 
 def write_rollouts(state: RunState, out_dir: Path, *, is_main: bool) -> None:
-    if is_main and (state.rollout_rows or (out_dir / ROLLOUTS_FILE).exists()):
-        write_rows(state.rollout_rows, out_dir / ROLLOUTS_FILE)
+    """rollouts.parquet and, for a multi-turn run, rollout_segments.parquet (the same completions' trajectories)."""
+    for rows, name in ((state.rollout_rows, ROLLOUTS_FILE), (state.segment_rows, SEGMENTS_FILE)):
+        if is_main and (rows or (out_dir / name).exists()):
+            write_rows(rows, out_dir / name)
 
 
 def save_checkpoint(engine: Any, out_dir: Path, step: int, state: RunState, ahead: Any, *, is_main: bool) -> None:

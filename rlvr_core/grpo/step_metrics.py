@@ -46,6 +46,7 @@ import torch
 from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.experiment.guards import (GUARD_IDS, GUARD_KL_EXPLOSION, GUARD_NO_SIGNAL, Firing, HealthConfig,
                                          HealthMonitor, firing_dict)
+from rlvr_core.environments.trajectory import to_rows
 from rlvr_core.experiment.no_signal import examples
 from rlvr_core.grpo.distributed import DataParallel
 
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from rlvr_core.grpo.rollouts import RolloutBatch
     from rlvr_core.grpo.update import UpdateResult
 
-__all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "flag_line", "step_row", "rollout_sample_rows", "StepGuards",
+__all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "flag_line", "step_row", "rollout_sample_rows", "split_segments", "StepGuards",
            "non_finite_loss", "progress_line", "verifier_hang_line", "run_summary", "base_columns"]
 
 NON_FINITE_LOSS = "non_finite_loss"  # the episode key (and summary tag) of a stop for a non-finite loss
@@ -203,6 +204,7 @@ def rollout_sample_rows(cfg: GRPOConfig, dp: DataParallel, *, step: int, data_po
     rank contributes the ones it holds; rank 0 keeps them in pick order, so N ranks log exactly what one
     process logs. Collective when anything is logged."""
     b, picks = rollouts, []
+    trajs = {(pid, i): t for pid, i, t in (b.trajectories or [])}
     sel_sizes = b.sizes[b.selected].tolist()
     order = [(j, i) for i in range(b.width) for j in range(b.K) if i < sel_sizes[j]]
     for k, (j, i) in enumerate(order[:cfg.rollout_samples_per_step]):
@@ -214,11 +216,22 @@ def rollout_sample_rows(cfg: GRPOConfig, dp: DataParallel, *, step: int, data_po
                 "sample_index": x.sample_index, "prompt": g.prompt, "completion": x.text,
                 "reward": float(o.reward), "status": o.status.value, "length": len(x.token_ids),
                 "finish_reason": x.finish_reason, "overlong_penalty": float(b.penalties[b.selected[j], i]),
-                "advantage": float(adv_all[j, i])}))
+                "advantage": float(adv_all[j, i]),
+                **({"segments": to_rows(trajs[g.row["id"], x.sample_index])} if trajs else {})}))
     if not (b.K and cfg.rollout_samples_per_step):
         return []
     picked = dp.gather_objects(picks)
     return [row for _, row in sorted(picked, key=lambda kv: kv[0])] if dp.is_main else []
+
+
+def split_segments(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """`rollout_sample_rows` as (rollouts.parquet's rows, rollout_segments.parquet's): a multi-turn completion's
+    trajectory leaves its row as one row per segment (rlvr_core.environments.trajectory.to_rows), keyed by the
+    row's step, prompt id and sample index."""
+    plain = [{k: v for k, v in r.items() if k != "segments"} for r in rows]
+    segments = [{"step": r["step"], "prompt_id": r["prompt_id"], "sample_index": r["sample_index"], **seg}
+                for r in rows for seg in r.get("segments", ())]
+    return plain, segments
 
 
 # What each per-step flag says, for the reason of its episodes (step_flags has the exact rules).

@@ -83,7 +83,8 @@ from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, m
 from rlvr_core.sampling.environment_engine import with_environment
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
 from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, base_columns, flag_line, run_summary,
-                                         progress_line, rollout_sample_rows, step_flags, step_row, verifier_hang_line)
+                                         progress_line, rollout_sample_rows, split_segments, step_flags, step_row,
+                                         verifier_hang_line)
 from rlvr_core.grpo.policy import Policy, build_policy, ds_config, load_policy_model
 from rlvr_core.grpo.logprobs import sequence_logprobs
 from rlvr_core.grpo.update import build_batch, sampled_kl, train_inputs, update_policy
@@ -397,8 +398,10 @@ def _step_row(run: _Run, step: int, epoch: int, rollouts: RolloutBatch, adv_all:
     for guard in run.guards.count(flags, step + 1):  # one line when a flag's episode opens, not one per step
         run.say(verifier_hang_line(step, rollouts, run.reward) if guard == "G-verifier-hang" else
                 flag_line(guard, step + 1))
-    state.rollout_rows += rollout_sample_rows(cfg, run.policy.dp, step=step, data_pos=state.data_pos,
-                                              rollouts=rollouts, adv_all=adv_all)
+    picked, segments = split_segments(rollout_sample_rows(cfg, run.policy.dp, step=step, data_pos=state.data_pos,
+                                                          rollouts=rollouts, adv_all=adv_all))
+    state.rollout_rows += picked
+    state.segment_rows += segments
     row = step_row(cfg, step=step, epoch=epoch, rollouts=rollouts, upd=upd, times=times, flags=flags,
                    buffer=run.collector.buffer_columns() if ahead is not None else None)
     row.update(base_columns(run.base_rollouts, run.rows, state.data_pos, rollouts.n_groups),

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE
+from rlvr_core.artifacts.layout import ROLLOUTS_FILE, SEGMENTS_FILE, STEPS_FILE, SUMMARY_FILE
 from rlvr_core.artifacts.storage import ArtifactStore
 from rlvr_core.core import settings
 from rlvr_core.core.numerics import numerics
@@ -299,9 +299,9 @@ def _train_tables(trained: stages.TrainArtifact) -> dict[str, pa.Table]:
     train/health_events.parquet comes from `_tables`."""
     tables = {"train/steps.parquet": pq.read_table(trained.steps_path),
               "train/steps_long.parquet": steps_long(trained.steps_path)}
-    rollouts = Path(trained.folder) / ROLLOUTS_FILE  # absent with grpo.rollout_samples_per_step = 0
-    if rollouts.is_file():
-        tables["train/rollouts.parquet"] = pq.read_table(rollouts)
+    for name in (ROLLOUTS_FILE, SEGMENTS_FILE):  # absent with rollout_samples_per_step = 0; segments: multi-turn
+        if (Path(trained.folder) / name).is_file():
+            tables[f"train/{name}"] = pq.read_table(Path(trained.folder) / name)
     return tables
 
 

@@ -246,6 +246,30 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     ALTER TABLE health_events ADD COLUMN last_step INTEGER;
     ALTER TABLE health_events ADD COLUMN n_steps INTEGER;
     """),
+    (11, "rollout_segments: a multi-turn rollout's trajectory, one row per segment (rlvr_core/environments)", """
+    -- The trajectories of the completions in rollout_samples (same run_id, step, prompt_id, sample_index), as the
+    -- trainer saw them: segment 0 is the first prompt's ids, then the model's turns (with the engine's log-probs)
+    -- and the environment's observations (no log-probs; the loss mask is 0 on them). Token-in/token-out: the ids
+    -- are what was sampled and trained, never text encoded again; rlvr_core.environments.trajectory.from_rows
+    -- reads a trajectory back from its rows.
+    CREATE TABLE rollout_segments (
+        run_id VARCHAR NOT NULL,
+        step INTEGER NOT NULL,
+        prompt_id VARCHAR NOT NULL,
+        sample_index INTEGER NOT NULL,
+        segment INTEGER NOT NULL,   -- 0 = the first prompt, then 1.. in order
+        role VARCHAR NOT NULL,      -- prompt, model or env
+        turn INTEGER,               -- the model turn a segment belongs to (-1 for the prompt)
+        token_ids BIGINT[],
+        logprobs DOUBLE[],          -- model segments only
+        weight_version INTEGER,     -- the policy version that sampled a model segment
+        reward DOUBLE,              -- the trajectory's outcome reward (on every row of it)
+        "end" VARCHAR,              -- why it ended: done, max_turns, max_total_tokens, deadline, length
+        tool_calls INTEGER,
+        tool_errors INTEGER,
+        text VARCHAR                -- the final turn, decoded (what the verifier scored)
+    );
+    """),
 ]
 
 # The Parquet files of a run folder (relative to `<experiment>/<run_id>/`) and the table each fills.
@@ -260,6 +284,7 @@ RUN_FILES = {
     "train_steps": "train/steps_long.parquet",
     "health_events": "train/health_events.parquet",
     "rollout_samples": "train/rollouts.parquet",
+    "rollout_segments": "train/rollout_segments.parquet",
 }
 # Probe outputs (rlvr_core.probe: `publish` copies its folder to `<run>/probe/`) may sit anywhere under
 # probe/ or probes/, one folder per probe or several probes in one (each row carries probe_id); a file

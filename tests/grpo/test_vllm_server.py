@@ -101,6 +101,10 @@ def _check_push(tiny, server, tmp_path, version: int, **engine_kw) -> float:
     after = engine.generate(prompts, ids, greedy)
     assert [g[0].token_ids for g in after] == [g[0].token_ids for g in hf_new]
     assert [g[0].text for g in after] == [g[0].text for g in hf_new]
+    encoded = [tok(p)["input_ids"] for p in prompts]  # token-in (a multi-turn rollout's later turns)
+    by_ids = engine.generate_ids(encoded, ids, greedy)
+    assert [g[0].token_ids for g in by_ids] == [g[0].token_ids for g in hf_new]
+    assert [g[0].prompt_token_ids for g in by_ids] == encoded  # as the server reports it conditioned
     sampled = engine.generate(prompts, ids, SamplingParams(n=4, temperature=1.0, max_new_tokens=16, seed=3), step=2)
     assert _teacher_forced_gap(new, tok, prompts, sampled) < TOL
     assert {s.weight_version for g in sampled + after for s in g} == {version}
