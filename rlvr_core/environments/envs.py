@@ -24,6 +24,8 @@ class StepResult:
     done: bool = False
     tool: str | None = None
     tool_error: str | None = None
+    argument: str | None = None      # the call's argument, as the model wrote it (for people: traces)
+    observation: str | None = None   # the tool's answer as text (its ids are observation_ids' middle)
 
 
 def _prompt_ids(tokenizer: Any, template: Any, problem: dict, add_special_tokens: bool) -> list[int]:
@@ -72,4 +74,5 @@ class ToolEnvironment:
             return StepResult(done=True)
         result = call if isinstance(call, ToolResult) else run_call(call, self.tools, self.tool_options)
         name = call.name if isinstance(call, ToolCall) else None
-        return StepResult(self.boundary.observation_ids(result.text), False, name or "malformed", result.error)
+        return StepResult(self.boundary.observation_ids(result.text), False, name or "malformed", result.error,
+                          argument=call.argument if isinstance(call, ToolCall) else None, observation=result.text)

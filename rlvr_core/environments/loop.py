@@ -66,15 +66,17 @@ def run_turns(engine: Any, env: Any, prompts: list[list[int]], keys: list[str], 
     `first_sample_index` (the engine's own numbering, so request seeds match a single-turn call's)."""
     started = time.monotonic()
     turn_params = replace(params, stop=tuple(dict.fromkeys((*params.stop, *env.stop))))
+    t0 = time.time_ns()
     first = engine.generate_ids(prompts, keys, turn_params, step=step, epoch=epoch,
                                 first_sample_index=first_sample_index)
+    sampled_ns = (t0, time.time_ns())
     live = [_Live(i, s, Trajectory(tuple(prompts[i]))) for i in range(len(prompts)) for s in range(params.n)]
     samples = [first[x.problem][x.sample] for x in live]
     for x, sample in zip(live, samples):
         x.traj.seed = sample.seed
     done: list[_Live] = []
     for turn in range(budgets.max_turns):
-        live = _take_turn(env, live, samples, turn, budgets, done, tools_log)
+        live = _take_turn(env, live, samples, turn, budgets, done, tools_log, sampled_ns)
         if not live:
             break
         if budgets.deadline_s is not None and time.monotonic() - started > budgets.deadline_s:
@@ -83,8 +85,10 @@ def run_turns(engine: Any, env: Any, prompts: list[list[int]], keys: list[str], 
         if turn + 1 == budgets.max_turns:
             _end(live, "max_turns", done)
             break
+        t0 = time.time_ns()
         samples = _sample_next(engine, live, keys, turn_params, turn + 1, budgets, step, epoch,
                                first_sample_index)
+        sampled_ns = (t0, time.time_ns())
     out: list[list[Trajectory]] = [[None] * params.n for _ in prompts]  # type: ignore[list-item]
     for x in done:
         out[x.problem][x.sample] = x.traj
@@ -104,8 +108,9 @@ def score_trajectories(trajs: list[list[Trajectory]], golds: list[Any], score: C
 
 
 def _take_turn(env: Any, live: list[_Live], samples: list[Any], turn: int, budgets: Budgets, done: list[_Live],
-               tools_log: Callable[[dict], None] | None) -> list[_Live]:
-    """Append each sample as a model segment and the environment's answer; return the trajectories still live."""
+               tools_log: Callable[[dict], None] | None, sampled_ns: tuple[int, int]) -> list[_Live]:
+    """Append each sample as a model segment and the environment's answer; return the trajectories still live.
+    `sampled_ns`: when the engine call that sampled this turn ran (the turn log's)."""
     still = []
     for x, sample in zip(live, samples):
         check_engine_context(sample, x.traj, turn=turn)
@@ -113,6 +118,7 @@ def _take_turn(env: Any, live: list[_Live], samples: list[Any], turn: int, budge
         ids, logprobs = tuple(sample.token_ids), tuple(sample.logprobs)
         x.traj.segments.append(Segment("model", ids[:room], turn, logprobs[:room], sample.weight_version))
         x.traj.text = sample.text
+        x.traj.turn_log.append({"turn": turn, "text": sample.text, "tokens": min(len(ids), room), "ns": sampled_ns})
         if len(ids) > room:  # sampled past this trajectory's share of the call's cap: cut, ids and log-probs together
             x.traj.text = env_text(env, ids[:room])
             _end([x], "max_total_tokens", done)
@@ -120,11 +126,15 @@ def _take_turn(env: Any, live: list[_Live], samples: list[Any], turn: int, budge
         if sample.finish_reason == "length":
             _end([x], "length", done)
             continue
+        t_tool = time.time_ns()
         answer = env.step(list(sample.token_ids))
         x.traj.turn_rewards.append(None)
         if answer.tool is not None:
             x.traj.tool_calls += 1
             x.traj.tool_errors += int(answer.tool_error is not None)
+            x.traj.turn_log[-1]["call"] = {"tool": answer.tool, "argument": answer.argument,
+                                           "observation": answer.observation, "error": answer.tool_error,
+                                           "ns": (t_tool, time.time_ns())}
             if tools_log is not None:
                 tools_log({"problem": x.problem, "sample": x.sample, "turn": turn, "tool": answer.tool,
                            "error": answer.tool_error})

@@ -58,6 +58,9 @@ class Trajectory:
     tool_errors: int = 0
     text: str = ""  # the model's final turn, decoded, for the verifier and for people (never re-encoded)
     seed: int = 0  # the first turn's request seed
+    # For people, not for training (not stored as segments): per model turn, when the engine sampled it (ns), how
+    # many ids, and the tool call it made (name, argument, answer, error, when it ran). Traces show it as spans.
+    turn_log: list[dict] = field(default_factory=list, compare=False)
 
     @property
     def turns(self) -> int:

@@ -9,6 +9,8 @@ version) and hands them to a background thread that writes one trace per group:
 
     rollout group (CHAIN)   inputs: prompt, prompt id, gold   outputs: one row per completion
       ├ sample (LLM)        the step's generation phase        outputs: completions, lengths, finish reasons
+      │ └ turn k · sample i (LLM)      a multi-turn trajectory's model turn (when its engine call ran)
+      │   └ tool <name> (TOOL)         the call it made: argument in, answer and error out
       └ verify (EVALUATOR)  the step's verification phase      outputs: status, reward, detail, extracted
 
 Traces carry searchable tags (`rlvr.kind` rollout|eval, `step`, `prompt_id`, `reward_mean`, `n_correct`,
@@ -83,11 +85,41 @@ def group_records(row: dict, rollouts: Any, *, n_groups: int | None, max_chars: 
         comps = [{"sample_index": x.sample_index, "completion": _cut(x.text, max_chars), "reward": float(o.reward),
                   "status": o.status.value, "detail": o.detail, "extracted": o.extracted, "length": len(x.token_ids),
                   "finish_reason": x.finish_reason,
-                  "weight_version": x.weight_version if x.weight_version is not None else fallback}
+                  "weight_version": x.weight_version if x.weight_version is not None else fallback,
+                  **({"turns": _turns(x.env["turn_log"], max_chars)} if x.env and x.env.get("turn_log") else {})}
                  for x, o in zip(g.samples, g.outcomes)]
         out.append({"kind": "rollout", "step": step, "prompt_id": g.row["id"], "position": g.position,
                     "prompt": _cut(g.prompt, max_chars), "gold": str(gold_of(g.row)), "completions": comps})
     return out
+
+
+def _turns(turn_log: list[dict], max_chars: int) -> list[dict]:
+    """A trajectory's turn log (rlvr_core/environments/loop.py) with its texts cut, for the turn and tool spans."""
+    out = []
+    for t in turn_log:
+        turn = {**t, "text": _cut(t["text"], max_chars)}
+        if t.get("call"):
+            turn["call"] = {**t["call"], "argument": _cut(str(t["call"]["argument"] or ""), max_chars),
+                            "observation": _cut(str(t["call"]["observation"] or ""), max_chars)}
+        out.append(turn)
+    return out
+
+
+def _turn_spans(trace_id: str, tid: bytes, parent: str, comps: list[dict]) -> list:
+    """One span per model turn of each multi-turn completion (under `sample`), a child span per tool call."""
+    spans = []
+    for c in comps:
+        for t in c.get("turns", ()):
+            turn_id = base64.b64encode(os.urandom(8)).decode()
+            spans.append(_span(trace_id, tid, turn_id, parent, f"turn {t['turn']} · sample {c['sample_index']}",
+                               "LLM", tuple(t["ns"]), {"sample_index": c["sample_index"], "turn": t["turn"]},
+                               {"text": t["text"], "tokens": t["tokens"]}))
+            call = t.get("call")
+            if call:
+                spans.append(_span(trace_id, tid, base64.b64encode(os.urandom(8)).decode(), turn_id,
+                                   f"tool {call['tool']}", "TOOL", tuple(call["ns"]), {"argument": call["argument"]},
+                                   {"observation": call["observation"], "error": call["error"]}))
+    return spans
 
 
 def eval_records(samples: list[dict], problems: list[dict], *, step: int, limit: int, max_chars: int) -> list[dict]:
@@ -142,13 +174,15 @@ def trace_entities(rec: dict, *, experiment_id: str, run_id: str, phases: dict[s
     inputs = {"prompt": rec["prompt"], "prompt_id": rec["prompt_id"], "step": rec["step"], "gold": rec["gold"]}
     name = f"{rec['kind']} step {rec['step']} {rec['prompt_id']}"
     spans = [
-        _span(trace_id, tid, root, None, name, "CHAIN", phases["step"], inputs, comps, experiment_id),
+        _span(trace_id, tid, root, None, name, "CHAIN", phases["step"], inputs,
+              [{k: v for k, v in c.items() if k != "turns"} for c in comps], experiment_id),
         _span(trace_id, tid, s_sample, root, "sample", "LLM", phases["sample"], {"prompt": rec["prompt"]},
               [{k: c[k] for k in ("sample_index", "completion", "length", "finish_reason", "weight_version")}
                for c in comps]),
         _span(trace_id, tid, s_verify, root, "verify", "EVALUATOR", phases["verify"],
               {"completions": [c["completion"] for c in comps], "gold": rec["gold"]},
               [{k: c[k] for k in ("sample_index", "status", "reward", "detail", "extracted")} for c in comps]),
+        *_turn_spans(trace_id, tid, s_sample, comps),
     ]
     t0, t1 = phases["step"]
     tags = {"mlflow.traceName": name, KIND_TAG: rec["kind"], "step": str(rec["step"]), "prompt_id": rec["prompt_id"],

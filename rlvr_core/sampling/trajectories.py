@@ -17,4 +17,5 @@ def as_sample(traj: Trajectory, prompt_id: str, sample_index: int, seed: int = 0
                   finish_reason="stop" if traj.end == "done" else "length", logprobs=logprobs, seed=seed,
                   weight_version=min(versions) if versions else None, prompt_token_ids=list(traj.prompt_ids),
                   loss_mask=mask, env={"turns": traj.turns, "tool_calls": traj.tool_calls,
-                                       "tool_errors": traj.tool_errors, "end": traj.end})
+                                       "tool_errors": traj.tool_errors, "end": traj.end,
+                                       "turn_log": traj.turn_log})

@@ -127,3 +127,30 @@ def test_nothing_is_written_when_traces_are_off(mlflow_run):
     with TraceSink(run, uri, TracesConfig(enabled=False), last_step=2, eval_interval=1) as sink:
         sink(_row(2, **{"G-verifier-error": 1}), _batch(2, [["a"]], [[1.0]]))
     assert sink.sent == 0 and len(client.search_traces(locations=[exp])) == 0
+
+
+def test_a_multi_turn_rollout_shows_a_span_per_turn_and_a_child_span_per_tool_call(mlflow_run):
+    """The turn log the tools loop keeps (rlvr_core/environments/loop.py) becomes spans under `sample`: turn 0 with
+    its calculator call as a child, turn 1 (the answer) without one; a single-turn completion gets none."""
+    uri, client, exp, run = mlflow_run
+    batch = _batch(4, [["#### 408", "#### 9"]], [[1.0, 0.0]])
+    log = [{"turn": 0, "text": " <calculator>12*34</calculator>", "tokens": 9, "ns": (1_000, 2_000),
+            "call": {"tool": "calculator", "argument": "12*34", "observation": "408", "error": None,
+                     "ns": (2_100, 2_200)}},
+           {"turn": 1, "text": "#### 408", "tokens": 4, "ns": (3_000, 4_000)}]
+    first = batch.local[0].samples[0]
+    batch.local[0].samples[0] = Sample(first.prompt_id, 0, first.text, first.token_ids, "stop", first.logprobs, 7,
+                                       env={"turns": 2, "tool_calls": 1, "tool_errors": 0, "end": "done",
+                                            "turn_log": log})
+    with TraceSink(run, uri, TracesConfig(every=1), last_step=4, eval_interval=0) as sink:
+        sink(_row(4), batch)
+    (trace,) = client.search_traces(locations=[exp], run_id=run)
+    spans = {s.name: s for s in trace.data.spans}
+    assert set(spans) == {"rollout step 4 p0", "sample", "verify", "turn 0 · sample 0", "turn 1 · sample 0",
+                          "tool calculator"}
+    assert spans["turn 0 · sample 0"].parent_id == spans["turn 1 · sample 0"].parent_id == spans["sample"].span_id
+    tool = spans["tool calculator"]
+    assert tool.parent_id == spans["turn 0 · sample 0"].span_id and tool.span_type == "TOOL"
+    assert tool.inputs == {"argument": "12*34"} and tool.outputs == {"observation": "408", "error": None}
+    assert (tool.start_time_ns, tool.end_time_ns) == (2_100, 2_200)
+    assert spans["turn 1 · sample 0"].outputs == {"text": "#### 408", "tokens": 4}

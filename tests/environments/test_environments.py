@@ -93,6 +93,12 @@ def test_a_tool_call_is_answered_and_the_model_finishes_from_the_stored_ids(engi
     assert rerender_drift(engine.tokenizer, [x for g in trajs for x in g]) == 0.0  # the demo-style boundary
     health = step_health([x for g in trajs for x in g])
     assert health["env/tool_call_rate"] == 1.0 and health["health/G-tool-errors"] == 0.0
+    # The turn log the traces show: one entry per model turn, the call with its argument and answer, in time order.
+    log = t.turn_log
+    assert [(e["turn"], e["tokens"]) for e in log] == [(0, len(t.segments[0].token_ids)), (1, len(t.segments[2].token_ids))]
+    call = log[0]["call"]
+    assert (call["tool"], call["argument"], call["observation"], call["error"]) == ("calculator", "12*34", "408", None)
+    assert log[0]["ns"][1] <= call["ns"][0] <= call["ns"][1] <= log[1]["ns"][0] and "call" not in log[1]
 
 
 def test_a_budget_cut_is_flagged_and_scored_as_configured(engine):
