@@ -24,6 +24,7 @@ class StepResult:
     done: bool = False
     tool: str | None = None
     tool_error: str | None = None
+    reward: float | None = None      # the turn's own reward (e.g. a failed tool call's), None: none
     argument: str | None = None      # the call's argument, as the model wrote it (for people: traces)
     observation: str | None = None   # the tool's answer as text (its ids are observation_ids' middle)
 
@@ -54,11 +55,14 @@ class ToolEnvironment:
     """A turn that ends with a tool call gets the tool's answer as its observation; a turn without one is the final
     answer. `tools`: names from `rlvr_core.environments.tools.TOOLS`; `markup`: how a turn holds a call;
     `boundary`: how an observation follows the sampled ids (rlvr_core/environments/boundary.py);
-    `tool_options`: per tool, keyword options (e.g. {"python": {"time_s": 2}})."""
+    `tool_options`: per tool, keyword options (e.g. {"python": {"time_s": 2}}); `error_reward`: the reward of a turn
+    whose call failed (malformed, unknown tool, error, timeout), None for no per-turn reward."""
 
     def __init__(self, tokenizer: Any, template: Any, *, boundary: Boundary, tools: list[str],
-                 markup: str = "tag", tool_options: dict | None = None, add_special_tokens: bool = True) -> None:
+                 markup: str = "tag", tool_options: dict | None = None, add_special_tokens: bool = True,
+                 error_reward: float | None = None) -> None:
         self.tokenizer, self.template, self.boundary = tokenizer, template, boundary
+        self.error_reward = error_reward
         self.tools, self.markup, self.tool_options = list(tools), markup, dict(tool_options or {})
         self.add_special_tokens = add_special_tokens
         self.stop = stop_strings(markup, self.tools)
@@ -75,4 +79,5 @@ class ToolEnvironment:
         result = call if isinstance(call, ToolResult) else run_call(call, self.tools, self.tool_options)
         name = call.name if isinstance(call, ToolCall) else None
         return StepResult(self.boundary.observation_ids(result.text), False, name or "malformed", result.error,
+                          reward=self.error_reward if result.error is not None else None,
                           argument=call.argument if isinstance(call, ToolCall) else None, observation=result.text)

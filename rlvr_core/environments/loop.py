@@ -128,7 +128,7 @@ def _take_turn(env: Any, live: list[_Live], samples: list[Any], turn: int, budge
             continue
         t_tool = time.time_ns()
         answer = env.step(list(sample.token_ids))
-        x.traj.turn_rewards.append(None)
+        x.traj.turn_rewards.append(answer.reward)
         if answer.tool is not None:
             x.traj.tool_calls += 1
             x.traj.tool_errors += int(answer.tool_error is not None)

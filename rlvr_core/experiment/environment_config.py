@@ -8,12 +8,15 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlvr_core.core.registry import names
-from rlvr_core.experiment.config_base import _Strict
+from rlvr_core.experiment.config_base import _AddedLater
 
 TOOL_NAMES = ("calculator", "python")
 
 
-class EnvironmentConfig(_Strict):
+class EnvironmentConfig(_AddedLater):
+    # Dumped (config hash, training key) only away from their defaults: the tool demo's keys stay what they were.
+    _ADDED_LATER = ("tool_error_reward", "turn_advantage")
+
     name: str = Field("single_turn", description="registered environment: single_turn (one completion, today's "
                       "path) or tools (a turn ending in a tool call gets the tool's answer as the next observation)")
     tools: list[str] = Field(default_factory=lambda: ["calculator"], description="tools environment: the tools "
@@ -38,6 +41,12 @@ class EnvironmentConfig(_Strict):
                                         "is flagged")
     max_cut_share: float = Field(0.2, ge=0, le=1, description="G-turn-budget: a step whose share of trajectories "
                                  "cut by a budget is above this is flagged")
+    tool_error_reward: float | None = Field(None, description="tools environment: the per-turn reward of a turn "
+                                            "whose tool call failed (e.g. -0.1); None: no per-turn rewards")
+    turn_advantage: Literal["outcome", "to_go"] = Field(
+        "outcome", description="GRPO's advantage on a trajectory's tokens: outcome (the group-normalised outcome "
+        "reward on every model token) or to_go (each turn's return from it on, minus the other trajectories' mean "
+        "whole return: a baseline that does not depend on when a trajectory stopped; docs/environments.md)")
 
     @field_validator("name")
     @classmethod
@@ -69,3 +78,4 @@ class EnvironmentConfig(_Strict):
         """What changes the trained weights (the training key's `environment`; absent for single_turn, so every
         config from before environments keeps its key)."""
         return self.model_dump(mode="json", exclude={"max_tool_error_share", "max_cut_share"})
+

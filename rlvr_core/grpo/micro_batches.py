@@ -62,7 +62,8 @@ def take_rows(inputs: Any, rows: list[int]) -> Any:
              "position_ids": b["position_ids"].index_select(0, idx)[:, :S],
              "gather": b["gather"].index_select(0, idx)[:, :T].clamp(max=S - 1),
              "targets": b["targets"].index_select(0, idx)[:, :T], "lengths": lengths}
-    return dataclasses.replace(inputs, batch=batch, adv=inputs.adv.index_select(0, idx),
+    adv = inputs.adv.index_select(0, idx)
+    return dataclasses.replace(inputs, batch=batch, adv=adv[:, :T] if adv.dim() == 2 else adv,
                                rollout_logp=inputs.rollout_logp.index_select(0, idx)[:, :T],
                                mask=inputs.mask.index_select(0, idx)[:, :T])
 
@@ -75,6 +76,7 @@ def empty_like(inputs: Any) -> Any:
     batch = {"input_ids": b["input_ids"][:1, :1].clone(), "attention_mask": torch.ones_like(zeros),
              "position_ids": zeros, "gather": zeros.clone(), "targets": b["targets"][:1, :1].clone(),
              "lengths": torch.zeros(1, dtype=torch.long, device=dev)}
-    return dataclasses.replace(inputs, batch=batch, adv=torch.zeros_like(inputs.adv[:1]),
+    return dataclasses.replace(inputs, batch=batch, adv=torch.zeros_like(inputs.adv[:1, :1] if inputs.adv.dim() == 2
+                                                                         else inputs.adv[:1]),
                                rollout_logp=torch.zeros_like(inputs.rollout_logp[:1, :1]),
                                mask=torch.zeros((1, 1), dtype=torch.bool, device=dev))

@@ -71,6 +71,7 @@ from rlvr_core.experiment.guards import GuardError
 from rlvr_core.grpo.distributed import DataParallel, global_normalisers, reduce_loss_metrics
 from rlvr_core.grpo.kl import token_kl
 from rlvr_core.grpo.logprobs import sequence_logprobs
+from rlvr_core.environments.advantages import token_advantages, turn_to_go_advantages
 from rlvr_core.environments.trajectory import check_aligned
 from rlvr_core.grpo.losses import mask_from_lengths
 from rlvr_core.grpo.rollout_correction import correction_weights
@@ -137,7 +138,7 @@ class TrainInputs:
     """This rank's share of the step's trained completions, as tensors on the device."""
 
     batch: dict[str, torch.Tensor]   # build_batch's tensors
-    adv: torch.Tensor                # (B,) advantage of each completion
+    adv: torch.Tensor                # (B,) advantage of each completion, or (B, T) per token (turn_advantage: to_go)
     rollout_logp: torch.Tensor       # (B, T) the rollout engine's raw log-probs of the sampled tokens (0 on padding)
     mask: torch.Tensor               # (B, T) response mask, from lengths
     n_seqs: int                      # completions trained this step, all ranks (the sequence normaliser)
@@ -197,7 +198,26 @@ def train_inputs(rollouts: "RolloutBatch", adv_all: torch.Tensor, *, tokenizer: 
     mine = rollouts.mine()
     adv = (torch.cat([adv_all[j, :len(g.samples)] for j, g in mine]) if mine else torch.zeros(1)).to(device)
     batch, old, mask = _groups_batch([g for _, g in mine], tokenizer, sampler, device)
+    if mine and getattr(sampler, "turn_advantage", "outcome") == "to_go":  # per-turn credit (environments)
+        adv = turn_token_advantages([g for _, g in mine], mask.shape[1]).to(device)
     return TrainInputs(batch, adv, old, mask, int(rollouts.sizes[rollouts.selected].sum()))
+
+
+def turn_token_advantages(groups: list, T: int) -> torch.Tensor:
+    """(B, T) advantages of multi-turn trajectories under `environment.turn_advantage: to_go`: each group's
+    `turn_to_go_advantages` (its shaped outcome rewards and the turns' own rewards) on each turn's model ids, 0 on
+    the environment's (rlvr_core/environments/advantages.py)."""
+    rows = []
+    for g in groups:
+        logs = [x.env or {} for x in g.samples]
+        turns = [[t["tokens"] for t in e.get("turn_log", ())] for e in logs]
+        rewards = [list(e.get("turn_rewards", ())) + [None] * (len(n) - len(e.get("turn_rewards", ())))
+                   for e, n in zip(logs, turns)]
+        outcomes = [r + p for r, p in zip(g.stats.rewards, g.stats.penalties)]
+        per_turn = turn_to_go_advantages(outcomes, rewards)
+        rows += [token_advantages(a, n, x.loss_mask or [1] * len(x.token_ids))
+                 for a, n, x in zip(per_turn, turns, g.samples)]
+    return _pad_2d(rows, T)
 
 
 def sampled_kl(policy: "Policy", cfg: GRPOConfig, rollouts: "RolloutBatch", *, tokenizer: Any, sampler: Any,

@@ -24,11 +24,12 @@ from rlvr_core.sampling.trajectories import as_sample
 
 class EnvironmentEngine:
     def __init__(self, engine: Any, env: Any, budgets: Budgets, *, max_tool_error_share: float = 0.2,
-                 max_cut_share: float = 0.2) -> None:
+                 max_cut_share: float = 0.2, turn_advantage: str = "outcome") -> None:
         if not hasattr(engine, "generate_ids"):
             raise ValueError(f"a multi-turn environment needs an engine that takes token ids (generate_ids); "
                              f"{type(engine).__name__} does not")
         self.engine, self.env, self.budgets = engine, env, budgets
+        self.turn_advantage = turn_advantage  # read by the trainer (rlvr_core/grpo/update.py train_inputs)
         self.limits = {"max_tool_error_share": max_tool_error_share, "max_cut_share": max_cut_share}
         self._taken: list[tuple[str, int, Trajectory]] = []
 
@@ -86,8 +87,10 @@ def with_environment(environment: Any, engine: Any, template: Any) -> Any:
     env = lookup("environment", environment.name)(tok, template, boundary=boundary, tools=environment.tools,
                                                   markup=environment.markup,
                                                   tool_options={"python": {"time_s": environment.tool_time_s}},
-                                                  add_special_tokens=engine.add_special_tokens)
+                                                  add_special_tokens=engine.add_special_tokens,
+                                                  **({"error_reward": environment.tool_error_reward}
+                                                     if environment.tool_error_reward is not None else {}))
     budgets = Budgets(max_turns=environment.max_turns, max_total_tokens=environment.max_total_tokens,
                       deadline_s=environment.deadline_s, on_cut=environment.on_cut)
     return EnvironmentEngine(engine, env, budgets, max_tool_error_share=environment.max_tool_error_share,
-                             max_cut_share=environment.max_cut_share)
+                             max_cut_share=environment.max_cut_share, turn_advantage=environment.turn_advantage)

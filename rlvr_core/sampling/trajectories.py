@@ -18,4 +18,4 @@ def as_sample(traj: Trajectory, prompt_id: str, sample_index: int, seed: int = 0
                   weight_version=min(versions) if versions else None, prompt_token_ids=list(traj.prompt_ids),
                   loss_mask=mask, env={"turns": traj.turns, "tool_calls": traj.tool_calls,
                                        "tool_errors": traj.tool_errors, "end": traj.end,
-                                       "turn_log": traj.turn_log})
+                                       "turn_log": traj.turn_log, "turn_rewards": traj.turn_rewards})

@@ -76,3 +76,25 @@ def test_the_loss_sees_only_the_policys_tokens(live):
     noisy_old = torch.where(env_positions, torch.full_like(old, -7.0), old)
     noisy_logp = torch.where(env_positions, torch.full_like(logp, 3.0), logp)
     assert float(grpo_loss(noisy_logp, noisy_old, adv, mask)[0]) == float(loss)
+
+
+def test_per_turn_advantages_sit_on_each_turns_model_ids(live):
+    """The trainer's (B, T) advantages under turn_advantage: to_go, on live trajectories: turn k's value on the ids
+    of model turn k, 0 on every observation id; a failed call's turn reward is charged to its own turn only."""
+    from rlvr_core.environments.advantages import turn_to_go_advantages
+    from rlvr_core.grpo.update import turn_token_advantages
+
+    _, trajs = live
+    samples = [as_sample(t, f"p{i}", i) for i, t in enumerate(trajs)]
+    rewards = [t.reward for t in trajs]
+    group = SimpleNamespace(samples=samples, stats=SimpleNamespace(rewards=rewards, penalties=[0.0] * len(trajs)))
+    adv = turn_token_advantages([group], max(len(s.token_ids) for s in samples) + 3)
+    per_turn = turn_to_go_advantages(rewards, [t.turn_rewards + [None] * (t.turns - len(t.turn_rewards))
+                                               for t in trajs])
+    for b, t in enumerate(trajs):
+        pos = 0
+        for s in t.segments:
+            want = per_turn[b][s.turn] if s.role == "model" else 0.0
+            assert adv[b, pos:pos + len(s.token_ids)].tolist() == pytest.approx([want] * len(s.token_ids))
+            pos += len(s.token_ids)
+        assert not adv[b, pos:].any()

@@ -6,6 +6,7 @@ from the rollout to the table), and to the loss the rows read from the file give
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -114,3 +115,20 @@ def test_segments_in_the_warehouse_replay_to_the_sampled_logprobs_and_the_same_l
     loss_db = grpo_loss(logp, old, adv, mask)[0]
     logp2, old2, mask2 = replay([from_file[k] for k in sorted(from_file) if k[0] == 1])
     assert float(loss_db) == float(grpo_loss(logp2, old2, adv, mask2)[0])
+
+
+def test_per_turn_advantages_train_through_the_trainer(taught_engine, tmp_path):
+    """turn_advantage: to_go with a failed call's turn reward: the trainer builds (B, T) token advantages (each turn's
+    on its model ids, 0 on observations) and trains; the tool-call turns the loop logged carry the turn rewards."""
+    base = tmp_path / "base"
+    taught_engine.model.save_pretrained(base)
+    taught_engine.tokenizer.save_pretrained(base)
+    rows = make_products_dataset(ProductsSpec(n_train=16, n_test=2, digits=(2, 1), seed=0))["train"]
+    cfg = tiny_cfg(steps=1, temperature=1.0, rollout_samples_per_step=100,
+                   guards={"health": {"no_signal": {"serious": False}}})
+    env = EnvironmentConfig(name="tools", max_turns=3, max_total_tokens=64, turn_advantage="to_go",
+                            tool_error_reward=-0.2)
+    result = train_grpo(base, rows, [r["id"] for r in rows], tmp_path / "out", cfg, template_id="qa",
+                        reward=RewardConfig(verifier="gsm8k"), max_new_tokens=24, seed=0, environment=env)
+    (step,) = pq.read_table(result.steps_path).to_pylist()
+    assert math.isfinite(step["loss"]) and step["env/tool_call_rate"] > 0
