@@ -97,3 +97,23 @@ def test_base_file_relative_to_the_sweep(tmp_path):
         load_sweep(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="no sweep file of that name"):
         find_sweep("no-such-sweep")
+
+
+def test_tools_sweep_is_the_tool_demo_with_and_without_its_calculator():
+    """A sweep axis over the environment: the same shared stages (data, base model), one cell per environment."""
+    sw = load_sweep(ROOT / "configs" / "sweeps" / "tools_on_off.yaml")
+    assert sw.swept_keys == ["environment.name"] and len(sw.trials) == 6
+    assert [(t.config["environment"]["name"], t.config["seed"]) for t in sw.trials] == [
+        (name, s) for name in ("single_turn", "tools") for s in (0, 1, 2)]
+    base = load_config(ROOT / "configs" / "examples" / "tool-demo.yaml").resolved()
+    for t in sw.trials:
+        for section in ("data", "model", "prompt", "sampling"):
+            assert t.config[section] == base[section], section
+        assert load_config_from(t.config).environment.multi_turn == (t.config["environment"]["name"] == "tools")
+    assert find_sweep("tools-on-off") == ROOT / "configs" / "sweeps" / "tools_on_off.yaml"
+
+
+def load_config_from(resolved: dict):
+    from rlvr_core.experiment.config import parse_config
+
+    return parse_config(resolved, "trial")
