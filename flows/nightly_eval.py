@@ -62,7 +62,9 @@ def suite_version(cfg: ExperimentConfig) -> str:
     """`synthetic@<benchmark version>-<hash of the settings that decide the numbers>`."""
     decides = {"data": cfg.data.model_dump(mode="json"), "prompt": cfg.prompt.model_dump(mode="json"),
                "eval": cfg.eval.model_dump(mode="json", exclude={"verifier_workers"}),
-               "sampling": {"top_p": cfg.sampling.top_p, "seed": cfg.sampling.seed}, "dtype": cfg.model.dtype}
+               "sampling": {"top_p": cfg.sampling.top_p, "seed": cfg.sampling.seed}, "dtype": cfg.model.dtype,
+               # a multi-turn suite is another suite (single_turn: absent, so earlier suites keep their versions)
+               **({"environment": cfg.environment.key_dump()} if cfg.environment.multi_turn else {})}
     return f"synthetic@{stages.SYNTHETIC_BENCHMARK_VERSION}-{config_hash(decides)[:10]}"
 
 

@@ -154,7 +154,7 @@ SHARED_GROUPS = {
     "tiny_checkpoints": ("tests/eval/test_cli.py", "tests/eval/test_cli_inputs.py", "tests/eval/test_eval_limits.py",
                          "tests/eval/test_evaluator.py", "tests/eval/test_hub.py", "tests/eval/test_vllm_engine_stages.py"),
     "taught_engine": ("tests/environments/test_environments.py", "tests/environments/test_replay.py",
-                      "tests/environments/test_trainer_environment.py"),
+                      "tests/environments/test_trainer_environment.py", "tests/environments/test_eval_environment.py"),
     "sample_warehouse": ("tests/dashboards/test_dashboard_browser.py", "tests/dashboards/test_dashboard_queries.py",
                          "tests/dashboards/test_dashboard_signal.py", "tests/dashboards/test_report.py",
                          "tests/dashboards/test_runs_report.py"),

@@ -59,7 +59,7 @@ from rlvr_core.core.stats import wilson_interval
 from rlvr_core.data.templates import get_template
 from rlvr_core.eval.metrics import (COMPARE_EXEMPT, CURVES_FILE, EVAL_FILE, METRICS_FILE,  # noqa: F401 (re-exported)
                                     SAMPLES_FILE, EvalLimits, compute_metrics, continued_after_answer, curves_table,
-                                    eval_flags, metrics_table, samples_table, vote_key)
+                                    eval_flags, metrics_table, samples_table, share_row, vote_key)
 from rlvr_core.experiment.benchmarks import (BenchmarkSpec, VerifierSpec, benchmark_data_hash, benchmark_hash,
                                              data_source_record, effective_stop, gold_for, load_benchmark_problems,
                                              parse_benchmark, parse_metric, prompt_template, resolved_benchmark,
@@ -255,6 +255,8 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
                        template_key=template.key)
     settings = _settings(spec, problems, outcomes, run, template_key=template.key, stop=stop,
                          train_template=train_template)
+    if getattr(engine, "environment_settings", None) is not None:  # multi-turn: the environment changes the numbers
+        settings["environment"] = engine.environment_settings
     if settings["template_mismatch"]:
         progress(stage, f"warning: {template_mismatch_line(spec, train_template)}")
     metrics, curves, summary = compute_metrics(spec, problems, records, settings, eval_id=eval_id, checkpoint=checkpoint)
@@ -265,6 +267,7 @@ def evaluate_spec(engine, tokenizer, spec: BenchmarkSpec, *, run: RunSettings = 
     environment = environment_summary(generated)
     if environment is not None:
         summary["environment"] = environment
+        metrics += environment_rows(environment, metrics[0])
         progress(stage, "tools: greedy tool-call rate {tool_call_rate:.3f} [{lo:.3f}, {hi:.3f}], {turns_mean:.2f} "
                         "turns, tool errors {tool_error_share:.3f}, cut {cut_share:.3f}".format(
                             lo=environment["tool_call_rate_ci"][0], hi=environment["tool_call_rate_ci"][1],
@@ -288,11 +291,21 @@ def environment_summary(generated: list[tuple[bool, dict, Any]]) -> dict[str, An
     if not envs:
         return None
     n, calls = len(envs), sum(e["tool_calls"] for e in envs)
-    used = sum(e["tool_calls"] > 0 for e in envs)
+    used, errors = sum(e["tool_calls"] > 0 for e in envs), sum(e["tool_errors"] for e in envs)
+    cut = sum(e["end"] != "done" for e in envs)
     return {"n": n, "tool_call_rate": used / n, "tool_call_rate_ci": list(wilson_interval(used, n)),
-            "turns_mean": sum(e["turns"] for e in envs) / n,
-            "tool_error_share": sum(e["tool_errors"] for e in envs) / calls if calls else 0.0,
-            "cut_share": sum(e["end"] != "done" for e in envs) / n}
+            "turns_mean": sum(e["turns"] for e in envs) / n, "tool_error_share": errors / calls if calls else 0.0,
+            "cut_share": cut / n, "used": used, "calls": calls, "errors": errors, "cut": cut}
+
+
+def environment_rows(environment: dict[str, Any], like: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool use as metric rows beside accuracy (eval_metrics, the nightly report): the greedy tool-call rate
+    and the shares of failed calls and of cut trajectories with Wilson intervals and n, and the mean turns."""
+    e, base = environment, {k: like[k] for k in ("eval_id", "benchmark", "benchmark_version", "checkpoint", "settings")}
+    rows = [share_row("tool_call_rate", e["used"], e["n"]), share_row("tool_error_share", e["errors"], e["calls"]),
+            share_row("cut_share", e["cut"], e["n"]),
+            {"metric": "turns_mean", "value": e["turns_mean"], "n": e["n"], "ci_low": None, "ci_high": None}]
+    return [{**base, "breakdown_field": None, "breakdown_value": None, "scoring": None, **r} for r in rows]
 
 
 def _passes(spec: BenchmarkSpec, stop: tuple[str, ...]) -> list[tuple[bool, SamplingParams]]:

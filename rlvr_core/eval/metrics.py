@@ -177,7 +177,7 @@ def _score(r: dict[str, Any], label: str, headline: str) -> dict[str, Any]:
     return r["side_by_side"][label]
 
 
-def _share_row(name: str, hits: int, total: int) -> dict[str, Any]:
+def share_row(name: str, hits: int, total: int) -> dict[str, Any]:
     lo, hi = wilson_interval(hits, total)
     return {"metric": name, "value": hits / total if total else None, "n": total, "ci_low": lo, "ci_high": hi}
 
@@ -190,7 +190,7 @@ def _group_metrics(spec: BenchmarkSpec, pids: list[str], per: dict[str, dict], v
     for metric in spec.metrics:
         kind, k = parse_metric(metric)
         if kind == "accuracy":
-            row = _share_row("accuracy_greedy", sum(per[p]["greedy"] for p in pids), P)
+            row = share_row("accuracy_greedy", sum(per[p]["greedy"] for p in pids), P)
             rows.append(row)
         elif kind == "pass":
             value = (sum(float(pass_at_k(n_samples, per[p]["c"], k)) for p in pids) / P) if P else None
@@ -205,7 +205,7 @@ def _group_metrics(spec: BenchmarkSpec, pids: list[str], per: dict[str, dict], v
                     # Ties go to the answer seen first among the tied ones (deterministic, order of samples).
                     winner = next(key for key, _ in votes if counts[key] == top)
                     hits += any(ok for key, ok in votes if key == winner)
-            rows.append({**_share_row(metric, hits, P)})
+            rows.append({**share_row(metric, hits, P)})
     return rows
 
 
@@ -295,16 +295,16 @@ def _scoring_rows(spec: BenchmarkSpec, records: list[dict[str, Any]], pids: list
         src = [_score(r, label, headline) for r in records if r["greedy"]]
         followed = sum(o["instructions_followed"] or 0 for o in src)
         total = sum(o["instructions_total"] or 0 for o in src)
-        rows.append({**_share_row("instruction_accuracy" + suffix, followed, total), "scoring": label})
+        rows.append({**share_row("instruction_accuracy" + suffix, followed, total), "scoring": label})
     statuses = Counter(o["status"] for o in outs_all)
     for name, status in (("no_answer_share", "no_answer"), ("verifier_error_share", "error"),
                          ("verifier_timeout_share", "timeout")):
-        rows.append({**_share_row(name + suffix, statuses[status], len(outs_all)), "scoring": label})
+        rows.append({**share_row(name + suffix, statuses[status], len(outs_all)), "scoring": label})
     if label == headline:
         # Properties of the completions, not of a scoring: reported once.
-        rows.append({**_share_row("truncation_share", sum(r["finish_reason"] == "length" for r in records),
+        rows.append({**share_row("truncation_share", sum(r["finish_reason"] == "length" for r in records),
                                   len(records)), "scoring": None})
-        rows.append({**_share_row("continuation_after_answer_share",
+        rows.append({**share_row("continuation_after_answer_share",
                                   sum(bool(r["continued_after_answer"]) for r in records), len(records)),
                      "scoring": None})
     return rows

@@ -207,6 +207,7 @@ def evaluate_stage(cfg: ExperimentConfig, data: DataArtifact, model: ModelArtifa
                                     "no_answer_share", "continuation_after_answer_share", "train_template",
                                     "template_mismatch")},
                "benchmark": spec.name, "benchmark_version": spec.version, "benchmark_hash": s["benchmark_hash"],
-               "duration_s": s["duration_s"], "flags": s["flags"]}
+               "duration_s": s["duration_s"], "flags": s["flags"],
+               **({"environment": s["environment"]} if "environment" in s else {})}
     return EvalArtifact(samples_table(res.samples), metrics_table(res.metrics), res.curve, summary,
                         curves_table(res.curves))

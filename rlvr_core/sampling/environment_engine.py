@@ -30,6 +30,7 @@ class EnvironmentEngine:
                              f"{type(engine).__name__} does not")
         self.engine, self.env, self.budgets = engine, env, budgets
         self.turn_advantage = turn_advantage  # read by the trainer (rlvr_core/grpo/update.py train_inputs)
+        self.environment_settings: dict | None = None  # the `environment:` section, for evaluation settings
         self.limits = {"max_tool_error_share": max_tool_error_share, "max_cut_share": max_cut_share}
         self._taken: list[tuple[str, int, Trajectory]] = []
 
@@ -92,5 +93,7 @@ def with_environment(environment: Any, engine: Any, template: Any) -> Any:
                                                      if environment.tool_error_reward is not None else {}))
     budgets = Budgets(max_turns=environment.max_turns, max_total_tokens=environment.max_total_tokens,
                       deadline_s=environment.deadline_s, on_cut=environment.on_cut)
-    return EnvironmentEngine(engine, env, budgets, max_tool_error_share=environment.max_tool_error_share,
-                             max_cut_share=environment.max_cut_share, turn_advantage=environment.turn_advantage)
+    wrapped = EnvironmentEngine(engine, env, budgets, max_tool_error_share=environment.max_tool_error_share,
+                                max_cut_share=environment.max_cut_share, turn_advantage=environment.turn_advantage)
+    wrapped.environment_settings = environment.key_dump()  # stored with evaluation numbers (settings)
+    return wrapped
