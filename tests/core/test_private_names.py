@@ -24,7 +24,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("rlvr_core.experiment.config", "rlvr_core.experiment.config_base", "_one_of"): "with grpo_config",
     ("rlvr_core.experiment.config", "rlvr_core.experiment.config_base", "_Strict"): "with grpo_config",
     ("rlvr_core.experiment.config", "rlvr_core.experiment.config_base", "_AddedLater"): "with grpo_config",
-    ("rlvr_core.experiment.environment_config", "rlvr_core.experiment.config_base", "_Strict"): "with grpo_config",
+    ("rlvr_core.experiment.environment_config", "rlvr_core.experiment.config_base", "_AddedLater"): "with grpo_config",
     ("rlvr_core.experiment.sampling_config", "rlvr_core.experiment.config_base", "_Strict"): "with grpo_config",
     ("rlvr_core.experiment.benchmarks.spec", "rlvr_core.experiment.config_base", "_Strict"): "with grpo_config",
     ("rlvr_core.experiment.benchmarks.spec", "rlvr_core.experiment.config_base", "_one_of"): "with grpo_config",
