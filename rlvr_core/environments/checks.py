@@ -4,8 +4,9 @@
   symptom of a history decoded and re-encoded somewhere (TRL #5224, #5144) or a dropped turn separator (verl #6501).
 - `check_train_mask` (stop): the loss mask built for training is 1 on an observation or template token (tool
   tokens trained as if the policy wrote them), or its length differs from the ids' (TRL #5145).
-- `rerender_drift` (per-step rate, flagged): the conversation decoded and encoded again differs from the stored
-  ids; 0 on the demo's template, and by design > 0 on templates that strip past reasoning (docs).
+- `rerender_drift` (per-step rate, flagged over `environment.max_rerender_drift`): the conversation decoded and
+  encoded again differs from the stored ids though every model turn is canonical on its own (the boundary's or the
+  template's drift); `noncanonical_share`, beside it, counts the policy's own non-canonical pieces.
 - `step_health` (per-step shares, flagged over limits): tool calls that timed out or failed; trajectories a budget
   cut (max_turns, max_total_tokens, the per-turn cap, the deadline).
 """
@@ -48,16 +49,31 @@ def check_train_mask(traj: Trajectory, ids: list[int], logprobs: list[float], ma
                               f"{len(wrong) - env_ones} model tokens mask 0 (first at position {wrong[0]})")
 
 
+def _round_trips(tokenizer: Any, ids: list[int]) -> bool:
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) == list(ids)
+
+
+def noncanonical_share(tokenizer: Any, trajectories: list[Trajectory]) -> float:
+    """Share of trajectories with a model turn whose sampled ids are not how the tokenizer would write its text
+    (`calc` `ulator` for `calculator`): a policy at temperature > 0 samples such pieces; they are trained as sampled,
+    where a decode-and-encode pipeline would silently have changed them."""
+    if not trajectories:
+        return 0.0
+    return sum(any(s.role == "model" and not _round_trips(tokenizer, list(s.token_ids)) for s in t.segments)
+               for t in trajectories) / len(trajectories)
+
+
 def rerender_drift(tokenizer: Any, trajectories: list[Trajectory]) -> float:
-    """Share of trajectories whose ids, decoded and encoded again, are not the stored ids."""
+    """Share of trajectories whose ids, decoded and encoded again, are not the stored ids although each model turn
+    is canonical on its own: the drift the boundary or template adds (a seam that merges, a separator written
+    otherwise), not the policy's own non-canonical pieces (`noncanonical_share`)."""
     if not trajectories:
         return 0.0
     drifted = 0
     for t in trajectories:
-        ids = t.context_ids()
-        text = tokenizer.decode(ids, skip_special_tokens=False)
-        again = tokenizer(text, add_special_tokens=False)["input_ids"]
-        drifted += int(list(again) != ids)
+        own = all(_round_trips(tokenizer, list(s.token_ids)) for s in t.segments if s.role == "model")
+        drifted += int(own and not _round_trips(tokenizer, t.context_ids()))
     return drifted / len(trajectories)
 
 

@@ -15,7 +15,7 @@ TOOL_NAMES = ("calculator", "python")
 
 class EnvironmentConfig(_AddedLater):
     # Dumped (config hash, training key) only away from their defaults: the tool demo's keys stay what they were.
-    _ADDED_LATER = ("tool_error_reward", "turn_advantage")
+    _ADDED_LATER = ("max_rerender_drift", "tool_error_reward", "turn_advantage")
 
     name: str = Field("single_turn", description="registered environment: single_turn (one completion, today's "
                       "path) or tools (a turn ending in a tool call gets the tool's answer as the next observation)")
@@ -41,6 +41,10 @@ class EnvironmentConfig(_AddedLater):
                                         "is flagged")
     max_cut_share: float = Field(0.2, ge=0, le=1, description="G-turn-budget: a step whose share of trajectories "
                                  "cut by a budget is above this is flagged")
+    max_rerender_drift: float = Field(0.0, ge=0, le=1, description="G-rerender-drift: a step whose share of "
+                                      "trajectories that decode and encode to other ids, every model turn being "
+                                      "canonical on its own (the boundary's or template's drift), is above this is "
+                                      "flagged; 0: any such trajectory")
     tool_error_reward: float | None = Field(None, description="tools environment: the per-turn reward of a turn "
                                             "whose tool call failed (e.g. -0.1); None: no per-turn rewards")
     turn_advantage: Literal["outcome", "to_go"] = Field(
@@ -77,5 +81,5 @@ class EnvironmentConfig(_AddedLater):
     def key_dump(self) -> dict[str, Any]:
         """What changes the trained weights (the training key's `environment`; absent for single_turn, so every
         config from before environments keeps its key)."""
-        return self.model_dump(mode="json", exclude={"max_tool_error_share", "max_cut_share"})
+        return self.model_dump(mode="json", exclude={"max_tool_error_share", "max_cut_share", "max_rerender_drift"})
 

@@ -30,13 +30,15 @@ GUARDS = ("G-logprob-temp", "G-pad-mask", "G-fixed-seed", "G-chat-template", "G-
           "G-prompt-mismatch", "G-id-mismatch", "G-partial-batch", "G-verifier-hang", "G-verifier-error",
           "G-truncation", "G-stop-seq", "G-stale-buffer", "G-onpolicy-ratio", "G-kl-explosion", "G-collapse",
           "G-entropy", "G-oom", "G-lost-ckpt", "G-eval-parallel", "G-no-eval", "G-small-eval", "G-reward-hacking",
-          "G-weight-push", "G-regression", "G-correction-mask")
+          "G-weight-push", "G-regression", "G-correction-mask", "G-tito-context", "G-tito-mask", "G-tool-errors",
+          "G-turn-budget", "G-rerender-drift")
 
 # Guards that watch GRPO training: without training there is nothing for them to watch. (G-verifier-hang's
 # pool guards the pass-rate stage too.)
 _TRAINING = {"G-logprob-temp", "G-fixed-seed", "G-verifier-format", "G-no-signal", "G-stale-buffer",
              "G-onpolicy-ratio", "G-kl-explosion", "G-collapse", "G-entropy", "G-lost-ckpt", "G-no-eval",
-             "G-reward-hacking", "G-partial-batch", "G-weight-push", "G-regression", "G-correction-mask"}
+             "G-reward-hacking", "G-partial-batch", "G-weight-push", "G-regression", "G-correction-mask",
+             "G-tool-errors", "G-turn-budget", "G-rerender-drift"}
 
 
 def _off(setting: str, value: object, why: str) -> str:
@@ -186,12 +188,26 @@ def _correction_mask(cfg: ExperimentConfig, health: HealthConfig) -> str:
             "grpo.tis_cap do)")
 
 
+def _environment(setting: str | None = None) -> Callable[[ExperimentConfig, HealthConfig], str]:
+    """A multi-turn environment's guard: nothing to check on single-turn rollouts; off at a share limit of 1."""
+    def rule(cfg: ExperimentConfig, health: HealthConfig) -> str:
+        env = cfg.environment
+        if not env.multi_turn:
+            return f"{ACTIVE}: nothing to check (single-turn rollouts; environment.name: tools runs multi-turn)"
+        if setting is not None and getattr(env, setting) >= 1:
+            return _off(f"environment.{setting}", getattr(env, setting), "no share can exceed 1")
+        return ACTIVE
+    return rule
+
+
 _RULES: dict[str, Callable[[ExperimentConfig, HealthConfig], str]] = {
     "G-kl-explosion": _kl_explosion, "G-entropy": _entropy, "G-no-eval": _no_eval, "G-collapse": _collapse,
     "G-no-signal": _no_signal, "G-verifier-error": _verifier_error, "G-truncation": _truncation,
     "G-reward-hacking": _reward_hacking, "G-verifier-hang": _verifier_hang, "G-id-mismatch": _id_mismatch,
     "G-stop-seq": _stop_seq, "G-weight-push": _weight_push, "G-regression": _regression,
-    "G-correction-mask": _correction_mask,
+    "G-correction-mask": _correction_mask, "G-tito-context": _environment(), "G-tito-mask": _environment(),
+    "G-tool-errors": _environment("max_tool_error_share"), "G-turn-budget": _environment("max_cut_share"),
+    "G-rerender-drift": _environment("max_rerender_drift"),
 }
 _DETECTOR_OF = {GUARD_COLLAPSE: GUARD_COLLAPSE, GUARD_ENTROPY: GUARD_ENTROPY, GUARD_NO_SIGNAL: GUARD_NO_SIGNAL,
                 GUARD_REWARD_HACKING: GUARD_REWARD_HACKING, GUARD_KL_EXPLOSION: GUARD_KL_EXPLOSION}

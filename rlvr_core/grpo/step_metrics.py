@@ -60,6 +60,9 @@ __all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "flag_li
 NON_FINITE_LOSS = "non_finite_loss"  # the episode key (and summary tag) of a stop for a non-finite loss
 STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang",
               "G-verifier-error", "G-correction-mask")
+# A multi-turn environment's per-step flags (rlvr_core/sampling/environment_engine.py `health`): in a step's flags
+# (and its row's health/ columns) only when the run has such an environment, so single-turn rows stay as they were.
+ENV_FLAGS = ("G-tool-errors", "G-turn-budget", "G-rerender-drift")
 
 
 @dataclass
@@ -108,6 +111,8 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
         # A mask mode that rejects most tokens trains on a minority of what was sampled (nan: no token: no flag).
         "G-correction-mask": int(cfg.tis_cap is not None and cfg.tis_mode.endswith("_mask")
                                  and first.get("tis/masked_share", 0.0) > cfg.guards.correction_mask_share),
+        # A multi-turn environment's flags (its limits: the `environment:` section); absent on single-turn runs.
+        **{g: int(rollouts.env[f"health/{g}"]) for g in ENV_FLAGS if rollouts.env and f"health/{g}" in rollouts.env},
     }
 
 
@@ -173,7 +178,7 @@ def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch"
     if b.stale is not None:  # vllm-server: stale groups dropped (and sampled again) on this rank
         row.update(b.stale)
     if b.env is not None:  # a multi-turn environment: turns, tool calls, errors, cuts, re-render drift
-        row.update(b.env)
+        row.update({k: v for k, v in b.env.items() if not k.startswith("health/")})  # its flags: from `flags`
     if cfg.adaptive_sampling:  # share of groups that got their k_success and k_failure before the cap
         enough = [s.n_correct >= cfg.adaptive_k_success and s.size - s.n_correct >= cfg.adaptive_k_failure
                   for s in b.stats]
@@ -243,13 +248,17 @@ FLAG_MEANING = {
     "G-verifier-hang": "verifier timeouts above reward.max_timeout_share of the completions",
     "G-verifier-error": "verifier errors (the checker raised) above reward.max_error_share of the completions",
     "G-correction-mask": "rollout correction rejected more than grpo.guards.correction_mask_share of the tokens",
+    "G-tool-errors": "tool calls that failed (malformed, error, timeout) above environment.max_tool_error_share",
+    "G-turn-budget": "trajectories cut by a budget above environment.max_cut_share",
+    "G-rerender-drift": "trajectories whose ids decode and encode to other ids above environment.max_rerender_drift",
 }
 
 
 def replayed_flags(row: dict, cfg: GRPOConfig | None) -> dict[str, int]:
     """A written step row's per-step flags. Its health/G-kl-explosion may also be the run-level KL detector's
     mark, so that flag is recomputed from kl_ref_max (NaN without a reference: never)."""
-    flags = {g: int(row.get(f"health/{g}", 0)) for g in STEP_FLAGS}
+    flags = {g: int(row.get(f"health/{g}", 0)) for g in (*STEP_FLAGS, *ENV_FLAGS) if g in STEP_FLAGS or
+             f"health/{g}" in row}
     if cfg is not None:
         flags["G-kl-explosion"] = int(row.get("kl_ref_max", float("nan")) > cfg.guards.kl_spike_max)
     return flags
@@ -283,11 +292,11 @@ class StepGuards:
     def __init__(self, step_rows: list[dict], health: HealthConfig | None = None, cfg: GRPOConfig | None = None):
         self.counts = {g: 0 for g in (*STEP_FLAGS, *GUARD_IDS)}
         for r in step_rows:
-            for g in self.counts:
-                self.counts[g] += int(r.get(f"health/{g}", 0))
+            for g in (*self.counts, *(e for e in ENV_FLAGS if f"health/{e}" in r)):
+                self.counts[g] = self.counts.get(g, 0) + int(r.get(f"health/{g}", 0))
         self.health = HealthMonitor(health or HealthConfig())
         self._firings = [firing_dict(f) for f in self.health.update(step_rows)]
-        self.flagged: dict[str, list[int]] = {g: [] for g in STEP_FLAGS}
+        self.flagged: dict[str, list[int]] = {g: [] for g in STEP_FLAGS}  # + a multi-turn run's ENV_FLAGS
         for r in step_rows:
             self._mark(r["step"], replayed_flags(r, cfg))
         self._step = step_rows[-1]["step"] if step_rows else 0
@@ -311,17 +320,17 @@ class StepGuards:
     def _mark(self, step: int, flags: dict[str, int]) -> None:
         for g, v in flags.items():
             if v:
-                self.flagged[g].append(step)
+                self.flagged.setdefault(g, []).append(step)
 
     def count(self, flags: dict[str, int], step: int | None = None) -> list[str]:
         """Add a step's per-step flags (`step`: its 1-based number; None = the step after the last one). Returns
         the guards whose flag episode opens at this step (flagged now, not at the step before), for the one
         terminal line each episode gets (`flag_line`)."""
         for g, v in flags.items():
-            self.counts[g] += v
+            self.counts[g] = self.counts.get(g, 0) + v
         prev = self._step
         self._step = self._step + 1 if step is None else step
-        opened = [g for g, v in flags.items() if v and not (self.flagged[g] and self.flagged[g][-1] == prev)]
+        opened = [g for g, v in flags.items() if v and not (self.flagged.get(g) and self.flagged[g][-1] == prev)]
         self._mark(self._step, flags)
         return opened
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from rlvr_core.core.registry import lookup
 from rlvr_core.environments.boundary import ChatBoundary, TextBoundary
-from rlvr_core.environments.checks import rerender_drift, step_health
+from rlvr_core.environments.checks import noncanonical_share, rerender_drift, step_health
 from rlvr_core.environments.loop import Budgets, run_turns
 from rlvr_core.environments.trajectory import Trajectory
 from rlvr_core.sampling.base import Sample, SamplingParams, check_prompt_ids
@@ -24,14 +24,16 @@ from rlvr_core.sampling.trajectories import as_sample
 
 class EnvironmentEngine:
     def __init__(self, engine: Any, env: Any, budgets: Budgets, *, max_tool_error_share: float = 0.2,
-                 max_cut_share: float = 0.2, turn_advantage: str = "outcome") -> None:
+                 max_cut_share: float = 0.2, max_rerender_drift: float = 0.0,
+                 turn_advantage: str = "outcome") -> None:
         if not hasattr(engine, "generate_ids"):
             raise ValueError(f"a multi-turn environment needs an engine that takes token ids (generate_ids); "
                              f"{type(engine).__name__} does not")
         self.engine, self.env, self.budgets = engine, env, budgets
         self.turn_advantage = turn_advantage  # read by the trainer (rlvr_core/grpo/update.py train_inputs)
         self.environment_settings: dict | None = None  # the `environment:` section, for evaluation settings
-        self.limits = {"max_tool_error_share": max_tool_error_share, "max_cut_share": max_cut_share}
+        self.limits = {"max_tool_error_share": max_tool_error_share, "max_cut_share": max_cut_share,
+                       "max_rerender_drift": max_rerender_drift}
         self._taken: list[tuple[str, int, Trajectory]] = []
 
     def __getattr__(self, name: str) -> Any:
@@ -61,13 +63,15 @@ class EnvironmentEngine:
         return taken
 
     def health(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """The step's `env/...` metrics and flags, with the re-render drift rate."""
-        out = step_health(trajectories, **self.limits)
-        out["env/rerender_drift"] = rerender_drift(self.tokenizer, trajectories)
-        # The flags as env/ columns; the guard table's ids (G-tool-errors, G-turn-budget) name them in docs.
-        return {k.replace("health/G-tool-errors", "env/flag_tool_errors").replace("health/G-turn-budget",
-                                                                                   "env/flag_turn_budget"): v
-                for k, v in out.items()}
+        """The step's `env/...` metrics and its per-step flags (`health/G-tool-errors`, `health/G-turn-budget`,
+        `health/G-rerender-drift`), which the trainer counts like every per-step flag (step_metrics.step_flags)."""
+        out = step_health(trajectories, max_tool_error_share=self.limits["max_tool_error_share"],
+                          max_cut_share=self.limits["max_cut_share"])
+        drift = rerender_drift(self.tokenizer, trajectories)
+        out["env/rerender_drift"] = drift
+        out["env/noncanonical_share"] = noncanonical_share(self.tokenizer, trajectories)
+        out["health/G-rerender-drift"] = float(drift > self.limits["max_rerender_drift"])
+        return out
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)
@@ -94,6 +98,8 @@ def with_environment(environment: Any, engine: Any, template: Any) -> Any:
     budgets = Budgets(max_turns=environment.max_turns, max_total_tokens=environment.max_total_tokens,
                       deadline_s=environment.deadline_s, on_cut=environment.on_cut)
     wrapped = EnvironmentEngine(engine, env, budgets, max_tool_error_share=environment.max_tool_error_share,
-                                max_cut_share=environment.max_cut_share, turn_advantage=environment.turn_advantage)
+                                max_cut_share=environment.max_cut_share,
+                                max_rerender_drift=environment.max_rerender_drift,
+                                turn_advantage=environment.turn_advantage)
     wrapped.environment_settings = environment.key_dump()  # stored with evaluation numbers (settings)
     return wrapped

@@ -2,7 +2,9 @@
 the path where absent): a tool loop assembled token-in/token-out (the prompt, the sampled turn and its end-of-turn
 token, the adapter's observation piece, the final turn) must be exactly what the template renders for the whole
 conversation, as text for every family and as ids for the Qwen family (its real BPE, from vocab.json and
-merges.txt). Templates that rewrite history drift by design; the test pins which and how (docs/environments.md)."""
+merges.txt). Templates that rewrite history drift by design; the test pins which and how (docs/environments.md).
+A boundary that agrees with the full rendering adds no re-render drift (G-rerender-drift).
+"""
 
 from __future__ import annotations
 

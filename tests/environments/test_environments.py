@@ -5,6 +5,7 @@ different lengths)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from env_helpers import TOOL_QA, DroppingEngine, ReencodingEngine
 from rlvr_core.core.registry import lookup
@@ -128,6 +129,48 @@ def test_a_history_decoded_and_encoded_again_stops_the_rollout(engine):
     assert rerender_drift(engine.tokenizer, [stored]) == 1.0  # decoded and encoded again, the ids differ
     with pytest.raises(EngineContextError, match="G-tito-context: turn 1"):
         rollout(ReencodingEngine(engine), env, PROBLEMS[:1], KEYS[:1], GREEDY, Budgets(max_turns=3), score=score)
+
+
+def test_a_drifting_boundary_is_flagged_per_step_and_counted_as_an_episode(engine):
+    """G-rerender-drift planted: the piecewise boundary drifts every trajectory (flag 1), the demo-style one none
+    (flag 0); the flags of the environment's health become the step's per-step flags, counted and kept as episodes
+    (health_events) like every other per-step flag, and a single-turn step has none of them."""
+    from types import SimpleNamespace
+
+    from rlvr_core.environments.loop import Budgets as B
+    from rlvr_core.grpo.step_metrics import ENV_FLAGS, StepGuards, step_flags
+    from rlvr_core.sampling.environment_engine import EnvironmentEngine
+
+    problems = [{"question": p["question"]} for p in PROBLEMS]
+    prompts = [TOOL_QA.render(p["question"]) for p in problems]
+    healths = {}
+    for name, boundary in (("pieces", PieceBoundary(engine.tokenizer, prefix="\nAnswer = ", suffix="\n")),
+                           ("demo", TextBoundary(engine.tokenizer, prefix="\n= ", suffix="\n"))):
+        env = lookup("environment", "tools")(engine.tokenizer, TOOL_QA, tools=["calculator"], boundary=boundary,
+                                             add_special_tokens=False)
+        wrapped = EnvironmentEngine(engine, env, B(max_turns=3, max_total_tokens=96))
+        wrapped.generate(prompts, KEYS, GREEDY)
+        healths[name] = wrapped.health([t for _, _, t in wrapped.take()])
+    assert healths["pieces"]["health/G-rerender-drift"] == 1.0 and healths["pieces"]["env/rerender_drift"] == 1.0
+    assert healths["demo"]["health/G-rerender-drift"] == 0.0 and healths["demo"]["env/noncanonical_share"] == 0.0
+
+    from rlvr_core.experiment.config import GRPOConfig
+
+    cfg = GRPOConfig()
+    upd = SimpleNamespace(metrics={"ratio_mean": 1.0, "clip_frac": 0.0, "logprob_mismatch/mean_abs": 0.0},
+                          has_reference=False)
+    rollouts = SimpleNamespace(stats=[], sizes=torch.tensor([2]), n_groups=1, env=healths["pieces"],
+                               status_counts=lambda: {"timeout": 0, "error": 0, "correct": 1},
+                               zero_var_share=lambda: 0.0, version=None)
+    flags = step_flags(cfg, 0, rollouts, upd, 1e-3)
+    assert {g: flags[g] for g in ENV_FLAGS} == {g: int(healths["pieces"][f"health/{g}"]) for g in ENV_FLAGS}
+    assert flags["G-rerender-drift"] == 1
+    guards = StepGuards([], cfg=cfg)
+    assert "G-rerender-drift" in guards.count(flags, 1) and guards.count(flags, 2) == []
+    (episode,) = [f for f in guards.firings if f["guard_id"] == "G-rerender-drift"]
+    assert (episode["step"], episode["last_step"], episode["source"]) == (1, 2, "step_flags")
+    single = step_flags(cfg, 0, SimpleNamespace(**{**vars(rollouts), "env": None}), upd, 1e-3)
+    assert not set(single) & set(ENV_FLAGS)
 
 
 def test_a_dropped_turn_separator_stops_the_rollout(engine):

@@ -70,6 +70,9 @@ def test_the_trainer_runs_the_environment_and_records_its_columns(run):
     assert len(steps) == 2
     assert max(r["env/tool_call_rate"] for r in steps) > 0  # the taught model calls the calculator
     assert all(r["env/turns_mean"] >= 1 and r["env/rerender_drift"] >= 0 for r in steps)
+    # The environment's flags are per-step flags like the others: health/ columns, counted in the summary.
+    assert all(f"health/{g}" in r for g in ("G-tool-errors", "G-turn-budget", "G-rerender-drift") for r in steps)
+    assert result.summary["guards"]["health/G-rerender-drift"] == sum(r["health/G-rerender-drift"] for r in steps)
     logged = pq.read_table(out / "rollouts.parquet").to_pylist()
     trajs = _trajectories(pq.read_table(out / "rollout_segments.parquet").to_pylist())
     assert set(trajs) == {(r["step"], r["prompt_id"], r["sample_index"]) for r in logged}  # one per completion

@@ -39,11 +39,19 @@ def _needs(cov: dict[str, str]) -> dict[str, str]:
 
 def test_guard_coverage_lists_every_guard_for_the_shipped_configs():
     demo = guard_coverage(demo_config())
-    assert list(demo) == list(GUARDS) and len(GUARDS) == 27
+    assert list(demo) == list(GUARDS) and len(GUARDS) == 32
     assert all(v.startswith(("active", "needs ")) for v in demo.values())
     assert _needs(demo) == {}  # the demo (beta 0.1, eval every 40 of 120 steps) is guarded by every guard
     assert demo["G-kl-explosion"] == "active" and demo["G-no-eval"].startswith("active: every 40 steps")
     assert demo["G-weight-push"].startswith("active: nothing to push (engine hf")
+    assert demo["G-tito-context"].startswith("active: nothing to check (single-turn rollouts")
+    tools = guard_coverage(load_config(ROOT / "configs" / "examples" / "tool-demo.yaml"))
+    assert {g: tools[g] for g in ("G-tito-context", "G-tito-mask", "G-tool-errors", "G-turn-budget",
+                                  "G-rerender-drift")} == dict.fromkeys(("G-tito-context", "G-tito-mask",
+                                                                        "G-tool-errors", "G-turn-budget",
+                                                                        "G-rerender-drift"), "active")
+    loose = parse_config({"grpo": {"enabled": True}, "environment": {"name": "tools", "max_cut_share": 1.0}})
+    assert guard_coverage(loose)["G-turn-budget"] == "off: environment.max_cut_share = 1 (no share can exceed 1)"
     server = parse_config({"grpo": {"enabled": True}, "sampling": {"engine": "vllm-server", "servers": ["http://h:1"]}})
     assert guard_coverage(server)["G-weight-push"] == "active"
     # The defaults with training on: beta 0, so the drift signal carries G-kl-explosion and G-entropy's stop.
@@ -83,7 +91,7 @@ def test_guard_coverage_names_the_setting_a_blind_guard_needs():
     from rlvr_core.pipeline.run_record import coverage_lines
 
     lines = coverage_lines(guard_coverage(blind))
-    assert lines[1] == "Guards (docs/guards.md): 21 of 27 active." and len(lines) == 2 + 6
+    assert lines[1] == "Guards (docs/guards.md): 26 of 32 active." and len(lines) == 2 + 6
     assert "- G-no-eval needs grpo.eval_every > 0" in "\n".join(lines)
 
 
