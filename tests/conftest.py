@@ -182,6 +182,7 @@ SLOWEST_FIRST = (
     "tests/integration/test_stack_lifecycle.py",
     "tests/grpo/test_trainer_vllm.py",
     "tests/grpo/test_vllm_server.py",               # one vllm serve (50-100 s to start), 4 short GRPO runs
+    "tests/environments/test_vllm_multi_turn.py",   # vLLM in a subprocess (~40 s)
     "tests/artifact_store/test_prefect_runs_layout.py",
     "tests/test_benchmarks.py::test_bench_verifier_load_smoke",  # mostly waiting on pools and hangs (~70 s)
     "tests/test_benchmarks.py::test_bench_grpo_vs_trl_smoke",  # three arms on a 5-step smoke base (~40 s)
