@@ -27,12 +27,9 @@ from rlvr_core.data.templates import get_template, known_templates
 from rlvr_core.experiment.config_base import ConfigError, _AddedLater, _one_of, _Strict
 from rlvr_core.experiment.environment_config import EnvironmentConfig
 from rlvr_core.experiment.grpo_config import moved_override as moved_grpo_key
-from rlvr_core.experiment.grpo_config import (ConfigDeprecation, GRPOConfig, GRPOGuardsConfig,  # noqa: F401
-                                              GRPOLaunchConfig, GRPOMemoryConfig, InKey, grpo_key_dump,
-                                              grpo_unkeyed_dump, say_moved,
-                                              undeclared_key_fields)
+from rlvr_core.experiment.grpo_config import GRPOConfig, say_moved
 from rlvr_core.experiment.push_config import PUSH_TYPES, moved_push_key
-from rlvr_core.experiment.sampling_config import SamplingConfig, ServerLaunchConfig  # noqa: F401
+from rlvr_core.experiment.sampling_config import SamplingConfig
 from rlvr_core.verifiers.registry import can_hang, default_workers, verifier_class
 
 

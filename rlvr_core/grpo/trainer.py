@@ -81,12 +81,11 @@ from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutd
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.sampling.environment_engine import with_environment
-from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
+from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector
 from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, base_columns, flag_line, run_summary,
                                          progress_line, rollout_sample_rows, step_flags, step_row, verifier_hang_line)
-from rlvr_core.grpo.policy import Policy, build_policy, ds_config, load_policy_model
-from rlvr_core.grpo.logprobs import sequence_logprobs
-from rlvr_core.grpo.update import build_batch, sampled_kl, train_inputs, update_policy
+from rlvr_core.grpo.policy import Policy, build_policy, load_policy_model
+from rlvr_core.grpo.update import sampled_kl, train_inputs, update_policy
 # (get_advantage, grpo_loss and launch_world_size above are looked up in this module at call time, so a test may
 # monkeypatch them here.)
 from rlvr_core.sampling.models import load_model

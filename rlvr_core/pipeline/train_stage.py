@@ -17,7 +17,8 @@ from rlvr_core.artifacts.layout import SUMMARY_FILE
 from rlvr_core.core.numerics import numerics
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.data.templates import get_template
-from rlvr_core.experiment.config import ExperimentConfig, grpo_key_dump, grpo_unkeyed_dump
+from rlvr_core.experiment.config import ExperimentConfig
+from rlvr_core.experiment.grpo_config import grpo_key_dump, grpo_unkeyed_dump
 from rlvr_core.experiment.guard_coverage import guard_coverage
 from rlvr_core.experiment.guards import GUARD_NO_SIGNAL, GuardError, health_config
 from rlvr_core.experiment.no_signal import passrate_no_signal
@@ -136,7 +137,6 @@ def no_signal_at_start(cfg: ExperimentConfig, curriculum: CurriculumArtifact, fo
     prompts with the configured reward, every group of every step would have zero reward variance. Write the
     stopped summary a guard's stop leaves (tags `collapsed`, stopped at step 0; the flow records it) and raise
     GuardError naming the cause (verifier and mode with unextracted outputs, or the pass-rate temperature)."""
-    from rlvr_core.grpo.checkpointing import SUMMARY_FILE
 
     health = health_config(cfg.grpo.guards.health)
     if GUARD_NO_SIGNAL not in health.enabled or not health.no_signal.serious:

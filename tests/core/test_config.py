@@ -276,7 +276,7 @@ def test_push_backend_accepts_file_gloo_nccl_ipc_and_the_older_rlvr_file():
 def test_the_flat_push_keys_are_read_into_sampling_push_with_a_deprecation():
     import warnings
 
-    from rlvr_core.experiment.config import ConfigDeprecation
+    from rlvr_core.experiment.grpo_config import ConfigDeprecation
 
     def sampling(**keys):
         return parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://a:1"], **keys}},

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from rlvr_core.experiment.config import (ConfigDeprecation, ConfigError, GRPOConfig, config_hash, grpo_key_dump,
-                                         grpo_unkeyed_dump, load_config, parse_config, undeclared_key_fields)
+from rlvr_core.experiment.config import ConfigError, GRPOConfig, config_hash, load_config, parse_config
+from rlvr_core.experiment.grpo_config import (ConfigDeprecation, grpo_key_dump, grpo_unkeyed_dump,
+                                              undeclared_key_fields)
 from rlvr_core.pipeline.sweeps import parse_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
