@@ -24,7 +24,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from rlvr_core.core import hub
 from rlvr_core.data.curriculum import known_orderings
 from rlvr_core.data.templates import get_template, known_templates
-from rlvr_core.experiment.config_base import ConfigError, _AddedLater, _one_of, _Strict
+from rlvr_core.experiment.config_base import ConfigError, InKey, NamesRun, _AddedLater, _one_of, _Strict
 from rlvr_core.experiment.environment_config import EnvironmentConfig
 from rlvr_core.experiment.grpo_config import moved_override as moved_grpo_key
 from rlvr_core.experiment.grpo_config import GRPOConfig, say_moved
@@ -235,22 +235,23 @@ class RewardConfig(_Scoring):
     """How training (GRPO rewards) and the pass-rate stage score completions; `eval:` has its own settings.
 
     Unset `verifier` (and then `mode`) come from `eval.verifier` / `eval.verifier_mode`, so a config that
-    names one verifier uses it everywhere."""
+    names one verifier uses it everywhere. What scores a completion is in the training folder's key (`InKey`); the
+    flag shares only name the run (`NamesRun`); the worker count is out of it."""
 
-    verifier: str = Field("gsm8k", description="verifier name (see `rlvr verify`); unset = eval.verifier")
-    mode: str | None = Field(None, description="verifier mode (gsm8k: flexible|strict, math: lenient|boxed, "
+    verifier: str = InKey("gsm8k", description="verifier name (see `rlvr verify`); unset = eval.verifier")
+    mode: str | None = InKey(None, description="verifier mode (gsm8k: flexible|strict, math: lenient|boxed, "
                                                "ifeval: strict|loose); unset with verifier unset = eval.verifier_mode")
     workers: int | None = Field(None, ge=0, description="verifier worker processes per trainer rank; unset = the "
                                 "verifier's default: 0 (in-process) for verifiers that cannot hang (gsm8k, mcq), else 2; "
                                 "0 is refused for verifiers that can hang (math, minerva, ifeval, code)")
-    timeout_s: float = Field(5.0, gt=0, description="per-completion limit in the completion's own time (CPU time "
+    timeout_s: float = InKey(5.0, gt=0, description="per-completion limit in the completion's own time (CPU time "
                              "plus time blocked, not time spent waiting for a busy CPU); past it: status timeout")
-    timeout_reward: float = Field(0.0, description="reward of a completion whose verification timed out")
-    max_timeout_share: float = Field(0.1, ge=0, le=1, description="G-verifier-hang: a training step where more than "
-                                     "this share of completions timed out is flagged (health/G-verifier-hang)")
-    max_error_share: float = Field(0.05, ge=0, le=1, description="G-verifier-error: a training step where more than "
-                                   "this share of completions got status error (the verifier raised; each scored "
-                                   "0) is flagged (health/G-verifier-error)")
+    timeout_reward: float = InKey(0.0, description="reward of a completion whose verification timed out")
+    max_timeout_share: float = NamesRun(0.1, ge=0, le=1, description="G-verifier-hang: a training step where more "
+                                        "than this share of completions timed out is flagged (health/G-verifier-hang)")
+    max_error_share: float = NamesRun(0.05, ge=0, le=1, description="G-verifier-error: a training step where more "
+                                      "than this share of completions got status error (the verifier raised; each "
+                                      "scored 0) is flagged (health/G-verifier-error)")
     _WORKERS: ClassVar[str] = "workers"
 
     def pool_options(self) -> dict[str, Any]:

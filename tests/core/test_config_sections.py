@@ -76,8 +76,7 @@ def test_every_grpo_field_is_in_the_key_or_in_a_section_declared_out_of_it():
     leaves = {n for n in GRPOConfig.model_fields if n not in sections}
     leaves |= {sec.FLAT.get(f, f) for sec in sections.values() for f in sec.model_fields}
     # a field added after runs were keyed joins the key only away from its default (the earlier runs' behaviour)
-    late = set(GRPOConfig._DUMPED_AWAY_FROM_DEFAULT)
-    late |= {f for sec in sections.values() for f in getattr(sec, "_DUMPED_AWAY_FROM_DEFAULT", {})}
+    late = set(GRPOConfig._ADDED_LATER) | {f for sec in sections.values() for f in sec._ADDED_LATER}
     assert keyed | unkeyed | late == leaves and not keyed & late
     assert grpo_key_dump(GRPOConfig.model_construct(policy_loss="another"))["policy_loss"] == "another"
     assert grpo_key_dump(parse_config({"grpo": {"guards": {"correction_mask_share": 0.3}}}).grpo)[
