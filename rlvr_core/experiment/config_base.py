@@ -1,6 +1,6 @@
 """What every config model shares: the one-message `ConfigError`, the strict pydantic base (unknown keys
 refused, defaults validated, frozen), the registry-name check, the one way a field added after runs were keyed
-stays out of their dumps (`_AddedLater`), and the declaration of the fields that name the training folder (`InKey`,
+stays out of their dumps (`AddedLater`), and the declaration of the fields that name the training folder (`InKey`,
 `NamesRun`, `key_dump`)."""
 
 from __future__ import annotations
@@ -20,18 +20,20 @@ class ConfigError(ValueError):
         super().__init__("invalid config\n" + "\n".join("  " + line for line in lines))
 
 
-def _one_of(value: str, known: list[str], what: str) -> str:
+def one_of(value: str, known: list[str], what: str) -> str:
     """Names that map to a registry are checked at load time, not when the stage finally runs."""
     if value not in known:
         raise ValueError(f"unknown {what} {value!r}; known: {', '.join(known)}")
     return value
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """The base of every config model: unknown keys refused, defaults validated, frozen."""
+
     model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
 
 
-class _AddedLater(_Strict):
+class AddedLater(Strict):
     """A model with fields added after configs were hashed and keyed: those fields (`_ADDED_LATER`) are dumped only
     away from their defaults (the behaviour every earlier config had), so every earlier config keeps its resolved
     form, its hash and its cache and training keys."""

@@ -8,12 +8,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlvr_core.core.registry import names
-from rlvr_core.experiment.config_base import _Strict
+from rlvr_core.experiment.config_base import Strict
 
 TOOL_NAMES = ("calculator", "python")
 
 
-class EnvironmentConfig(_Strict):
+class EnvironmentConfig(Strict):
     name: str = Field("single_turn", description="registered environment: single_turn (one completion, today's "
                       "path) or tools (a turn ending in a tool call gets the tool's answer as the next observation)")
     tools: list[str] = Field(default_factory=lambda: ["calculator"], description="tools environment: the tools "

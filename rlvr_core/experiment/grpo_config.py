@@ -11,12 +11,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from rlvr_core.core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES, Registry
-from rlvr_core.experiment.config_base import InKey, NamesRun, _AddedLater, _one_of, key_fields
+from rlvr_core.experiment.config_base import AddedLater, InKey, NamesRun, key_fields, one_of
 from rlvr_core.experiment.guards import HealthConfig
 from rlvr_core.experiment.hostfile import read_hostfile
 
 
-class _Section(_AddedLater):
+class _Section(AddedLater):
     """A group of GRPO settings under its own key (`grpo.memory`, `grpo.launch`). `IN_KEY` declares whether the
     training folder's key holds the section: False for settings that only reorder sums or say where ranks run,
     so a run resumes from its checkpoint when they change (the G-oom line: lower the memory settings and retry).
@@ -164,7 +164,7 @@ class GRPOGuardsConfig(_Section):
     _ADDED_LATER: ClassVar[tuple[str, ...]] = ("correction_mask_share",)
 
 
-class GRPOConfig(_AddedLater):
+class GRPOConfig(AddedLater):
     """Policy optimisation settings for `rlvr_core.grpo.trainer.train_grpo` (docs/grpo_training.md).
 
     Defaults: conservative (lr 5e-5, rollouts at T 1, no KL anchor; ~150 steps x ~1.1 s on the demo's
@@ -371,7 +371,7 @@ class GRPOConfig(_AddedLater):
     _REGISTRIES: ClassVar[dict[str, Registry]] = {"advantage": ADVANTAGES, "kl_estimator": KL_ESTIMATORS,
                                                   "loss_agg": LOSS_AGGS, "policy_loss": POLICY_LOSSES}
 
-    # Fields added after runs were keyed (`_AddedLater`): dumped only away from their default, the behaviour of
+    # Fields added after runs were keyed (`AddedLater`): dumped only away from their default, the behaviour of
     # every earlier run, so the resolved config, its hash and the training folder's key of such a run stay the same.
     _ADDED_LATER: ClassVar[tuple[str, ...]] = (
         "policy_loss", "gspo_clip_low", "gspo_clip_high", "cispo_clip_max", "sapo_tau_pos", "sapo_tau_neg", "tis_mode",
@@ -395,7 +395,7 @@ class GRPOConfig(_AddedLater):
     @classmethod
     def _registered(cls, v: str, info: ValidationInfo) -> str:
         registry = cls._REGISTRIES[info.field_name]
-        return _one_of(v, registry.names(), registry.kind)
+        return one_of(v, registry.names(), registry.kind)
 
     @field_validator("eval_every")
     @classmethod

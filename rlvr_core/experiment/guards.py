@@ -46,7 +46,7 @@ from typing import Annotated, Any, Iterable, Mapping, Sequence
 
 from pydantic import BeforeValidator, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
-from rlvr_core.experiment.config_base import _Strict
+from rlvr_core.experiment.config_base import Strict
 from rlvr_core.experiment.no_signal import NEAR_GREEDY, REPEATED_UNIQUE, no_signal_cause, window_facts
 
 __all__ = [
@@ -128,7 +128,7 @@ Count = Annotated[int, Field(strict=True)]    # a bool or 5.0 is refused
 Flag = Annotated[bool, Field(strict=True)]    # 1 or "yes" is refused
 
 
-class _AsGiven(_Strict):
+class _AsGiven(Strict):
     """Settings of `grpo.guards.health`: the detectors read every setting (defaults filled in), while the resolved
     config and the training key hold only the settings the config gave, as written (unset = the defaults), the form
     they always had, so every earlier run keeps its key."""

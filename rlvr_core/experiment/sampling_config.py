@@ -8,20 +8,20 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from rlvr_core.experiment.config_base import InKey, _Strict
+from rlvr_core.experiment.config_base import InKey, Strict
 from rlvr_core.experiment.grpo_config import say_moved
 from rlvr_core.experiment.push_config import FilePush, PushConfig, move_flat_push_keys, push_section
 
 __all__ = ["SamplingConfig", "ServerLaunchConfig"]
 
 
-class ServerLaunchConfig(_Strict):
+class ServerLaunchConfig(Strict):
     count: int = Field(1, ge=1, description="vllm serve processes to start on 127.0.0.1 (requests are spread over them)")
     start_timeout_s: float = Field(600.0, gt=0, description="a server not healthy within this is an error naming it")
     threads: int = Field(1, ge=1, description="CPU threads of each server (OMP_NUM_THREADS)")
 
 
-class SamplingConfig(_Strict):
+class SamplingConfig(Strict):
     """The engine and its decoding settings; `engine` and `max_new_tokens` shape the GRPO rollouts, so they name the
     training folder (`InKey`); the rest decodes the pass rates and evaluation, or says where servers run."""
 
