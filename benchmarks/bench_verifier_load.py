@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "verifiers"))  # planted_verifiers: the C-level hang
 
 from rlvr_core.verifiers import Outcome, Status, get_verifier, safe_verify  # noqa: E402
-from rlvr_core.verifiers.math_verifier import last_boxed  # noqa: E402
+from rlvr_core.verifiers.final_answer import last_boxed  # noqa: E402
 from rlvr_core.verifiers.pool import VerifierPool, _context  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlvr_core.verifiers import Status  # noqa: E402
-from rlvr_core.verifiers.math_verifier import last_boxed  # noqa: E402
+from rlvr_core.verifiers.final_answer import last_boxed  # noqa: E402
 from rlvr_core.verifiers.pool import VerifierPool  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "math500" / "test.jsonl"

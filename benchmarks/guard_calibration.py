@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rlvr_core.experiment.guards import check_health, health_config  # noqa: E402
+from rlvr_core.experiment.guards import HealthConfig, check_health  # noqa: E402
 from rlvr_core.grpo.step_metrics import base_columns  # noqa: E402
 from rlvr_core.pipeline.stages import BASE_ROLLOUT_COLUMNS  # noqa: E402
 
@@ -53,7 +53,7 @@ def replay(home: Path, run: Path) -> dict:
         for r in rows:
             r.update(base_columns(base, order, pos, int(r["dynamic/prompts_consumed"])))
             pos += int(r["dynamic/prompts_consumed"])
-    firings = check_health(rows, health_config((key.get("grpo") or {}).get("health")))
+    firings = check_health(rows, HealthConfig.model_validate((key.get("grpo") or {}).get("health") or {}))
     return {"run": str(run), "steps": len(rows), "lr": key["grpo"].get("lr"), "seed": key.get("seed"),
             "stops": [(f.guard_id, f.step) for f in firings if f.serious],
             "flags": [(f.guard_id, f.step) for f in firings if not f.serious]}

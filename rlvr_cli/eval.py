@@ -30,7 +30,8 @@ from rlvr_core.data.loaders import DataFormatError
 from rlvr_core.core import settings
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.eval.compare import SettingsMismatch, compare, load_eval, to_markdown, write_report
-from rlvr_core.eval.evaluate import EvalLimits, RunSettings, evaluate, template_mismatch_line
+from rlvr_core.eval.evaluate import RunSettings, evaluate, template_mismatch_line
+from rlvr_core.eval.metrics import EvalLimits
 from rlvr_core.experiment.benchmarks import load_benchmark, resolve_suite
 from rlvr_core.experiment.config import ConfigError, EvalConfig
 from rlvr_core.records import warehouse

@@ -656,7 +656,7 @@ def test_gpu_check_driver_helpers():
     bench = importlib.util.spec_from_file_location("bench_gpu_grpo", ROOT / "benchmarks" / "bench_gpu_grpo.py")
     bmod = importlib.util.module_from_spec(bench)
     bench.loader.exec_module(bmod)
-    from rlvr_core.experiment.config import GRPOMemoryConfig
+    from rlvr_core.experiment.grpo_config import GRPOMemoryConfig
 
     assert set(bmod.PASS_THROUGH) <= set(GRPOMemoryConfig.model_fields)
     assert bmod.config_extras(bmod.parse_args(["--micro-batch-size", "4"])) == {"micro_batch_size": 4}

@@ -18,25 +18,22 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from rlvr_core.core import hub
 from rlvr_core.data.curriculum import known_orderings
 from rlvr_core.data.templates import get_template, known_templates
-from rlvr_core.experiment.config_base import ConfigError, _AddedLater, _one_of, _Strict
+from rlvr_core.experiment.config_base import AddedLater, ConfigError, InKey, NamesRun, Strict, one_of
 from rlvr_core.experiment.environment_config import EnvironmentConfig
 from rlvr_core.experiment.grpo_config import moved_override as moved_grpo_key
-from rlvr_core.experiment.grpo_config import (ConfigDeprecation, GRPOConfig, GRPOGuardsConfig,  # noqa: F401
-                                              GRPOLaunchConfig, GRPOMemoryConfig, InKey, grpo_key_dump,
-                                              grpo_unkeyed_dump, say_moved,
-                                              undeclared_key_fields)
+from rlvr_core.experiment.grpo_config import GRPOConfig, say_moved
 from rlvr_core.experiment.push_config import PUSH_TYPES, moved_push_key
-from rlvr_core.experiment.sampling_config import SamplingConfig, ServerLaunchConfig  # noqa: F401
+from rlvr_core.experiment.sampling_config import SamplingConfig
 from rlvr_core.verifiers.registry import can_hang, default_workers, verifier_class
 
 
-class SyntheticDataConfig(_AddedLater):
+class SyntheticDataConfig(AddedLater):
     _ADDED_LATER: ClassVar[tuple[str, ...]] = ("task", "digits")
 
     n_train: int = Field(2000, ge=1, description="training problems to generate")
@@ -50,7 +47,7 @@ class SyntheticDataConfig(_AddedLater):
                               description="products: the digit counts of the two factors")
 
 
-class DataConfig(_Strict):
+class DataConfig(Strict):
     source: Literal["synthetic", "jsonl", "gsm8k", "math500", "minerva_math", "aime24", "amc23", "svamp",
                     "asdiv", "aqua", "mmlu_stem", "ifeval", "hendrycks_math"] = Field(
         "synthetic", description="'synthetic' generates the demo task; other names load that data set from `train_path`")
@@ -77,7 +74,7 @@ class DataConfig(_Strict):
         return self
 
 
-class TinyModelConfig(_Strict):
+class TinyModelConfig(Strict):
     """The demo's model: built from a config, tokenizer trained locally, nothing downloaded."""
 
     vocab_size: int = Field(512, ge=260, le=8192, description="byte-level BPE vocabulary size")
@@ -86,7 +83,7 @@ class TinyModelConfig(_Strict):
     num_heads: int = Field(4, ge=1, description="attention heads")
 
 
-class WarmStartConfig(_AddedLater):
+class WarmStartConfig(AddedLater):
     _ADDED_LATER: ClassVar[tuple[str, ...]] = ("teacher_tool_share",)
 
     """Short supervised warm start that turns the random tiny model into a weak-but-not-hopeless base."""
@@ -109,7 +106,7 @@ class WarmStartConfig(_AddedLater):
                     "with that total (a hasty teacher; docs/tiny_model.md)")
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     source: Literal["tiny", "hf"] = Field("tiny", description="'tiny' builds and warm-starts the demo model; 'hf' loads `path`")
     path: str | None = Field(None, description="source hf: a local Hugging Face model directory, or a hub id "
                              "(org/name, e.g. Qwen/Qwen2.5-0.5B) fetched into the Hugging Face cache ($HF_HOME) "
@@ -140,7 +137,7 @@ class ModelConfig(_Strict):
         return repo, rev or self.revision
 
 
-class PromptConfig(_Strict):
+class PromptConfig(Strict):
     template: str = Field("qa", description="prompt template id (see rlvr_core.data.templates); part of every result. "
                           "Its kind (base or chat) must be model.kind (G-chat-template)")
     allow_kind_mismatch: bool = Field(False, description="use a template whose kind differs from model.kind on "
@@ -152,10 +149,10 @@ class PromptConfig(_Strict):
     @field_validator("template")
     @classmethod
     def _known(cls, v: str) -> str:
-        return _one_of(v, known_templates(), "template")
+        return one_of(v, known_templates(), "template")
 
 
-class PassKConfig(_Strict):
+class PassKConfig(Strict):
     n_samples: int = Field(8, ge=1, description="completions per training prompt used to estimate pass rates")
     ks: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], description="k values reported (each ≤ n_samples)")
     max_prompts: int | None = Field(128, ge=1, description="measure at most this many training prompts (None = all)")
@@ -174,7 +171,7 @@ class PassKConfig(_Strict):
         return self
 
 
-class CurriculumConfig(_Strict):
+class CurriculumConfig(Strict):
     strategy: str = Field("easy_to_hard", description="ordering of the kept prompts (rlvr_core.data.curriculum registry)")
     seed: int = Field(0, description="seed for 'random' and bucket shuffles")
     id_tolerance: float = Field(0, ge=0, description="unmatched ids tolerated between pass-rate table and data "
@@ -183,7 +180,7 @@ class CurriculumConfig(_Strict):
     @field_validator("strategy")
     @classmethod
     def _known(cls, v: str) -> str:
-        return _one_of(v, known_orderings(), "strategy")
+        return one_of(v, known_orderings(), "strategy")
 
 
 def _known_verifier(name: str) -> str:
@@ -212,7 +209,7 @@ def _refuse_in_process_hang(name: str, workers: int, field: str) -> None:
                          f"{name!r} can hang (math, minerva, ifeval, code can), so use {field} >= 1")
 
 
-class _Scoring(_Strict):
+class _Scoring(Strict):
     """A section that names a `verifier` and a worker count (the field named by `_WORKERS`): the verifier must
     be known, an unset count becomes the verifier's default, and 0 is refused for a verifier that can hang."""
 
@@ -238,22 +235,23 @@ class RewardConfig(_Scoring):
     """How training (GRPO rewards) and the pass-rate stage score completions; `eval:` has its own settings.
 
     Unset `verifier` (and then `mode`) come from `eval.verifier` / `eval.verifier_mode`, so a config that
-    names one verifier uses it everywhere."""
+    names one verifier uses it everywhere. What scores a completion is in the training folder's key (`InKey`); the
+    flag shares only name the run (`NamesRun`); the worker count is out of it."""
 
-    verifier: str = Field("gsm8k", description="verifier name (see `rlvr verify`); unset = eval.verifier")
-    mode: str | None = Field(None, description="verifier mode (gsm8k: flexible|strict, math: lenient|boxed, "
+    verifier: str = InKey("gsm8k", description="verifier name (see `rlvr verify`); unset = eval.verifier")
+    mode: str | None = InKey(None, description="verifier mode (gsm8k: flexible|strict, math: lenient|boxed, "
                                                "ifeval: strict|loose); unset with verifier unset = eval.verifier_mode")
     workers: int | None = Field(None, ge=0, description="verifier worker processes per trainer rank; unset = the "
                                 "verifier's default: 0 (in-process) for verifiers that cannot hang (gsm8k, mcq), else 2; "
                                 "0 is refused for verifiers that can hang (math, minerva, ifeval, code)")
-    timeout_s: float = Field(5.0, gt=0, description="per-completion limit in the completion's own time (CPU time "
+    timeout_s: float = InKey(5.0, gt=0, description="per-completion limit in the completion's own time (CPU time "
                              "plus time blocked, not time spent waiting for a busy CPU); past it: status timeout")
-    timeout_reward: float = Field(0.0, description="reward of a completion whose verification timed out")
-    max_timeout_share: float = Field(0.1, ge=0, le=1, description="G-verifier-hang: a training step where more than "
-                                     "this share of completions timed out is flagged (health/G-verifier-hang)")
-    max_error_share: float = Field(0.05, ge=0, le=1, description="G-verifier-error: a training step where more than "
-                                   "this share of completions got status error (the verifier raised; each scored "
-                                   "0) is flagged (health/G-verifier-error)")
+    timeout_reward: float = InKey(0.0, description="reward of a completion whose verification timed out")
+    max_timeout_share: float = NamesRun(0.1, ge=0, le=1, description="G-verifier-hang: a training step where more "
+                                        "than this share of completions timed out is flagged (health/G-verifier-hang)")
+    max_error_share: float = NamesRun(0.05, ge=0, le=1, description="G-verifier-error: a training step where more "
+                                      "than this share of completions got status error (the verifier raised; each "
+                                      "scored 0) is flagged (health/G-verifier-error)")
     _WORKERS: ClassVar[str] = "workers"
 
     def pool_options(self) -> dict[str, Any]:
@@ -284,7 +282,7 @@ class EvalConfig(_Scoring):
     _WORKERS: ClassVar[str] = "verifier_workers"
 
 
-class TracesConfig(_Strict):
+class TracesConfig(Strict):
     """Which rollouts and evaluation samples reach MLflow as traces (docs/tracking.md, "Rollout traces")."""
     enabled: bool = Field(True, description="log rollout traces to the run (nothing is logged without an MLflow run)")
     groups_per_step: int = Field(4, ge=0, description="trained groups (all their completions) traced on a traced step; "
@@ -309,18 +307,18 @@ class TracesConfig(_Strict):
         return v
 
 
-class TrackingConfig(_Strict):
+class TrackingConfig(Strict):
     experiment: str = Field("rlvr-demo", min_length=1, description="MLflow experiment name")
     tracking_uri: str | None = Field(None, description="MLflow URI; None = MLFLOW_TRACKING_URI or the embedded sqlite store")
     traces: TracesConfig = Field(default_factory=TracesConfig, description="rollouts as MLflow traces")
 
 
-class StorageConfig(_Strict):
+class StorageConfig(Strict):
     artifact_uri: str | None = Field(None, description="artifact root (dir or s3://bucket/prefix); None = RLVR_ARTIFACT_URI or $RLVR_HOME/artifacts")
     s3_endpoint_url: str | None = Field(None, description="S3 endpoint override (MinIO, moto); None = RLVR_S3_ENDPOINT_URL/AWS_ENDPOINT_URL")
 
 
-class ExperimentConfig(_AddedLater):
+class ExperimentConfig(AddedLater):
     _ADDED_LATER: ClassVar[tuple[str, ...]] = ("environment",)
 
     name: str = Field("demo", min_length=1, description="experiment name; part of artifact paths")

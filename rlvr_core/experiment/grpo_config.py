@@ -1,29 +1,22 @@
 """The GRPO section of the experiment config (`grpo:`; docs/grpo_training.md): `GRPOConfig`, its nested
-sections (`memory`, `launch`, `guards`), which settings name the training folder (`InKey`, a section's
-`IN_KEY`; `grpo_key_dump`), and the deprecation of the pre-section flat keys (`moved_override`)."""
+sections (`memory`, `launch`, `guards`), which settings name the training folder (`InKey` for what changes the
+trained weights, `NamesRun` for what only names the run, a section's `IN_KEY`; `grpo_key_dump`), and the
+deprecation of the pre-section flat keys (`moved_override`)."""
 
 from __future__ import annotations
 
 import warnings
 from typing import Any, ClassVar, Literal
 
-from pydantic import (BaseModel, Field, SerializerFunctionWrapHandler, ValidationInfo, field_validator,
-                      model_serializer, model_validator)
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from rlvr_core.core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES, Registry
-from rlvr_core.experiment.config_base import _one_of, _Strict
-from rlvr_core.experiment.guards import health_config
+from rlvr_core.experiment.config_base import AddedLater, InKey, NamesRun, key_fields, one_of
+from rlvr_core.experiment.guards import HealthConfig
 from rlvr_core.experiment.hostfile import read_hostfile
 
 
-def InKey(*args: Any, **kwargs: Any) -> Any:
-    """`Field` for a top-level GRPO setting that changes the trained weights, so it names the training folder
-    (`grpo_key_dump`). Every top-level GRPOConfig field is either a `_Section` or declared with this; a field
-    declared neither way is an error of `grpo_key_dump` and fails tests/core/test_config_sections.py."""
-    return Field(*args, json_schema_extra={"in_key": True}, **kwargs)
-
-
-class _Section(_Strict):
+class _Section(AddedLater):
     """A group of GRPO settings under its own key (`grpo.memory`, `grpo.launch`). `IN_KEY` declares whether the
     training folder's key holds the section: False for settings that only reorder sums or say where ranks run,
     so a run resumes from its checkpoint when they change (the G-oom line: lower the memory settings and retry).
@@ -161,33 +154,17 @@ class GRPOGuardsConfig(_Section):
                                          "from a minority of what was sampled, and rollout engine and trainer "
                                          "disagree more than the bounds allow (tis_cap, tis_min too tight, or "
                                          "a broken engine). Left out of the training key at its default")
-    health: dict[str, Any] = Field(default_factory=dict, description="settings of the run-level training guards "
-                                   "(docs/guards_training.md): per detector (collapse, entropy, reward_hacking, "
-                                   "kl_explosion) a mapping of its thresholds, and `enabled`, the guard ids to run; "
-                                   "e.g. {collapse: {grad_norm_factor: 8}, kl_explosion: {serious: true}} makes "
-                                   "collapse need a larger grad-norm jump and a KL blow-up stop the run. Unset = defaults")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="the run-level training guards "
+                                 "(docs/guards_training.md): per detector (collapse, entropy, reward_hacking, "
+                                 "kl_explosion, no_signal) its thresholds, and `enabled`, the guard ids to run; e.g. "
+                                 "{collapse: {grad_norm_factor: 8}, kl_explosion: {serious: true}} makes collapse "
+                                 "need a larger grad-norm jump and a KL blow-up stop the run. Unset = defaults; the "
+                                 "resolved config and the key hold the settings given, as written")
 
-    # Fields added after runs were keyed: dumped (and so in the training key) only away from their default.
-    _DUMPED_AWAY_FROM_DEFAULT: ClassVar[dict[str, Any]] = {"correction_mask_share": 0.5}
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out = handler(self)
-        for name, default in self._DUMPED_AWAY_FROM_DEFAULT.items():
-            if out.get(name, None) == default:
-                del out[name]
-        return out
-
-    @field_validator("health")
-    @classmethod
-    def _health_settings(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if v:  # the defaults need no check
-            health_config(v)
-        return v
+    _ADDED_LATER: ClassVar[tuple[str, ...]] = ("correction_mask_share",)
 
 
-
-class GRPOConfig(_Strict):
+class GRPOConfig(AddedLater):
     """Policy optimisation settings for `rlvr_core.grpo.trainer.train_grpo` (docs/grpo_training.md).
 
     Defaults: conservative (lr 5e-5, rollouts at T 1, no KL anchor; ~150 steps x ~1.1 s on the demo's
@@ -198,7 +175,7 @@ class GRPOConfig(_Strict):
     accuracy.
     """
 
-    enabled: bool = InKey(False, description="run the GRPO training stage")
+    enabled: bool = NamesRun(False, description="run the GRPO training stage")
     steps: int = InKey(150, ge=1, description="optimisation steps (each = one rollout batch of P x G completions)")
     prompts_per_step: int = InKey(16, ge=1, description="P: prompts per step, taken in curriculum order (cycled)")
     group_size: int = InKey(8, ge=2, description="G: completions per prompt (the group)")
@@ -263,18 +240,18 @@ class GRPOConfig(_Strict):
     grad_clip: float = InKey(1.0, gt=0, description="global gradient-norm clip; grad_norm in steps.parquet is "
                              "measured before it (G-collapse watches it)")
     rollout_batch_size: int = InKey(128, ge=1, description="sequences decoded together by the rollout engine")
-    eval_every: int | Literal["auto"] = InKey(
+    eval_every: int | Literal["auto"] = NamesRun(
         "auto", description="call the trainer's `evaluate` hook every N steps and after the last (G-no-eval). "
         "'auto' = about 10 evaluation points for a run longer than 40 steps (every ceil(steps / 10) steps), "
         "only after the last step for a shorter one. 0 = only after the last step: no curve to pick a "
         "checkpoint from, and G-reward-hacking can never fire (it needs eval points during training)")
-    eval_max_problems: int | None = InKey(
+    eval_max_problems: int | None = NamesRun(
         500, ge=1, description="the periodic evaluation scores greedily the first N held-out problems only (a "
         "fixed slice, the same at every point, so the points compare); the pipeline's evaluation of the final "
         "export stays on the whole held-out set. None = the whole set (the demo's 200 problems fit in 500)")
-    eval_samples: int = InKey(0, ge=0, description="periodic evaluation: sampled completions per held-out problem "
-                              "for pass@k at eval.temperature (0 = greedy accuracy only)")
-    checkpoint_every: int = InKey(25, ge=1, description="DeepSpeed checkpoint every N steps (and always at the end)")
+    eval_samples: int = NamesRun(0, ge=0, description="periodic evaluation: sampled completions per held-out problem "
+                                 "for pass@k at eval.temperature (0 = greedy accuracy only)")
+    checkpoint_every: int = NamesRun(25, ge=1, description="DeepSpeed checkpoint every N steps (and always at the end)")
     guards: GRPOGuardsConfig = Field(default_factory=GRPOGuardsConfig, description="the training guards' thresholds "
                                      "and the drift signal (docs/guards_training.md); in the training folder's key")
     logprob_temperature: float = InKey(1.0, gt=0, description="temperature the trainer divides logits by before "
@@ -336,9 +313,9 @@ class GRPOConfig(_Strict):
         "geometric = exp(mean) (length-normalised, verl's geometric rejection sampling: the bounds mean the same "
         "for short and long answers), product = exp(sum) (TRL's and verl's sequence-level IS; saturates at "
         "exp(+-20))")
-    rollout_samples_per_step: int = InKey(4, ge=0, description="completions per step written to "
-                                          "out_dir/rollouts.parquet (text, reward, status, length; taken "
-                                          "round-robin over the trained groups; 0 = none)")
+    rollout_samples_per_step: int = NamesRun(4, ge=0, description="completions per step written to "
+                                             "out_dir/rollouts.parquet (text, reward, status, length; taken "
+                                             "round-robin over the trained groups; 0 = none)")
     # ---- LoRA (peft): train low-rank adapters instead of every weight ----
     lora_rank: int = InKey(0, ge=0, description="LoRA adapter rank (peft) on the policy's linear layers; 0 = full "
                            "fine-tuning. With LoRA the KL reference is the base model itself (adapters switched "
@@ -394,12 +371,11 @@ class GRPOConfig(_Strict):
     _REGISTRIES: ClassVar[dict[str, Registry]] = {"advantage": ADVANTAGES, "kl_estimator": KL_ESTIMATORS,
                                                   "loss_agg": LOSS_AGGS, "policy_loss": POLICY_LOSSES}
 
-    # Fields added after runs were keyed: dumped only away from their default, the behaviour of every earlier run,
-    # so the resolved config, its hash and the training folder's key of such a run stay what they were.
-    _DUMPED_AWAY_FROM_DEFAULT: ClassVar[dict[str, Any]] = {
-        "policy_loss": "ppo_clip", "gspo_clip_low": 3e-4, "gspo_clip_high": 4e-4, "cispo_clip_max": 5.0,
-        "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "tis_mode": "token_truncate", "tis_min": None,
-        "tis_seq_ratio": "geometric"}
+    # Fields added after runs were keyed (`AddedLater`): dumped only away from their default, the behaviour of
+    # every earlier run, so the resolved config, its hash and the training folder's key of such a run stay the same.
+    _ADDED_LATER: ClassVar[tuple[str, ...]] = (
+        "policy_loss", "gspo_clip_low", "gspo_clip_high", "cispo_clip_max", "sapo_tau_pos", "sapo_tau_neg", "tis_mode",
+        "tis_min", "tis_seq_ratio")
 
     # The GRPOConfig fields each policy loss takes, by the loss's keyword (policy_losses.py). A loss not listed
     # (ppo_clip, or one registered at runtime) gets clip_low / clip_high, as before these losses existed.
@@ -415,19 +391,11 @@ class GRPOConfig(_Strict):
         fields = self._LOSS_PARAMS.get(self.policy_loss)
         return None if fields is None else {kw: getattr(self, f) for kw, f in fields.items()}
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out = handler(self)
-        for name, default in self._DUMPED_AWAY_FROM_DEFAULT.items():
-            if out.get(name, None) == default:
-                del out[name]
-        return out
-
     @field_validator(*_REGISTRIES)
     @classmethod
     def _registered(cls, v: str, info: ValidationInfo) -> str:
         registry = cls._REGISTRIES[info.field_name]
-        return _one_of(v, registry.names(), registry.kind)
+        return one_of(v, registry.names(), registry.kind)
 
     @field_validator("eval_every")
     @classmethod
@@ -488,21 +456,21 @@ def say_moved(old: str, new: str, source: str) -> None:
 
 
 def undeclared_key_fields(model: type[GRPOConfig] = GRPOConfig) -> list[str]:
-    """Top-level GRPOConfig fields that are neither a section nor declared with `InKey`: each must say whether
-    it names the training folder (tests/core/test_config_sections.py fails while one does not)."""
-    sections = model.sections()
-    return [name for name, f in model.model_fields.items()
-            if name not in sections and (f.json_schema_extra or {}).get("in_key") is not True]
+    """Top-level GRPOConfig fields that are neither a section nor declared with `InKey` or `NamesRun`: each must say
+    whether it names the training folder (tests/core/test_config_sections.py fails while one does not)."""
+    declared = set(model.sections()) | set(key_fields(model))
+    return [name for name in model.model_fields if name not in declared]
 
 
 def grpo_key_dump(grpo: GRPOConfig) -> dict[str, Any]:
-    """The GRPO settings that name the training folder (`rlvr_core.pipeline.stages`): every `InKey` field and the
-    fields of every section declared `IN_KEY`, flat by their pre-section names, so the key (and the folder of
-    every run trained before the sections existed) is unchanged. Sections declared out of the key are left out."""
+    """The GRPO settings that name the training folder (`rlvr_core.pipeline.train_stage`): every `InKey` and
+    `NamesRun` field and the fields of every section declared `IN_KEY`, flat by their pre-section names, so the key
+    (and the folder of every run trained before the sections existed) is unchanged. Sections declared out of the key
+    are left out."""
     undeclared = undeclared_key_fields(type(grpo))
     if undeclared:
-        raise TypeError(f"GRPOConfig fields {undeclared} declare neither InKey nor a section: the training "
-                        "folder's key cannot tell whether they change the trained weights")
+        raise TypeError(f"GRPOConfig fields {undeclared} declare neither InKey nor a section (nor NamesRun): the "
+                        "training folder's key cannot tell whether they change the trained weights")
     sections = type(grpo).sections()
     out = grpo.model_dump(mode="json", exclude=set(sections))
     for name, sec in sections.items():

@@ -18,7 +18,7 @@ from typing import Callable
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.experiment.guards import (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_KL_EXPLOSION, GUARD_NO_SIGNAL,
-                                         GUARD_REWARD_HACKING, HealthConfig, health_config)
+                                         GUARD_REWARD_HACKING, HealthConfig)
 
 __all__ = ["GUARDS", "guard_coverage", "unguarded_line", "ACTIVE", "NEEDS", "OFF"]
 
@@ -216,7 +216,7 @@ _DETECTOR_OF = {GUARD_COLLAPSE: GUARD_COLLAPSE, GUARD_ENTROPY: GUARD_ENTROPY, GU
 def guard_coverage(cfg: ExperimentConfig) -> dict[str, str]:
     """{guard id: "active" | "active: <how>" | "needs <what>" | "off: <setting> = <value> (<why>)"} for every guard
     of docs/guards.md."""
-    health = health_config(cfg.grpo.guards.health)
+    health = cfg.grpo.guards.health
     out: dict[str, str] = {}
     for g in GUARDS:
         if g in _TRAINING and not cfg.grpo.enabled:

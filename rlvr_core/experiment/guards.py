@@ -1,6 +1,8 @@
 """Training-health detectors over the GRPO trainer's step rows (BUGZOO G-collapse, G-entropy,
 G-reward-hacking, G-kl-explosion, G-no-signal). Pure Python: no torch, no Prefect, no I/O. One idea, kept in one file
-past 600 lines on purpose: the detectors, their thresholds and the monitor that runs them read as one table.
+past 600 lines on purpose: the detectors, their thresholds and the monitor that runs them read as one table. The
+thresholds are the typed config section `grpo.guards.health` (`HealthConfig`, one pydantic model per detector, with
+help text and bounds), checked when the experiment config loads.
 
 Input: the trainer's step rows, a list of dicts in step order with the columns documented in
 docs/grpo_training.md (step, reward_mean, grad_norm, completion_len_mean, truncation_share, entropy,
@@ -40,9 +42,11 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
-from dataclasses import fields as dataclass_fields
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Annotated, Any, Iterable, Mapping, Sequence
 
+from pydantic import BeforeValidator, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+
+from rlvr_core.experiment.config_base import Strict
 from rlvr_core.experiment.no_signal import NEAR_GREEDY, REPEATED_UNIQUE, no_signal_cause, window_facts
 
 __all__ = [
@@ -50,7 +54,7 @@ __all__ = [
     "Firing", "CollapseConfig", "EntropyConfig", "RewardHackingConfig", "KLExplosionConfig", "NoSignalConfig",
     "HealthConfig", "detect_collapse", "detect_entropy", "detect_reward_hacking", "detect_kl_explosion",
     "detect_no_signal", "check_health",
-    "HealthMonitor", "health_flags", "firing_dict", "GuardError", "RunStopped", "health_config",
+    "HealthMonitor", "health_flags", "firing_dict", "GuardError", "RunStopped",
 ]
 
 GUARD_COLLAPSE = "G-collapse"
@@ -111,8 +115,30 @@ class Firing:
 
 
 # ------------------------------------------------------------------------------------------- configs
-@dataclass(frozen=True)
-class CollapseConfig:
+def _number(v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected float, got {v!r}")
+    return v
+
+
+# A threshold kept as the config wrote it: an int stays an int, so the resolved config and the training key hold
+# `8` as they did before the settings were typed (not `8.0`, another hash); a bool or a string is refused.
+Number = Annotated[int | float, BeforeValidator(_number)]
+Count = Annotated[int, Field(strict=True)]    # a bool or 5.0 is refused
+Flag = Annotated[bool, Field(strict=True)]    # 1 or "yes" is refused
+
+
+class _AsGiven(Strict):
+    """Settings of `grpo.guards.health`: the detectors read every setting (defaults filled in), while the resolved
+    config and the training key hold only the settings the config gave, as written (unset = the defaults), the form
+    they always had, so every earlier run keeps its key."""
+
+    @model_serializer(mode="wrap")
+    def _as_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
+
+
+class CollapseConfig(_AsGiven):
     """G-collapse: at least `min_signals` of the signals below over the trailing `window` steps.
 
     Two kinds of baseline. The base model's own numbers on the prompts each step drew (the step row's
@@ -124,53 +150,56 @@ class CollapseConfig:
     overlaps their baseline. Without base columns every baseline is the run's own first steps.
     """
 
-    window: int = 5
-    baseline_steps: int = 5
-    min_signals: int = 2
-    serious: bool = True
-    rearm_steps: int | None = None            # None = window
-    # grad norm (pre-clip): window max >= factor x baseline median (inf counts). Healthy: <= 2.4x.
-    grad_norm_factor: float = 5.0
-    # reward: window median <= rel x the reference, once the reference is >= peak_min. Reference: the larger of
-    # the peak window median so far and the base model's expected reward on the window's prompts.
-    reward_rel_floor: float = 0.25
-    reward_peak_min: float = 0.05
-    # completion length (median column if present, else mean): window median <= abs or rel x baseline.
-    len_abs_floor: float = 2.0
-    len_rel_floor: float = 0.4
-    # all truncated: window median truncation share >= max, when the baseline was <= baseline_max.
-    truncation_share_max: float = 0.9
-    truncation_baseline_max: float = 0.5
-    # entropy: window median <= abs floor or rel x baseline.
-    entropy_abs_floor: float = 0.03
-    entropy_rel_floor: float = 0.2
-    # importance ratio (first epoch): window max ratio_max >= limit or window min ratio_min <= min limit,
-    # over the window's steps with staleness 0 (or no staleness column).
-    ratio_max_limit: float = 10.0
-    ratio_min_limit: float = 0.1
-    # repetition: window median unique-completion share <= abs floor and <= rel x baseline.
-    unique_abs_floor: float = 0.5
-    unique_rel_floor: float = 0.6
+    window: Count = Field(5, ge=1, description="trailing steps each signal is judged over")
+    baseline_steps: Count = Field(5, ge=1, description="the run's first steps whose medians are the baselines "
+                                  "without a base-model measurement (grad norm, entropy, unique share)")
+    min_signals: Count = Field(2, ge=1, description="signals that must hold together (more than the 7 watched: off)")
+    serious: Flag = Field(True, description="true: a firing stops the run; false: a flag")
+    rearm_steps: Count | None = Field(None, ge=1, description="steps the condition must be false before a new "
+                                      "episode can fire; None = window")
+    grad_norm_factor: Number = Field(5.0, gt=0, description="grad norm (pre-clip): window max >= this x the baseline "
+                                     "median (inf counts). Healthy runs stay <= 2.4x")
+    reward_rel_floor: Number = Field(0.25, ge=0, description="reward: window median <= this x the reference, once "
+                                     "the reference is >= reward_peak_min; reference: the larger of the peak window "
+                                     "median so far and the base model's expected reward on the window's prompts")
+    reward_peak_min: Number = Field(0.05, ge=0, description="reward: the reference that must be reached first")
+    len_abs_floor: Number = Field(2.0, ge=0, description="completion length (median column if present, else mean): "
+                                  "window median <= this many tokens, or <= len_rel_floor x the baseline")
+    len_rel_floor: Number = Field(0.4, ge=0, description="completion length: relative floor (see len_abs_floor)")
+    truncation_share_max: Number = Field(0.9, ge=0, le=1, description="all truncated: window median truncation "
+                                         "share >= this, when the baseline was <= truncation_baseline_max")
+    truncation_baseline_max: Number = Field(0.5, ge=0, le=1, description="all truncated: the baseline truncation "
+                                            "share at or under which the signal is judged")
+    entropy_abs_floor: Number = Field(0.03, ge=0, description="entropy: window median <= this, or <= "
+                                      "entropy_rel_floor x the baseline")
+    entropy_rel_floor: Number = Field(0.2, ge=0, description="entropy: relative floor (see entropy_abs_floor)")
+    ratio_max_limit: Number = Field(10.0, gt=0, description="importance ratio (first epoch): window max ratio_max "
+                                    ">= this, over the window's steps with staleness 0 (or no staleness column)")
+    ratio_min_limit: Number = Field(0.1, ge=0, description="importance ratio: window min ratio_min <= this")
+    unique_abs_floor: Number = Field(0.5, ge=0, le=1, description="repetition: window median unique-completion "
+                                     "share <= this and <= unique_rel_floor x the baseline")
+    unique_rel_floor: Number = Field(0.6, ge=0, description="repetition: relative floor (see unique_abs_floor)")
 
 
-@dataclass(frozen=True)
-class EntropyConfig:
+class EntropyConfig(_AsGiven):
     """G-entropy: window median entropy <= max(abs_floor, rel_floor x baseline median). A flag, serious
     only when the KL to the reference has exploded too (window max kl_ref_max >= serious_kl_max)."""
 
-    window: int = 5
-    baseline_steps: int = 5
-    abs_floor: float = 0.03
-    rel_floor: float = 0.2
-    serious_kl_max: float | None = 1000.0     # None: never serious
-    # Without a reference (kl_ref_* unknown): serious when the window max drift/kl_max (beta-0 drift signal,
-    # one update's KL on the step's samples) reaches this. None: never serious without a reference.
-    serious_drift_max: float | None = 100.0
-    rearm_steps: int | None = None
+    window: Count = Field(5, ge=1, description="trailing steps whose median entropy is judged")
+    baseline_steps: Count = Field(5, ge=1, description="the run's first steps whose median entropy is the baseline")
+    abs_floor: Number = Field(0.03, ge=0, description="entropy at or under this fires")
+    rel_floor: Number = Field(0.2, ge=0, description="entropy at or under this x the baseline fires")
+    serious_kl_max: Number | None = Field(1000.0, gt=0, description="serious when the window max kl_ref_max reaches "
+                                          "this inside an episode; None = never serious")
+    serious_drift_max: Number | None = Field(100.0, gt=0, description="without a reference (kl_ref_* unknown): "
+                                             "serious when the window max drift/kl_max (the beta-0 drift signal, one "
+                                             "update's KL on the step's samples) reaches this; None = never serious "
+                                             "without a reference")
+    rearm_steps: Count | None = Field(None, ge=1, description="steps the condition must be false before a new "
+                                      "episode can fire; None = window")
 
 
-@dataclass(frozen=True)
-class RewardHackingConfig:
+class RewardHackingConfig(_AsGiven):
     """G-reward-hacking: per eval name, at each eval point, the held-out level (mean of the last
     `confirm_evals` eval values) fell >= min_eval_drop below the reference, the training reward level
     (mean reward_mean over the last `reward_window` steps) did not fall (rise >= min_train_rise), and the
@@ -187,109 +216,97 @@ class RewardHackingConfig:
     sqrt(p (1 - p) / n * (1 + 1 / confirm_evals)). Without n the absolute `min_eval_drop` is the only bar.
     """
 
-    eval_names: tuple[str, ...] | None = None
-    base_eval: Mapping[str, float] | None = None
-    eval_n: int | Mapping[str, int] | None = None
-    reward_window: int = 10
-    confirm_evals: int = 2
-    min_eval_drop: float = 0.04
-    noise_z: float = 2.0
-    min_train_rise: float = 0.0
-    min_divergence: float = 0.05
-    rearm_evals: int = 2
-    serious: bool = False
+    eval_names: tuple[str, ...] | None = Field(None, description="the eval names compared; None = every eval/<name> "
+                                               "column whose values lie in [0, 1]")
+    base_eval: dict[str, Number] | None = Field(None, description="the base model's score per eval name (the "
+                                                "reference); None = the trainer fills in the base model's evaluation, "
+                                                "else the first eval point is the reference")
+    eval_n: Count | dict[str, Count] | None = Field(None, description="eval problems n (one for every name, or per "
+                                                    "name) for the noise bar; None = the eval/<name>_n columns")
+    reward_window: Count = Field(10, ge=1, description="steps whose mean reward_mean is the training reward level")
+    confirm_evals: Count = Field(2, ge=1, description="eval points whose mean is the held-out level")
+    min_eval_drop: Number = Field(0.04, ge=0, description="the held-out level's drop below the reference that fires")
+    noise_z: Number = Field(2.0, ge=0, description="with n known, the drop must also exceed this many binomial "
+                            "standard errors")
+    min_train_rise: Number = Field(0.0, description="the training reward level's change that counts as not falling")
+    min_divergence: Number = Field(0.05, ge=0, description="train rise - eval change at or above this fires")
+    rearm_evals: Count = Field(2, ge=1, description="eval points the condition must be false before a new episode")
+    serious: Flag = Field(False, description="true: a firing stops the run; false: a flag")
 
 
-@dataclass(frozen=True)
-class KLExplosionConfig:
+class KLExplosionConfig(_AsGiven):
     """G-kl-explosion (episode detector; the trainer also flags single steps above `grpo.guards.kl_spike_max`):
     window median kl_ref_mean >= mean_limit or window max kl_ref_max >= max_limit. A window without a
     reference model (kl NaN) watches the beta-0 drift columns instead (drift_*_limit); without those
     either, nothing fires."""
 
-    window: int = 5
-    mean_limit: float = 0.25
-    max_limit: float = 1000.0
-    # Without a reference (no kl_ref_* in the window), the beta-0 drift signal: window median drift/kl_mean
-    # >= drift_mean_limit or window max drift/kl_max >= drift_max_limit. None: not watched.
-    drift_mean_limit: float | None = 0.5
-    drift_max_limit: float | None = 100.0
-    serious: bool = False                     # True: every episode stops the run
-    # A sustained explosion (window median kl_ref_mean >= mean_limit, not one max spike) stops the run without
-    # `serious` when the rollouts show the collapse with it: window median truncated share >=
-    # evidence_truncation_share (and above the base model's on the same prompts when known), or window median
-    # zero-reward-variance group share >= evidence_zero_var_share. Fires once per episode, key "collapse".
-    serious_on_collapse: bool = True
-    evidence_truncation_share: float = 0.5
-    evidence_zero_var_share: float = 0.9
-    rearm_steps: int | None = None
+    window: Count = Field(5, ge=1, description="trailing steps judged")
+    mean_limit: Number = Field(0.25, gt=0, description="window median kl_ref_mean at or above this fires")
+    max_limit: Number = Field(1000.0, gt=0, description="window max kl_ref_max at or above this fires")
+    drift_mean_limit: Number | None = Field(0.5, gt=0, description="without a reference (no kl_ref_* in the window): "
+                                            "window median drift/kl_mean (the beta-0 drift signal) at or above this "
+                                            "fires; None = not watched")
+    drift_max_limit: Number | None = Field(100.0, gt=0, description="without a reference: window max drift/kl_max at "
+                                           "or above this fires; None = not watched")
+    serious: Flag = Field(False, description="true: every episode stops the run")
+    serious_on_collapse: Flag = Field(True, description="a sustained explosion (window median kl_ref_mean >= "
+                                      "mean_limit, not one max spike) stops the run without `serious` when the "
+                                      "rollouts show the collapse with it (evidence_*); once per episode, key "
+                                      "'collapse'")
+    evidence_truncation_share: Number = Field(0.5, ge=0, le=1, description="collapse evidence: window median "
+                                              "truncated share at or above this (and above the base model's on the "
+                                              "same prompts when known)")
+    evidence_zero_var_share: Number = Field(0.9, ge=0, le=1, description="collapse evidence: window median "
+                                            "zero-reward-variance group share at or above this")
+    rearm_steps: Count | None = Field(None, ge=1, description="steps the condition must be false before a new "
+                                      "episode can fire; None = window")
 
 
-@dataclass(frozen=True)
-class NoSignalConfig:
+class NoSignalConfig(_AsGiven):
     """G-no-signal: at least `min_dead_steps` of the trailing `window` steps (fewer at the start of a run) trained
     no token or nearly none: every group dropped (`n_tokens` 0) or at least `starved_share` of them without reward
-    variance (`zero_var_group_share`, dropped groups included). Such
-    a run spends its budget learning nothing, so the firing stops it (serious), naming the cause
-    (`rlvr_core.experiment.no_signal.no_signal_cause`). The last four fields are the run's settings the cause names,
-    filled in by the trainer (`run_health`), not thresholds."""
+    variance (`zero_var_group_share`, dropped groups included). Such a run spends its budget learning nothing, so the
+    firing stops it (serious), naming the cause (`rlvr_core.experiment.no_signal.no_signal_cause`). The last four
+    fields are the run's settings the cause names, filled in by the trainer (`run_health`), not thresholds."""
 
-    window: int = 5
-    min_dead_steps: int = 4
-    # A step that kept only a sliver of its groups counts too: zero-variance share (dropped groups included) at or
-    # above this. Healthy demo steps peak at 0.71; near-greedy rollouts (grpo.temperature 0.05) keep 0-2 of 48.
-    starved_share: float = 0.95
-    serious: bool = True
-    rearm_steps: int | None = None
-    verifier: str | None = None
-    verifier_mode: str | None = None
-    temperature: float | None = None              # grpo.temperature: the rollouts'
-    passrate_temperature: float | None = None     # sampling.temperature: the pass-rate table's (the curriculum's filter)
-
-
-@dataclass(frozen=True)
-class HealthConfig:
-    collapse: CollapseConfig = field(default_factory=CollapseConfig)
-    entropy: EntropyConfig = field(default_factory=EntropyConfig)
-    reward_hacking: RewardHackingConfig = field(default_factory=RewardHackingConfig)
-    kl_explosion: KLExplosionConfig = field(default_factory=KLExplosionConfig)
-    no_signal: NoSignalConfig = field(default_factory=NoSignalConfig)
-    enabled: tuple[str, ...] = GUARD_IDS
+    window: Count = Field(5, ge=1, description="trailing steps judged (fewer at the start of a run)")
+    min_dead_steps: Count = Field(4, ge=1, description="steps of the window that trained no token or nearly none "
+                                  "(more than window: off)")
+    starved_share: Number = Field(0.95, gt=0, le=1, description="a step whose zero-variance share (dropped groups "
+                                  "included) is at or above this counts as dead too. Healthy demo steps peak at "
+                                  "0.71; near-greedy rollouts (grpo.temperature 0.05) keep 0-2 of 48 groups")
+    serious: Flag = Field(True, description="true: a firing stops the run (and the check before training does); "
+                          "false: a flag")
+    rearm_steps: Count | None = Field(None, ge=1, description="steps the condition must be false before a new "
+                                      "episode can fire; None = window")
+    verifier: str | None = Field(None, description="filled in by the trainer: reward.verifier")
+    verifier_mode: str | None = Field(None, description="filled in by the trainer: reward.mode")
+    temperature: Number | None = Field(None, description="filled in by the trainer: grpo.temperature (the rollouts')")
+    passrate_temperature: Number | None = Field(None, description="filled in by the trainer: sampling.temperature "
+                                                "(the pass-rate table's, the curriculum's filter)")
 
 
-_DETECTORS = {"collapse": CollapseConfig, "entropy": EntropyConfig, "reward_hacking": RewardHackingConfig,
-              "kl_explosion": KLExplosionConfig, "no_signal": NoSignalConfig}
+class HealthConfig(_AsGiven):
+    """`grpo.guards.health`: the run-level training guards' settings (docs/guards_training.md), one section per
+    detector, e.g. `{collapse: {grad_norm_factor: 8}, kl_explosion: {serious: true}}`; what is not given keeps its
+    default."""
 
+    collapse: CollapseConfig = Field(default_factory=CollapseConfig, description="G-collapse's thresholds")
+    entropy: EntropyConfig = Field(default_factory=EntropyConfig, description="G-entropy's thresholds")
+    reward_hacking: RewardHackingConfig = Field(default_factory=RewardHackingConfig,
+                                                description="G-reward-hacking's thresholds")
+    kl_explosion: KLExplosionConfig = Field(default_factory=KLExplosionConfig,
+                                            description="G-kl-explosion's episode thresholds")
+    no_signal: NoSignalConfig = Field(default_factory=NoSignalConfig, description="G-no-signal's thresholds")
+    enabled: tuple[str, ...] = Field(GUARD_IDS, description="the guard ids to run (a guard left out is off)")
 
-def health_config(settings: Mapping[str, Any] | None) -> HealthConfig:
-    """A HealthConfig from YAML-style settings (`grpo.guards.health`): `{detector: {setting: value}, enabled: [ids]}`,
-    e.g. `{"collapse": {"grad_norm_factor": 8}, "kl_explosion": {"serious": True}}`; what is not given keeps its
-    default. Unknown detectors, settings and guard ids, and values of the wrong kind, raise ValueError naming them."""
-    kw: dict[str, Any] = {}
-    for key, value in (settings or {}).items():
-        if key == "enabled":
-            unknown = sorted(set(value) - set(GUARD_IDS)) if isinstance(value, (list, tuple)) else [value]
-            if unknown:
-                raise ValueError(f"enabled: unknown guard id(s) {unknown}; known: {list(GUARD_IDS)}")
-            kw["enabled"] = tuple(value)
-            continue
-        if key not in _DETECTORS:
-            raise ValueError(f"unknown detector {key!r}; known: {sorted(_DETECTORS)} and 'enabled'")
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{key}: expected a mapping of settings, got {value!r}")
-        fields = {f.name: f for f in dataclass_fields(_DETECTORS[key])}
-        for name, v in value.items():
-            if name not in fields:
-                raise ValueError(f"{key}.{name}: unknown setting; known: {sorted(fields)}")
-            default = fields[name].default
-            if v is None and "None" in str(fields[name].type):
-                continue
-            if isinstance(default, bool) and not isinstance(v, bool) or (
-                    isinstance(default, (int, float)) and not isinstance(default, bool)
-                    and (isinstance(v, bool) or not isinstance(v, (int, float)))):
-                raise ValueError(f"{key}.{name}: expected {type(default).__name__}, got {v!r}")
-        kw[key] = _DETECTORS[key](**value)
-    return HealthConfig(**kw)
+    @field_validator("enabled")
+    @classmethod
+    def _known_ids(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = sorted(set(v) - set(GUARD_IDS))
+        if unknown:
+            raise ValueError(f"unknown guard id(s) {unknown}; known: {list(GUARD_IDS)}")
+        return v
 
 
 # ------------------------------------------------------------------------------------------- helpers

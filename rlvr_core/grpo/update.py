@@ -53,8 +53,7 @@ One update (`update_policy`) on this rank's trained groups:
     one pass; at step 1 G-logprob-temp stops the run when the mismatch exceeds the tolerance, after the
     first epoch's backward passes and before its optimizer step (so before any update).
 
-The policy itself (DeepSpeed engine, LoRA, ZeRO-3 copies) is built in policy.py; its names are re-exported
-here for the callers that import them from this module.
+The policy itself (DeepSpeed engine, LoRA, ZeRO-3 copies) is built in policy.py.
 """
 
 from __future__ import annotations
@@ -76,14 +75,12 @@ from rlvr_core.environments.trajectory import check_aligned
 from rlvr_core.grpo.losses import mask_from_lengths
 from rlvr_core.grpo.rollout_correction import correction_weights
 from rlvr_core.grpo.micro_batches import empty_like, plan_micro_batches, take_rows
-from rlvr_core.grpo.policy import (Policy, build_policy, ds_config, enable_gradient_checkpointing,  # noqa: F401
-                                   load_policy_model, with_lora)  # (re-exported: callers import them from here)
+from rlvr_core.grpo.policy import Policy
 
 if TYPE_CHECKING:
     from rlvr_core.grpo.rollouts import RolloutBatch
 
-__all__ = ["ds_config", "with_lora", "load_policy_model", "enable_gradient_checkpointing", "build_policy", "Policy", "build_batch",
-           "sequence_logprobs", "TrainInputs", "train_inputs", "check_logprob_temp", "UpdateResult", "micro_batches",
+__all__ = ["build_batch", "TrainInputs", "train_inputs", "check_logprob_temp", "UpdateResult", "micro_batches",
            "update_policy"]
 
 

@@ -21,8 +21,8 @@ from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.data import gold_of
 from rlvr_core.data.templates import get_template
 from rlvr_core.sampling.environment_engine import with_environment
-from rlvr_core.eval.evaluate import (EvalLimits, RunSettings, curves_table, evaluate_spec, metrics_table, opened_engine,
-                                     samples_table)
+from rlvr_core.eval.evaluate import RunSettings, evaluate_spec, opened_engine
+from rlvr_core.eval.metrics import EvalLimits, curves_table, metrics_table, samples_table
 from rlvr_core.experiment.benchmarks import load_benchmark, load_benchmark_problems, parse_benchmark
 from rlvr_core.experiment.config import ExperimentConfig
 from rlvr_core.pipeline.stage_outputs import DataArtifact, ModelArtifact

@@ -8,7 +8,7 @@ folder instead of recomputing. Where each lives:
 
 - `stage_outputs`: the data and model artifacts, `here` (an artifact's paths on this worker), `experiment_manifest`
 - `data_stage`: `prepare_data`
-- `base_model_stage`: `prepare_base_model`, `warm_start_spec`, `check_template_at_start`
+- `base_model_stage`: `prepare_base_model`, `warm_start_spec`
 - `passrate_stage`: `pass_rate_stage`, `PassRateArtifact`
 - `curriculum_stage`: `curriculum_stage`, `CurriculumArtifact`, `BASE_ROLLOUT_COLUMNS`
 - `train_stage`: `train_stage`, `train_here`, `stopped_training`, `no_signal_before_training`, `TrainArtifact`
@@ -18,27 +18,20 @@ folder instead of recomputing. Where each lives:
 
 from __future__ import annotations
 
-from rlvr_core.pipeline.base_model_stage import (WARMSTART_STAGE_VERSION, check_template_at_start,
-                                                 prepare_base_model, warm_start_spec)
-from rlvr_core.pipeline.curriculum_stage import (BASE_ROLLOUT_COLUMNS, CURRICULUM_STAGE_VERSION,
-                                                 CurriculumArtifact, curriculum_stage)
-from rlvr_core.pipeline.data_stage import DATA_STAGE_VERSION, prepare_data
+from rlvr_core.pipeline.base_model_stage import prepare_base_model, warm_start_spec
+from rlvr_core.pipeline.curriculum_stage import BASE_ROLLOUT_COLUMNS, CurriculumArtifact, curriculum_stage
+from rlvr_core.pipeline.data_stage import prepare_data
 from rlvr_core.pipeline.evaluation_stage import (SYNTHETIC_BENCHMARK_VERSION, EvalArtifact, base_reference,
-                                                 evaluate_stage, held_out_eval, held_out_problems, held_out_spec,
-                                                 periodic_problems)
+                                                 evaluate_stage, held_out_spec)
 from rlvr_core.pipeline.export_stage import ExportArtifact, export_stage
-from rlvr_core.pipeline.passrate_stage import (PASSRATE_STAGE_VERSION, PassRateArtifact,
-                                               normalise_passk_columns, pass_rate_stage)
+from rlvr_core.pipeline.passrate_stage import PassRateArtifact, pass_rate_stage
 from rlvr_core.pipeline.stage_outputs import DataArtifact, ModelArtifact, experiment_manifest, here
-from rlvr_core.pipeline.train_stage import (GRPO_STAGE_VERSION, TrainArtifact, base_rollouts,
-                                            no_signal_before_training, stopped_training, train_here, train_stage)
+from rlvr_core.pipeline.train_stage import (TrainArtifact, no_signal_before_training, stopped_training, train_here,
+                                            train_stage)
 
 # What callers import from here (`from rlvr_core.pipeline.stages import X`, `stages.X`).
-__all__ = ["base_reference", "BASE_ROLLOUT_COLUMNS", "base_rollouts", "check_template_at_start", "curriculum_stage",
-           "CURRICULUM_STAGE_VERSION", "CurriculumArtifact", "DATA_STAGE_VERSION", "DataArtifact", "EvalArtifact",
-           "evaluate_stage", "experiment_manifest", "export_stage", "ExportArtifact", "GRPO_STAGE_VERSION",
-           "held_out_eval", "held_out_problems", "held_out_spec", "here", "ModelArtifact", "no_signal_before_training",
-           "normalise_passk_columns",
-           "pass_rate_stage", "PASSRATE_STAGE_VERSION", "PassRateArtifact", "periodic_problems", "prepare_base_model",
-           "prepare_data", "stopped_training", "SYNTHETIC_BENCHMARK_VERSION", "train_here", "train_stage",
-           "TrainArtifact", "warm_start_spec", "WARMSTART_STAGE_VERSION"]
+__all__ = ["base_reference", "BASE_ROLLOUT_COLUMNS", "curriculum_stage", "CurriculumArtifact", "DataArtifact",
+           "EvalArtifact", "evaluate_stage", "experiment_manifest", "export_stage", "ExportArtifact", "held_out_spec",
+           "here", "ModelArtifact", "no_signal_before_training", "pass_rate_stage", "PassRateArtifact",
+           "prepare_base_model", "prepare_data", "stopped_training", "SYNTHETIC_BENCHMARK_VERSION", "train_here",
+           "train_stage", "TrainArtifact", "warm_start_spec"]

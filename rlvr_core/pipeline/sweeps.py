@@ -342,7 +342,7 @@ _PIVOT_COLUMNS = ("benchmark", "n_seeds", "mean", "sd", "ci_low", "ci_high", "ci
 def pivot_metric_key(sw: Sweep) -> str:
     """The MLflow metric on each trial run that the pivot averages: the trained checkpoint's evaluation
     (`eval/<benchmark>/trained/<metric>`), or the base model's (`eval/<benchmark>/<metric>`) in a sweep that
-    does not train (flows/pipeline.py logs both shapes)."""
+    does not train (the pipeline run's headline metrics, `rlvr_core.pipeline.run_record`, hold both shapes)."""
     cfg = parse_config(sw.trials[0].config, sw.source)
     return metric_key("eval", held_out_spec(cfg).name, *(("trained",) if cfg.grpo.enabled else ()), sw.spec.metric)
 

@@ -17,9 +17,11 @@ from rlvr_core.artifacts.layout import SUMMARY_FILE
 from rlvr_core.core.numerics import numerics
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.data.templates import get_template
-from rlvr_core.experiment.config import ExperimentConfig, grpo_key_dump, grpo_unkeyed_dump
+from rlvr_core.experiment.config import ExperimentConfig
+from rlvr_core.experiment.config_base import key_dump
+from rlvr_core.experiment.grpo_config import grpo_key_dump, grpo_unkeyed_dump
 from rlvr_core.experiment.guard_coverage import guard_coverage
-from rlvr_core.experiment.guards import GUARD_NO_SIGNAL, GuardError, health_config
+from rlvr_core.experiment.guards import GUARD_NO_SIGNAL, GuardError
 from rlvr_core.experiment.no_signal import passrate_no_signal
 from rlvr_core.pipeline.base_model_stage import check_template_at_start
 from rlvr_core.core import settings
@@ -136,9 +138,8 @@ def no_signal_at_start(cfg: ExperimentConfig, curriculum: CurriculumArtifact, fo
     prompts with the configured reward, every group of every step would have zero reward variance. Write the
     stopped summary a guard's stop leaves (tags `collapsed`, stopped at step 0; the flow records it) and raise
     GuardError naming the cause (verifier and mode with unextracted outputs, or the pass-rate temperature)."""
-    from rlvr_core.grpo.checkpointing import SUMMARY_FILE
 
-    health = health_config(cfg.grpo.guards.health)
+    health = cfg.grpo.guards.health
     if GUARD_NO_SIGNAL not in health.enabled or not health.no_signal.serious:
         return  # switched off, or made a flag (grpo.guards.health.no_signal.serious: false): nothing stops here
     if not {"c", "n"} <= set(pq.read_schema(curriculum.path).names):
@@ -211,13 +212,15 @@ def _live_traces(cfg: ExperimentConfig, run_ids: str | Sequence[str] | None):
 
 
 def _train_key(cfg: ExperimentConfig, base: ModelArtifact, curriculum: CurriculumArtifact) -> dict[str, Any]:
-    """What names a training folder (see `train_stage`): every input that changes the trained weights."""
+    """What names a training folder (see `train_stage`): every input that changes the trained weights, and the settings
+    that only name the run (`NamesRun`: keyed since runs were keyed with them). The config's part is declared on its
+    fields (`InKey`, `NamesRun`, a GRPO section's `IN_KEY`), not picked here."""
     return {"stage": GRPO_STAGE_VERSION, "base": base.model_hash, "curriculum": curriculum.curriculum_id,
             "grpo": grpo_key_dump(cfg.grpo),
             "template": get_template(cfg.prompt.template).key,
-            "reward": cfg.reward.model_dump(mode="json", exclude={"workers"}),
+            "reward": key_dump(cfg.reward),
             "verifier_version": getattr(verifier_class(cfg.reward.verifier), "version", None),
-            "max_new_tokens": cfg.sampling.max_new_tokens, "seed": cfg.seed, "engine": cfg.sampling.engine,
+            **key_dump(cfg.sampling), "seed": cfg.seed,
             # multi-turn only: every config from before environments keeps its key
             **({"environment": cfg.environment.key_dump()} if cfg.environment.multi_turn else {})}
 

@@ -41,7 +41,8 @@ from rlvr_core.probe.checkpoints import load_checkpoint_model
 from rlvr_core.probe.decoding import Guide, GuidedEngine
 from rlvr_core.probe.report import md_table, write_tables
 from rlvr_core.probe.tables import Checkpoint, token_table
-from rlvr_core.probe.task import TaskSettings, gold_of
+from rlvr_core.data import gold_of
+from rlvr_core.probe.task import TaskSettings
 from rlvr_core.probe.token_stats import ProbeSequence, teacher_forced_stats
 from rlvr_core.sampling.base import SamplingParams
 

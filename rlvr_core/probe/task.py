@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr_core.core.progress import SILENT
-from rlvr_core.data import gold_of
 from rlvr_core.sampling.verified import sample_and_verify
 from rlvr_core.verifiers.pool import VerifierPool
 from rlvr_core.verifiers.registry import default_workers
 
-__all__ = ["TaskSettings", "gold_of"]
+__all__ = ["TaskSettings"]
 
 
 @dataclass(frozen=True)

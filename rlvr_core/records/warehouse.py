@@ -39,8 +39,8 @@ from rlvr_core.artifacts.layout import find_run_folders
 from rlvr_core.artifacts.storage import ArtifactStore, join
 from rlvr_core.core import settings
 
-from rlvr_core.records.warehouse_schema import (CHECKPOINT_MANIFEST, MIGRATIONS, PASSK_COLUMNS,  # noqa: F401
-                                               PROBE_FILES, PROBE_TABLES, RUN_FILES, RUN_TABLES)
+from rlvr_core.records.warehouse_schema import (CHECKPOINT_MANIFEST, MIGRATIONS, PROBE_FILES, RUN_FILES,
+                                               RUN_TABLES)
 
 
 class IngestError(ValueError):

@@ -43,8 +43,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier, shaped_reward
-from rlvr_core.verifiers.final_answer import (  # noqa: F401  (last_boxed, all_boxed: re-exported)
-    FinalAnswer, all_boxed, alternatives, final_answer, gold_answer, last_boxed)
+from rlvr_core.verifiers.final_answer import FinalAnswer, alternatives, final_answer, gold_answer, last_boxed
 from rlvr_core.verifiers.limits import VerifierTimeout, cpu_time_limit
 
 

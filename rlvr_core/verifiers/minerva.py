@@ -32,7 +32,8 @@ from typing import Any
 
 from rlvr_core.verifiers.base import Outcome, Status, register_verifier, shaped_reward
 from rlvr_core.verifiers.limits import VerifierTimeout, cpu_time_limit
-from rlvr_core.verifiers.math_verifier import MAX_ANSWER_CHARS, MAX_NESTING, last_boxed, nesting_depth
+from rlvr_core.verifiers.final_answer import last_boxed
+from rlvr_core.verifiers.math_verifier import MAX_ANSWER_CHARS, MAX_NESTING, nesting_depth
 
 INVALID_ANSWER = "[invalidanswer]"
 _FINAL = re.compile(r"Final Answer: The final answer is(.*?). I hope it is correct.", re.DOTALL)

@@ -166,7 +166,7 @@ def test_the_default_policy_loss_leaves_the_resolved_config_and_its_hash_as_befo
     from rlvr_core.core.registry import POLICY_LOSSES
 
     default = parse_config({}).model_dump(mode="json")["grpo"]
-    hidden = set(GRPOConfig._DUMPED_AWAY_FROM_DEFAULT)  # policy_loss and every field added with the new losses
+    hidden = set(GRPOConfig._ADDED_LATER)  # policy_loss and every field added with the new losses
     assert "policy_loss" in hidden and "policy_loss" not in default
     assert set(default) == set(GRPOConfig.model_fields) - hidden
     assert GRPOConfig.model_validate(default).policy_loss == "ppo_clip"
@@ -276,7 +276,7 @@ def test_push_backend_accepts_file_gloo_nccl_ipc_and_the_older_rlvr_file():
 def test_the_flat_push_keys_are_read_into_sampling_push_with_a_deprecation():
     import warnings
 
-    from rlvr_core.experiment.config import ConfigDeprecation
+    from rlvr_core.experiment.grpo_config import ConfigDeprecation
 
     def sampling(**keys):
         return parse_config({"sampling": {"engine": "vllm-server", "servers": ["http://a:1"], **keys}},

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from rlvr_core.experiment.config import (ConfigDeprecation, ConfigError, GRPOConfig, config_hash, grpo_key_dump,
-                                         grpo_unkeyed_dump, load_config, parse_config, undeclared_key_fields)
+from rlvr_core.experiment.config import ConfigError, GRPOConfig, config_hash, load_config, parse_config
+from rlvr_core.experiment.grpo_config import (ConfigDeprecation, grpo_key_dump, grpo_unkeyed_dump,
+                                              undeclared_key_fields)
 from rlvr_core.pipeline.sweeps import parse_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,8 +76,7 @@ def test_every_grpo_field_is_in_the_key_or_in_a_section_declared_out_of_it():
     leaves = {n for n in GRPOConfig.model_fields if n not in sections}
     leaves |= {sec.FLAT.get(f, f) for sec in sections.values() for f in sec.model_fields}
     # a field added after runs were keyed joins the key only away from its default (the earlier runs' behaviour)
-    late = set(GRPOConfig._DUMPED_AWAY_FROM_DEFAULT)
-    late |= {f for sec in sections.values() for f in getattr(sec, "_DUMPED_AWAY_FROM_DEFAULT", {})}
+    late = set(GRPOConfig._ADDED_LATER) | {f for sec in sections.values() for f in sec._ADDED_LATER}
     assert keyed | unkeyed | late == leaves and not keyed & late
     assert grpo_key_dump(GRPOConfig.model_construct(policy_loss="another"))["policy_loss"] == "another"
     assert grpo_key_dump(parse_config({"grpo": {"guards": {"correction_mask_share": 0.3}}}).grpo)[
@@ -123,3 +123,60 @@ def test_a_setting_given_at_both_places_is_an_error_naming_it():
             parse_config({"grpo": {"micro_batch_size": 4, "memory": {"micro_batch_size": 2}}}, "exp.yaml")
         with pytest.raises(ConfigError, match=r"grpo.nnodes and grpo.launch.nnodes are both set"):
             parse_config({"grpo": {"nnodes": 2, "launch": {"nnodes": 2}}}, "exp.yaml")
+
+
+def test_guard_thresholds_are_typed_settings_checked_at_load():
+    """`grpo.guards.health` is one typed section per detector: a bad value fails when the config loads, naming the
+    file and the field; the detectors read every setting, while the resolved config and the training key hold the
+    settings given, as written (an int stays an int: the hash of `8` is not the hash of `8.0`)."""
+    for bad, why in (({"collapse": {"window": 0}}, "collapse.window: Input should be greater than or equal to 1"),
+                     ({"kl_explosion": {"serious": "yes"}}, "kl_explosion.serious: Input should be a valid boolean"),
+                     ({"entropy": {"abs_floor": True}}, "entropy.abs_floor: expected float, got True"),
+                     ({"no_signal": {"starved_share": 1.5}}, "no_signal.starved_share: Input should be less than or "
+                                                             "equal to 1"),
+                     ({"reward_hacking": {"confirm_evals": 2.5}}, "reward_hacking.confirm_evals: Input should be a "
+                                                                  "valid integer"),
+                     ({"enabled": ["G-collapse", "G-nope"]}, "enabled: unknown guard id(s) ['G-nope']")):
+        with pytest.raises(ConfigError) as e:
+            parse_config({"grpo": {"guards": {"health": bad}}}, "exp.yaml")
+        assert f"exp.yaml: grpo.guards.health.{why}" in str(e.value), str(e.value)
+    given = {"collapse": {"grad_norm_factor": 8, "window": 5}, "enabled": ["G-collapse", "G-no-signal"]}
+    cfg = parse_config({"grpo": {"guards": {"health": given}}})
+    health = cfg.grpo.guards.health
+    assert (health.collapse.grad_norm_factor, health.collapse.min_signals, health.kl_explosion.max_limit) == (8, 2, 1000)
+    assert health.enabled == ("G-collapse", "G-no-signal")
+    assert grpo_key_dump(cfg.grpo)["health"] == given == cfg.model_dump(mode="json")["grpo"]["guards"]["health"]
+    assert config_hash(grpo_key_dump(cfg.grpo)) != config_hash(
+        grpo_key_dump(parse_config({"grpo": {"guards": {"health": {**given, "collapse": {"grad_norm_factor": 8.0,
+                                                                                          "window": 5}}}}}).grpo))
+    assert grpo_key_dump(GRPOConfig())["health"] == {}
+
+
+def test_the_training_key_declares_what_changes_the_weights_and_what_only_names_the_run():
+    from rlvr_core.experiment.config import RewardConfig
+    from rlvr_core.experiment.config_base import key_fields
+    from rlvr_core.experiment.sampling_config import SamplingConfig
+    from rlvr_core.pipeline.train_stage import _train_key
+
+    assert key_fields(GRPOConfig, changes_weights=False) == ["enabled", "eval_every", "eval_max_problems",
+                                                             "eval_samples", "checkpoint_every",
+                                                             "rollout_samples_per_step"]
+    assert key_fields(RewardConfig, changes_weights=True) == ["verifier", "mode", "timeout_s", "timeout_reward"]
+    assert key_fields(RewardConfig, changes_weights=False) == ["max_timeout_share", "max_error_share"]
+    assert key_fields(SamplingConfig) == ["engine", "max_new_tokens"]
+
+    class Base:
+        model_hash = "m"
+
+    class Curriculum:
+        curriculum_id = "c"
+
+    # The reward and sampling parts of the key as the training stage picked them by hand before the declarations.
+    for data in ({}, {"reward": {"verifier": "math", "mode": "boxed", "workers": 3, "timeout_s": 2.0},
+                      "sampling": {"engine": "vllm", "max_new_tokens": 512, "temperature": 0.6, "batch_size": 8}}):
+        cfg = parse_config(data)
+        key = _train_key(cfg, Base, Curriculum)
+        assert key["reward"] == cfg.reward.model_dump(mode="json", exclude={"workers"})
+        assert (key["max_new_tokens"], key["engine"]) == (cfg.sampling.max_new_tokens, cfg.sampling.engine)
+        assert set(key) == {"stage", "base", "curriculum", "grpo", "template", "reward", "verifier_version",
+                            "max_new_tokens", "seed", "engine"}

@@ -17,17 +17,6 @@ PACKAGES = ("rlvr_core", "rlvr_cli", "flows", "tasks")
 
 # (importer, module, name): why the private import stays for now.
 ALLOWED: dict[tuple[str, str, str], str] = {
-    # The config sections' shared strict base and its one-of check: grpo_config.py is being reworked on another
-    # branch (typed guard sections); the base's names go public together with that change.
-    ("rlvr_core.experiment.grpo_config", "rlvr_core.experiment.config_base", "_one_of"): "grpo_config in flux",
-    ("rlvr_core.experiment.grpo_config", "rlvr_core.experiment.config_base", "_Strict"): "grpo_config in flux",
-    ("rlvr_core.experiment.config", "rlvr_core.experiment.config_base", "_one_of"): "with grpo_config",
-    ("rlvr_core.experiment.config", "rlvr_core.experiment.config_base", "_Strict"): "with grpo_config",
-    ("rlvr_core.experiment.config", "rlvr_core.experiment.config_base", "_AddedLater"): "with grpo_config",
-    ("rlvr_core.experiment.environment_config", "rlvr_core.experiment.config_base", "_AddedLater"): "with grpo_config",
-    ("rlvr_core.experiment.sampling_config", "rlvr_core.experiment.config_base", "_Strict"): "with grpo_config",
-    ("rlvr_core.experiment.benchmarks.spec", "rlvr_core.experiment.config_base", "_Strict"): "with grpo_config",
-    ("rlvr_core.experiment.benchmarks.spec", "rlvr_core.experiment.config_base", "_one_of"): "with grpo_config",
     # grpo/losses.py's masked-mean helpers, shared with the policy losses and the rollout correction split out
     # of it: losses.py is being reworked on another branch; they go public with it.
     **{(importer, "rlvr_core.grpo.losses", name): "losses.py in flux"

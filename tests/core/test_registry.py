@@ -94,7 +94,7 @@ def test_the_engine_choice_of_the_config_is_the_rollout_engines():
     from typing import get_args
 
     from rlvr_core.core.registry import ROLLOUT_ENGINES
-    from rlvr_core.experiment.config import SamplingConfig
+    from rlvr_core.experiment.sampling_config import SamplingConfig
 
     assert sorted(get_args(SamplingConfig.model_fields["engine"].annotation)) == sorted(ROLLOUT_ENGINES.declared)
 

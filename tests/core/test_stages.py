@@ -7,13 +7,14 @@ import pytest
 from rlvr_core.data.curriculum import IdMismatchError, pass_rate_table
 from rlvr_core.experiment.config import parse_config
 from rlvr_core.pipeline import run_record, stages
+from rlvr_core.pipeline.passrate_stage import normalise_passk_columns
 from rlvr_core.records import warehouse
 
 
 def test_pass_rate_columns_match_the_warehouse_schema():
     records = [{"problem_id": "p1", "correct": c, "status": s, "length": 5, "finish_reason": "stop"}
                for c, s in [(True, "correct"), (False, "incorrect"), (False, "no_answer"), (False, "timeout")]]
-    table = stages.normalise_passk_columns(pass_rate_table(records, ks=(1, 2, 4)))
+    table = normalise_passk_columns(pass_rate_table(records, ks=(1, 2, 4)))
     sql = warehouse.MIGRATIONS[0][2]
     # Every column the stage writes has a home in the warehouse table (else ingest drops it silently).
     for col in table.column_names:

@@ -36,7 +36,7 @@ def test_demo_sweep_compares_its_lrs_on_one_schedule_with_three_seeds():
     from deepspeed.runtime.lr_schedules import WarmupCosineLR
 
     from rlvr_core.experiment.config import GRPOConfig
-    from rlvr_core.grpo.update import ds_config
+    from rlvr_core.grpo.policy import ds_config
 
     sw = load_sweep(ROOT / "configs" / "sweeps" / "demo_lr.yaml")
     assert sw.spec.seeds == [0, 1, 2]

@@ -335,7 +335,8 @@ def test_evaluator_columns_survive_ingestion(tmp_path):
 
     from rlvr_core.experiment.benchmarks import load_benchmark
     from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-    from rlvr_core.eval.evaluate import CURVES_FILE, METRICS_FILE, SAMPLES_FILE, RunSettings, evaluate
+    from rlvr_core.eval.evaluate import RunSettings, evaluate
+    from rlvr_core.eval.metrics import CURVES_FILE, METRICS_FILE, SAMPLES_FILE
     from rlvr_core.tiny.warmstart import WarmStartSpec, warm_start
 
     rows = make_synthetic_dataset(SyntheticSpec(n_train=64, n_test=4, seed=0))["train"]

@@ -347,7 +347,7 @@ def test_leaderboard_never_ranks_different_settings_together(tmp_path):
     `rlvr compare` would refuse the pair; batch size, verifier workers and thread count (COMPARE_EXEMPT) are not."""
     import re
 
-    from rlvr_core.eval.evaluate import COMPARE_EXEMPT
+    from rlvr_core.eval.metrics import COMPARE_EXEMPT
     from rlvr_core.artifacts.storage import LocalStore
 
     store = LocalStore(tmp_path / "store")

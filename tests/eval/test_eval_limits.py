@@ -13,7 +13,8 @@ import typer
 from typer.testing import CliRunner
 
 from rlvr_core.artifacts.storage import LocalStore
-from rlvr_core.eval.evaluate import EVAL_FILE, METRICS_FILE, RunSettings, evaluate
+from rlvr_core.eval.evaluate import RunSettings, evaluate
+from rlvr_core.eval.metrics import EVAL_FILE, METRICS_FILE
 from rlvr_core.experiment.benchmarks import load_benchmark, parse_benchmark
 from rlvr_core.experiment.config import EvalConfig, parse_config
 from rlvr_core.pipeline import stages

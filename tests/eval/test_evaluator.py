@@ -11,10 +11,12 @@ import pytest
 from scipy.stats import binomtest
 
 from rlvr_core.data.templates import get_template
-from rlvr_core.eval.evaluate import CURVES_FILE, EVAL_FILE, METRICS_FILE, SAMPLES_FILE, RunSettings, evaluate
+from rlvr_core.eval.evaluate import RunSettings, evaluate
+from rlvr_core.eval.metrics import CURVES_FILE, EVAL_FILE, METRICS_FILE, SAMPLES_FILE
 from rlvr_core.experiment.benchmarks import benchmark_hash, load_benchmark
 from rlvr_core.experiment.config import parse_config
 from rlvr_core.pipeline import stages
+from rlvr_core.pipeline.evaluation_stage import held_out_eval
 from rlvr_core.records import warehouse
 from rlvr_core.sampling.models import load_model
 from rlvr_core.verifiers import get_verifier
@@ -105,7 +107,7 @@ def test_demo_stage_and_evaluator_are_one_code_path(tiny_checkpoints, synthetic_
     assert art.samples.select(key).to_pylist() == res.samples_table().select(key).to_pylist()
     # The trainer's periodic evaluation goes through the same evaluator: same greedy accuracy and pass@k.
     m, tok = load_model(model.path)
-    periodic = stages.held_out_eval(cfg, data)(m, tok)
+    periodic = held_out_eval(cfg, data)(m, tok)
     assert periodic["greedy_pass_at_1"] == b.summary["accuracy_greedy"] and periodic["greedy_pass_at_1_n"] == 10
     assert {k: periodic[f"pass_at_{k}"] for k in (1, 2, 4)} == b.curve
 

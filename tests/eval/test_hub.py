@@ -21,7 +21,7 @@ from rlvr_core.core.manifest import file_sha256, rows_sha256
 from rlvr_core.data.jsonl import write_jsonl
 from rlvr_core.data.loaders import load_problems
 from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
-from rlvr_core.eval.evaluate import EVAL_FILE
+from rlvr_core.eval.metrics import EVAL_FILE
 
 MODEL_COMMIT = "1" * 8 + "a" * 32
 DATA_COMMIT = "2" * 8 + "b" * 32

@@ -8,7 +8,8 @@ from math import comb
 import pytest
 from scipy.stats import binomtest
 
-from rlvr_core.eval.evaluate import compute_metrics, continued_after_answer, override_spec, samples_table, vote_key
+from rlvr_core.eval.evaluate import override_spec
+from rlvr_core.eval.metrics import compute_metrics, continued_after_answer, samples_table, vote_key
 from rlvr_core.eval.metrics import read_samples
 from rlvr_core.experiment.benchmarks import parse_benchmark
 

@@ -675,7 +675,6 @@ def test_health_flags_and_config():
 
 def test_health_settings_come_from_the_yaml_config():
     from rlvr_core.experiment.config import ConfigError, parse_config
-    from rlvr_core.experiment.guards import health_config
     from rlvr_core.grpo.step_metrics import StepGuards
 
     rows = healthy_rows(160, 1, reward=0.65, grad=0.45)
@@ -685,11 +684,11 @@ def test_health_settings_come_from_the_yaml_config():
                                                   "kl_explosion": {"serious": True}}}}})
     assert only(check_health(rows), GUARD_COLLAPSE)  # the defaults catch it
     # A factor above the spike leaves one signal (reward), which alone is not a collapse.
-    assert only(check_health(rows, health_config(cfg.grpo.guards.health)), GUARD_COLLAPSE) == []
-    guards = StepGuards([], health_config(cfg.grpo.guards.health))  # what the trainer builds from the config
-    assert health_config({"entropy": {"serious_kl_max": None}}).entropy.serious_kl_max is None  # "never serious"
+    assert only(check_health(rows, cfg.grpo.guards.health), GUARD_COLLAPSE) == []
+    guards = StepGuards([], cfg.grpo.guards.health)  # what the trainer builds from the config
+    assert HealthConfig.model_validate({"entropy": {"serious_kl_max": None}}).entropy.serious_kl_max is None  # "never serious"
     assert guards.health.cfg.collapse.grad_norm_factor == 200.0 and guards.health.cfg.kl_explosion.serious
-    for bad, why in (({"collapse": {"grad_norm_factr": 8}}, "collapse.grad_norm_factr: unknown setting"),
+    for bad, why in (({"collapse": {"grad_norm_factr": 8}}, "collapse.grad_norm_factr: unknown key"),
                      ({"entropy": {"serious_kl_max": "big"}}, "entropy.serious_kl_max: expected float"),
                      ({"enabled": ["G-nope"]}, "unknown guard id")):
         with pytest.raises(ConfigError, match=why) as e:

@@ -145,19 +145,20 @@ def test_partly_off_guards_stay_active_and_say_which_part_runs():
 
 # ----------------------------------------------------------------------------------------- base eval reference
 def test_base_reference_scores_the_base_evaluation_on_the_periodic_slice(rlvr_home):
-    from rlvr_core.eval.evaluate import samples_table
+    from rlvr_core.eval.metrics import samples_table
     from rlvr_core.pipeline import stages
+    from rlvr_core.pipeline.evaluation_stage import held_out_problems, periodic_problems
 
     cfg = parse_config({"data": {"synthetic": {"n_test": 10}}, "grpo": {"eval_max_problems": 4}})
     data = stages.prepare_data(cfg)
-    ids = [p["id"] for p in stages.held_out_problems(cfg, data, stages.held_out_spec(cfg))]
+    ids = [p["id"] for p in held_out_problems(cfg, data, stages.held_out_spec(cfg))]
     correct = {ids[0], ids[2], ids[5], ids[6], ids[7]}  # 2 of the slice's 4, 3 more outside it
     rows = [{"problem_id": i, "greedy": True, "status": "correct" if i in correct else "incorrect"} for i in ids]
     rows += [{"problem_id": i, "greedy": False, "status": "correct"} for i in ids]  # sampled: not the greedy score
     base = stages.EvalArtifact(samples_table(rows), None, {}, {})
     assert stages.base_reference(cfg, data, base) == {"greedy_pass_at_1": 0.5, "greedy_pass_at_1_n": 4.0}
     # The periodic evaluation scores exactly that slice.
-    assert [p["id"] for p in stages.periodic_problems(cfg, stages.held_out_problems(
+    assert [p["id"] for p in periodic_problems(cfg, held_out_problems(
         cfg, data, stages.held_out_spec(cfg)))] == ids[:4]
     # A base evaluation that missed a problem of the slice is no reference.
     partial = stages.EvalArtifact(samples_table(rows[1:]), None, {}, {})

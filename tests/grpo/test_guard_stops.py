@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from rlvr_core.core.registry import ADVANTAGES
-from rlvr_core.experiment.guards import (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_KL_EXPLOSION, GuardError, check_health,
-                                         health_config)
+from rlvr_core.experiment.guards import (GUARD_COLLAPSE, GUARD_ENTROPY, GUARD_KL_EXPLOSION, GuardError, HealthConfig,
+                                         check_health)
 from rlvr_core.artifacts.layout import STEPS_FILE, SUMMARY_FILE
 from rlvr_core.grpo.checkpointing import CHECKPOINTS, FINAL_MODEL
 from rlvr_core.records.warehouse import health_events_table
@@ -81,7 +81,7 @@ def _assert_stopped(out: Path, cfg, summary: dict, rows: list[dict], guard: str,
 
 def _first_serious(rows: list[dict], cfg) -> tuple[str, int]:
     """The detectors' first serious firing on the recorded rows (the step the run must stop at)."""
-    f = next(f for f in check_health(rows, health_config(cfg.guards.health)) if f.serious)
+    f = next(f for f in check_health(rows, cfg.guards.health) if f.serious)
     return f.guard_id, f.step
 
 
@@ -112,7 +112,7 @@ def test_entropy_collapse_far_from_the_reference_stops_the_run(tiny, tmp_path):
     assert max(r["kl_ref_max"] for r in rows[-3:]) >= 2.0 and "far from the reference" in msg
     _assert_stopped(tmp_path / "run", cfg, summary, rows, GUARD_ENTROPY, step)
     # The same rows under the default serious KL (1000) are an entropy flag only: the KL is what makes it a stop.
-    flags = check_health(rows, health_config({"entropy": {"window": 3, "baseline_steps": 3}}))
+    flags = check_health(rows, HealthConfig.model_validate({"entropy": {"window": 3, "baseline_steps": 3}}))
     assert [f.serious for f in flags if f.guard_id == GUARD_ENTROPY] == [False]
 
 

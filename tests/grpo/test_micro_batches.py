@@ -27,7 +27,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from rlvr_core.experiment.config import ConfigError, GRPOConfig, GRPOMemoryConfig, parse_config  # noqa: E402
+from rlvr_core.experiment.config import ConfigError, GRPOConfig, parse_config  # noqa: E402
+from rlvr_core.experiment.grpo_config import GRPOMemoryConfig  # noqa: E402
+from rlvr_core.grpo import policy as P  # noqa: E402
 from rlvr_core.grpo import update as U  # noqa: E402
 from rlvr_core.grpo.distributed import DataParallel  # noqa: E402
 from rlvr_core.grpo.logprobs import output_head, sequence_logprobs  # noqa: E402
@@ -84,10 +86,10 @@ def _inputs(model_dir: Path, seed: int = 0, n: int = B, vocab: int = 300) -> U.T
     return U.TrainInputs(batch, torch.randn(n, generator=g), old, mask, n)
 
 
-def _policy(model_dir: Path, cfg: GRPOConfig, world: int = 1) -> U.Policy:
+def _policy(model_dir: Path, cfg: GRPOConfig, world: int = 1) -> P.Policy:
     from rlvr_core.grpo.trainer import _ensure_launch_env
 
-    return U.build_policy(model_dir, cfg, 0, batch_size=B, world=world, added_env=_ensure_launch_env())
+    return P.build_policy(model_dir, cfg, 0, batch_size=B, world=world, added_env=_ensure_launch_env())
 
 
 def _cfg(**kw) -> GRPOConfig:
@@ -98,7 +100,7 @@ def _cfg(**kw) -> GRPOConfig:
 
 
 def run_update(model_dir: Path, cfg: GRPOConfig, inputs: U.TrainInputs, world: int = 1, *,
-               policy: U.Policy | None = None) -> dict:
+               policy: P.Policy | None = None) -> dict:
     """One update_policy call on a fresh engine: its result, every trained parameter's gradient at the
     (last epoch's) optimizer step, and the weights after it."""
     from deepspeed.utils import safe_get_full_grad
@@ -281,7 +283,7 @@ def _logprob_grads(model, batch, chunk: int, temperature: float = 1.0, pack: boo
 def test_chunked_logprobs_and_entropy_equal_the_full_log_softmax(model_dir, tmp_path, kind):
     model = _load(model_dir if kind != "untied" else make_model_dir(tmp_path / "untied", tied=False))
     if kind == "lora":
-        model = U.with_lora(model, _cfg(lora_rank=4), seed=0)
+        model = P.with_lora(model, _cfg(lora_rank=4), seed=0)
         with torch.no_grad():  # B != 0, so the adapters change the output
             for n, p in model.named_parameters():
                 if "lora_B" in n:
@@ -381,7 +383,7 @@ def test_gradient_checkpointing_refuses_a_model_with_dropout(model_dir):
     model = _load(model_dir)
     model.config.attention_dropout = 0.1
     with pytest.raises(ValueError, match="gradient_checkpointing needs a model without dropout"):
-        U.enable_gradient_checkpointing(model)
+        P.enable_gradient_checkpointing(model)
 
 
 # ----------------------------------------------------------------------------------------- two ranks
@@ -485,7 +487,7 @@ def _memory_worker(spec_path: str) -> None:
     for name, m in spec["measure"].items():
         cfg = _cfg(**m["cfg"])
         inputs = _memory_batch(m["n"], m["completion"])
-        pol = U.build_policy(spec["model_dir"], cfg, 0, batch_size=m["n"], world=1, added_env=_ensure_launch_env())
+        pol = P.build_policy(spec["model_dir"], cfg, 0, batch_size=m["n"], world=1, added_env=_ensure_launch_env())
         for i in range(2):  # the first: warm-up (optimizer state, DeepSpeed buffers, lazily built kernels)
             if i:
                 gc.collect()

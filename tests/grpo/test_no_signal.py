@@ -25,7 +25,7 @@ import pytest
 from rlvr_core.experiment.config import RewardConfig
 from rlvr_core.experiment.guards import GUARD_NO_SIGNAL, GuardError, NoSignalConfig, check_health, detect_no_signal
 from rlvr_core.experiment.no_signal import passrate_no_signal
-from rlvr_core.grpo.checkpointing import STEPS_FILE, SUMMARY_FILE
+from rlvr_core.artifacts.layout import STEPS_FILE, SUMMARY_FILE
 from rlvr_core.grpo.trainer import run_health, train_grpo
 from grpo_helpers import tiny_cfg, train_tiny
 

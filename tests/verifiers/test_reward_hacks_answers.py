@@ -8,7 +8,7 @@ The table of rules is in docs/verifiers.md, "Reward hacks (answers)".
 import pytest
 
 from rlvr_core.verifiers import Status, get_verifier
-from rlvr_core.verifiers.math_verifier import last_boxed
+from rlvr_core.verifiers.final_answer import last_boxed
 
 # The verifiers' own CPU-time limit for these tests (the pool sets it to its timeout, 5 s by default).
 LIMIT_S = 0.5

@@ -7,7 +7,7 @@ from math_verify import parse, verify
 from verifier_data import read_jsonl
 
 from rlvr_core.verifiers import Status, get_verifier
-from rlvr_core.verifiers.math_verifier import last_boxed
+from rlvr_core.verifiers.final_answer import last_boxed
 
 LENIENT = get_verifier("math")
 BOXED = get_verifier("math", mode="boxed")

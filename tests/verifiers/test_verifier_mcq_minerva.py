@@ -4,7 +4,7 @@ import pytest
 from verifier_data import read_jsonl
 
 from rlvr_core.verifiers import Status, get_verifier
-from rlvr_core.verifiers.math_verifier import last_boxed
+from rlvr_core.verifiers.final_answer import last_boxed
 from rlvr_core.verifiers.minerva import get_unnormalized_answer, normalize_final_answer
 
 MCQ = get_verifier("mcq")

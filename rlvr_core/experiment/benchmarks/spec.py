@@ -13,7 +13,7 @@ from rlvr_core.core import hub
 from rlvr_core.data.loaders import known_datasets
 from rlvr_core.data.templates import known_templates
 from rlvr_core.experiment.config import SyntheticDataConfig
-from rlvr_core.experiment.config_base import _one_of, _Strict
+from rlvr_core.experiment.config_base import Strict, one_of
 from rlvr_core.verifiers import known_verifiers
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -36,7 +36,7 @@ BREAKDOWN_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 # ----------------------------------------------------------------------------------------------- schema
-class HubDataSpec(_Strict):
+class HubDataSpec(Strict):
     repo: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
                       description="hub data set id (org/name), e.g. openai/gsm8k")
     config: str | None = Field(None, description="the `datasets` config name of these files (e.g. gsm8k's 'main'); "
@@ -55,7 +55,7 @@ class HubDataSpec(_Strict):
         return v
 
 
-class DataSpec(_Strict):
+class DataSpec(Strict):
     source: str = Field(description="data set: one of rlvr_core.data.loaders.known_datasets(), or 'synthetic' "
                         "(the demo's generated task, settings in `synthetic`)")
     path: str | None = Field(None, description="file or folder of the set; None = <data root>/<source>/<split>.jsonl "
@@ -77,15 +77,15 @@ class DataSpec(_Strict):
     @field_validator("source")
     @classmethod
     def _known_source(cls, v: str) -> str:
-        return _one_of(v, known_datasets() + [SYNTHETIC], "data set")
+        return one_of(v, known_datasets() + [SYNTHETIC], "data set")
 
 
-class FewShotExample(_Strict):
+class FewShotExample(Strict):
     question: str = Field(min_length=1, description="the example's question, rendered with the benchmark's template")
     completion: str = Field(min_length=1, description="the worked answer written after the rendered question")
 
 
-class FewShotSpec(_Strict):
+class FewShotSpec(Strict):
     source: Literal["none", "template", "split", "inline"] = Field(
         "none", description="where the shots come from: none (zero-shot); template (built into the template, e.g. "
         "qa_fewshot); split (rows of another split of the same data set, their `solution` as completion); "
@@ -101,7 +101,7 @@ class FewShotSpec(_Strict):
     examples: list[FewShotExample] = Field(default_factory=list, description="source inline: the shots, in order")
 
 
-class PromptSpec(_Strict):
+class PromptSpec(Strict):
     template: str = Field(description="prompt template id (rlvr_core.data.templates); its version is part of the hash")
     model_kind: Literal["base", "chat"] = Field(description="the kind of model the benchmark is for; must match "
                                                 "the template's kind (G-chat-template)")
@@ -110,10 +110,10 @@ class PromptSpec(_Strict):
     @field_validator("template")
     @classmethod
     def _known_template(cls, v: str) -> str:
-        return _one_of(v, known_templates(), "template")
+        return one_of(v, known_templates(), "template")
 
 
-class GenerationSpec(_Strict):
+class GenerationSpec(Strict):
     temperature: float = Field(ge=0, description="temperature of the sampled completions; 0 = greedy (then n is 1)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus mass of the sampled completions (1 = off)")
     max_new_tokens: int = Field(ge=1, description="completion length cap; truncations are counted (G-truncation)")
@@ -124,7 +124,7 @@ class GenerationSpec(_Strict):
     seed: int = Field(0, description="run seed; each request's seed is derived from it (G-fixed-seed)")
 
 
-class VerifierSpec(_Strict):
+class VerifierSpec(Strict):
     name: str = Field(description="registered verifier (rlvr_core.verifiers): gsm8k, math, minerva, mcq, ifeval, code")
     mode: str | None = Field(None, description="the verifier's mode; required for verifiers that have modes "
                              "(gsm8k: flexible/strict, math: lenient/boxed, ifeval: strict/loose), forbidden otherwise")
@@ -134,10 +134,10 @@ class VerifierSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _known_verifier(cls, v: str) -> str:
-        return _one_of(v, known_verifiers(), "verifier")
+        return one_of(v, known_verifiers(), "verifier")
 
 
-class BenchmarkSpec(_Strict):
+class BenchmarkSpec(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$", description="benchmark name; equals the file's stem")
     version: str = Field(min_length=1, description="bump when anything that changes numbers changes (data, "
                          "subset, prompt, shots, decoding, stops, verifier, mode); stored with every result")
@@ -160,7 +160,7 @@ class BenchmarkSpec(_Strict):
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
-class SuiteSpec(_Strict):
+class SuiteSpec(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$", description="suite name; equals the file's stem")
     description: str = Field("", description="what the suite is for")
     benchmarks: list[str] = Field(min_length=1, description="benchmark names (files in configs/benchmarks/)")

@@ -6,8 +6,8 @@ Not here: the local stack's services (`pipeline/stack.py`, `flows/local_stack.py
 
 * `protocol`: the sealed request (no secret in the file; its secrets travel in the child's environment), the
   parent watch, the typed `ChildFailure(kind, transient, message, traceback)` a child reports, the atomic result
-  write, and `serve`, the skeleton of every entry point: read the request inside the `try`, run, write a result
-  or a failure. `ChildError` is what a parent raises for a child that failed.
+  write, and `serve`, the skeleton of the stage and rank entry points: read the request inside the `try`, run,
+  write a result or a failure (a `watched` command has no request: its report is its exit status). `ChildError` is what a parent raises for a child that failed.
 * `transient`: the one rule for "a retry can fix it" (`is_transient`) and for out of memory (`is_oom`, G-oom).
 * `death`: the verdict on a child that died without reporting (its exit status and the memory cgroup's
   OOM-kill counter).

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 
 class TransientError(RuntimeError):
-    """Raised by our own code for a failure known to be transient (a crashed trial flow run, a killed stage)."""
+    """Raised by our own code for a failure known to be transient (a crashed trial flow run: `FlowRunCrashed`). A
+    killed stage child is a `ChildError` with its own verdict."""
 
 
 class DeterministicError(RuntimeError):
-    """Raised by our own code for a failure known to repeat (a stage process that failed on a bad input)."""
+    """Raised by our own code for a failure known to repeat (a trial flow run that failed after its stages' own
+    retries; out of memory in an in-process stage: `OutOfMemory`)."""
 
 
 class OutOfMemory(DeterministicError):

@@ -1,5 +1,5 @@
 """What a parent and its child agree on: the sealed request, the parent watch, the report (a result, or a typed
-`ChildFailure`, written atomically) and `serve`, the skeleton every entry point runs.
+`ChildFailure`, written atomically) and `serve`, the skeleton the stage and rank entry points run.
 
 * Sealed request (`write_request`, `read_request`): the request file holds no secret; its secrets are sealed
   (`rlvr_core.experiment.secrets`) and travel in the child's environment. The file is private (0600).
@@ -112,7 +112,7 @@ def read_report(path: Path) -> tuple[Any, ChildFailure | None] | None:
 
 def serve(request: Path, run: Callable[[dict[str, Any]], Any], *, result: Path, failure: Path, delete: bool,
           judge: Callable[[BaseException], ChildFailure], echo: bool = False) -> int:
-    """The skeleton of every entry point: read the sealed request inside the `try` (a missing secret is this
+    """The skeleton of the stage and rank entry points: read the sealed request inside the `try` (a missing secret is this
     child's own failure, reported like any other), run, write the result (when `run` returns one) or the failure
     as `judge` sees it. `echo`: print the traceback to stderr too (a node's log). Returns the exit status."""
     try:

@@ -22,7 +22,7 @@ from rlvr_core.pipeline.child.transient import oom_guard
 ROOT = Path(__file__).resolve().parents[3]  # the repository: a child imports this checkout's modules
 # What a child's environment holds where neither the parent's environment nor the caller sets it.
 ENV_DEFAULTS = {
-    "OMP_NUM_THREADS": "1",  # one OpenMP thread: torch's own count is set in the child (RLVR_STAGE_THREADS)
+    "OMP_NUM_THREADS": "1",  # one OpenMP thread; a stage child sets torch's own count (RLVR_STAGE_THREADS)
 }
 TAIL_LINES = 20  # the last output lines a death's error quotes
 

@@ -1,6 +1,7 @@
 """Which failures are worth a retry: transient ones (the world hiccupped), not deterministic ones (it would
-fail the same way again). The one rule: a stage child and a rank judge their own failure with it, the stage
-tasks' Prefect hook (`tasks.retry.retry_condition_fn`) judges what reaches it with it.
+fail the same way again). The one rule: a stage child and a rank judge their own failure with it (a rank whose
+error only says its peers went away also reports it as kind "peer_lost": `child.rank`), the stage tasks' Prefect
+hook (`tasks.retry.retry_condition_fn`) judges what reaches it with it.
 
 Transient: a lost worker or crashed flow run, a process killed by a signal with no sign of the kernel's OOM
 killer (pre-emption, a lost node, Ctrl-C), a dropped connection or timeout, an S3 / HTTP 5xx or throttling error,
