@@ -57,14 +57,9 @@ from rlvr_core.core.numerics import numerics
 from rlvr_core.core.progress import SILENT, Progress
 from rlvr_core.core.stats import wilson_interval
 from rlvr_core.data.templates import get_template
-<<<<<<< HEAD
-from rlvr_core.eval.metrics import (COMPARE_EXEMPT, CURVES_FILE, EVAL_FILE, METRICS_FILE,  # noqa: F401 (re-exported)
-                                    SAMPLES_FILE, EvalLimits, compute_metrics, continued_after_answer, curves_table,
-                                    eval_flags, metrics_table, samples_table, share_row, vote_key)
-=======
 from rlvr_core.eval.metrics import (CURVES_FILE, EVAL_FILE, METRICS_FILE, SAMPLES_FILE, EvalLimits, compute_metrics,
-                                    continued_after_answer, curves_table, eval_flags, metrics_table, samples_table)
->>>>>>> main
+                                    continued_after_answer, curves_table, eval_flags, metrics_table, samples_table,
+                                    share_row)
 from rlvr_core.experiment.benchmarks import (BenchmarkSpec, VerifierSpec, benchmark_data_hash, benchmark_hash,
                                              data_source_record, effective_stop, gold_for, load_benchmark_problems,
                                              parse_benchmark, parse_metric, prompt_template, resolved_benchmark,

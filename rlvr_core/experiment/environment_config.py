@@ -8,23 +8,15 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlvr_core.core.registry import names
-<<<<<<< HEAD
 from rlvr_core.experiment.config_base import AddedLater
-=======
-from rlvr_core.experiment.config_base import Strict
->>>>>>> main
 
 TOOL_NAMES = ("calculator", "python")
 
 
-<<<<<<< HEAD
 class EnvironmentConfig(AddedLater):
     # Dumped (config hash, training key) only away from their defaults: the tool demo's keys stay what they were.
     _ADDED_LATER = ("max_rerender_drift", "tool_error_reward", "turn_advantage")
 
-=======
-class EnvironmentConfig(Strict):
->>>>>>> main
     name: str = Field("single_turn", description="registered environment: single_turn (one completion, today's "
                       "path) or tools (a turn ending in a tool call gets the tool's answer as the next observation)")
     tools: list[str] = Field(default_factory=lambda: ["calculator"], description="tools environment: the tools "

@@ -25,14 +25,10 @@ from typing import Any
 import torch
 
 from rlvr_core.artifacts.export import LORA_CONFIG  # written beside the checkpoints: what export needs to merge adapters
-<<<<<<< HEAD
-from rlvr_core.artifacts.layout import ROLLOUTS_FILE, SEGMENTS_FILE, STEPS_FILE, SUMMARY_FILE
-=======
-from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE
->>>>>>> main
+from rlvr_core.artifacts.layout import ROLLOUTS_FILE, SEGMENTS_FILE, STEPS_FILE
 from rlvr_core.experiment.config import GRPOConfig
 
-__all__ = ["CHECKPOINTS", "FINAL_MODEL", "LORA_ADAPTER", "STEPS_FILE", "SUMMARY_FILE", "ROLLOUTS_FILE",
+__all__ = ["CHECKPOINTS", "FINAL_MODEL", "LORA_ADAPTER", "STEPS_FILE", "ROLLOUTS_FILE",
            "AHEAD_WEIGHTS", "RunState", "resume", "save_checkpoint", "write_rollouts", "write_lora_config",
            "save_final_model", "write_rows", "_read_rollouts"]
 

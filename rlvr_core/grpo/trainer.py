@@ -83,17 +83,10 @@ from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, m
 from rlvr_core.sampling.environment_engine import with_environment
 from rlvr_core.grpo.rollouts import RolloutBatch, RolloutCollector
 from rlvr_core.grpo.step_metrics import (NON_FINITE_LOSS, StepGuards, StepTimes, base_columns, flag_line, run_summary,
-<<<<<<< HEAD
                                          progress_line, rollout_sample_rows, split_segments, step_flags, step_row,
                                          verifier_hang_line)
-from rlvr_core.grpo.policy import Policy, build_policy, ds_config, load_policy_model
-from rlvr_core.grpo.logprobs import sequence_logprobs
-from rlvr_core.grpo.update import build_batch, sampled_kl, train_inputs, update_policy
-=======
-                                         progress_line, rollout_sample_rows, step_flags, step_row, verifier_hang_line)
 from rlvr_core.grpo.policy import Policy, build_policy, load_policy_model
 from rlvr_core.grpo.update import sampled_kl, train_inputs, update_policy
->>>>>>> main
 # (get_advantage, grpo_loss and launch_world_size above are looked up in this module at call time, so a test may
 # monkeypatch them here.)
 from rlvr_core.sampling.models import load_model
