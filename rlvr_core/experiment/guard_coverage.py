@@ -30,13 +30,14 @@ GUARDS = ("G-logprob-temp", "G-pad-mask", "G-fixed-seed", "G-chat-template", "G-
           "G-prompt-mismatch", "G-id-mismatch", "G-partial-batch", "G-verifier-hang", "G-verifier-error",
           "G-truncation", "G-stop-seq", "G-stale-buffer", "G-onpolicy-ratio", "G-kl-explosion", "G-collapse",
           "G-entropy", "G-oom", "G-lost-ckpt", "G-eval-parallel", "G-no-eval", "G-small-eval", "G-reward-hacking",
-          "G-weight-push", "G-regression", "G-correction-mask")
+          "G-weight-push", "G-regression", "G-correction-mask", "G-teacher-kl")
 
 # Guards that watch GRPO training: without training there is nothing for them to watch. (G-verifier-hang's
 # pool guards the pass-rate stage too.)
 _TRAINING = {"G-logprob-temp", "G-fixed-seed", "G-verifier-format", "G-no-signal", "G-stale-buffer",
              "G-onpolicy-ratio", "G-kl-explosion", "G-collapse", "G-entropy", "G-lost-ckpt", "G-no-eval",
-             "G-reward-hacking", "G-partial-batch", "G-weight-push", "G-regression", "G-correction-mask"}
+             "G-reward-hacking", "G-partial-batch", "G-weight-push", "G-regression", "G-correction-mask",
+             "G-teacher-kl"}
 
 
 def _off(setting: str, value: object, why: str) -> str:
@@ -186,12 +187,18 @@ def _correction_mask(cfg: ExperimentConfig, health: HealthConfig) -> str:
             "grpo.tis_cap do)")
 
 
+def _teacher_kl(cfg: ExperimentConfig, health: HealthConfig) -> str:
+    if cfg.grpo.distill_teacher is not None:
+        return ACTIVE
+    return f"{ACTIVE}: no distillation teacher in this run (only grpo.distill_teacher has one)"
+
+
 _RULES: dict[str, Callable[[ExperimentConfig, HealthConfig], str]] = {
     "G-kl-explosion": _kl_explosion, "G-entropy": _entropy, "G-no-eval": _no_eval, "G-collapse": _collapse,
     "G-no-signal": _no_signal, "G-verifier-error": _verifier_error, "G-truncation": _truncation,
     "G-reward-hacking": _reward_hacking, "G-verifier-hang": _verifier_hang, "G-id-mismatch": _id_mismatch,
     "G-stop-seq": _stop_seq, "G-weight-push": _weight_push, "G-regression": _regression,
-    "G-correction-mask": _correction_mask,
+    "G-correction-mask": _correction_mask, "G-teacher-kl": _teacher_kl,
 }
 _DETECTOR_OF = {GUARD_COLLAPSE: GUARD_COLLAPSE, GUARD_ENTROPY: GUARD_ENTROPY, GUARD_NO_SIGNAL: GUARD_NO_SIGNAL,
                 GUARD_REWARD_HACKING: GUARD_REWARD_HACKING, GUARD_KL_EXPLOSION: GUARD_KL_EXPLOSION}
