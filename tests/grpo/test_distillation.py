@@ -190,6 +190,11 @@ def test_a_teacher_of_another_tokenizer_is_refused_before_any_model_loads(tiny, 
         trainer_mod.train_grpo(model_dir, rows, ids, tmp_path / "run", tiny_cfg(distill_teacher=str(other)),
                                template_id="qa", reward=RewardConfig(verifier=VERIFIER), max_new_tokens=12, seed=0)
     assert not (tmp_path / "run").exists()  # nothing written, no model loaded, no verifier started
+    import pickle
+
+    with pytest.raises(ConfigError) as err:
+        check_same_tokenizer(model_dir, other)
+    assert str(pickle.loads(pickle.dumps(err.value))) == str(err.value)  # a stage's persisted failure keeps it
 
 
 # ------------------------------------------------------------------------------------------- through the trainer
