@@ -248,6 +248,20 @@ def _known_leaves(resolved: dict[str, Any]) -> set[str]:
 
     walk(resolved, "")
     # Optional fields that default to None (e.g. model.path) are leaves too; they are in `resolved` as None.
+    # Fields left out of the resolved config at their default (added after configs were keyed: grpo.policy_loss,
+    # grpo.distill_teacher, ...) are fields all the same: every field of the config models is one.
+    out |= _model_leaves(ExperimentConfig, "")
+    return out
+
+
+def _model_leaves(model: type[BaseModel], prefix: str) -> set[str]:
+    """Every dotted field path of a config model and its nested models."""
+    out: set[str] = set()
+    for name, f in model.model_fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        out.add(key)
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+            out |= _model_leaves(f.annotation, key)
     return out
 
 
