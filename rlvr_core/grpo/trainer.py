@@ -25,14 +25,16 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
   4. update (update.py): teacher-forced forward over prompt + completion tokens (tokenized as the engine
      tokenized them, masks from lengths, G-pad-mask), log_softmax at temperature 1, optional reference
      log-probs (beta > 0), `grpo_loss` (with `tis_cap`: truncated importance sampling against the engine's
-     log-probs), DeepSpeed backward/step for `epochs_per_step` epochs (`ds_config`: AdamW, warm-up + cosine,
+     log-probs; with `distill_teacher`: the teacher's log-probs on CPU and the reverse KL to them mixed in,
+     distillation.py), DeepSpeed backward/step for `epochs_per_step` epochs (`ds_config`: AdamW, warm-up + cosine,
      grad clipping, ZeRO stage). With staleness the new weights are published to the ahead sampler.
   5. metrics (step_metrics.py): one row of steps.parquet per step (rollout statistics, loss/ratio/entropy,
      the rollout-vs-trainer log-prob mismatch `logprob_mismatch/*`, verifier `status/*` counts with errors
      and timeouts visible (G-verifier-error), timings), and `rollout_samples_per_step` completions for
      rollouts.parquet; `evaluate` every `eval_every` steps and after the last (`eval_every: auto`: ~10 points).
   6. guards (step_metrics.py, guards.py): per-step flags (G-onpolicy-ratio, G-kl-explosion, G-fixed-seed,
-     G-verifier-format, G-verifier-hang, G-verifier-error; G-logprob-temp stops the run at step 1) and the
+     G-verifier-format, G-verifier-hang, G-verifier-error, G-correction-mask, G-teacher-kl; G-logprob-temp stops
+     the run at step 1) and the
      run-level HealthMonitor, and the non-finite-loss stop (G-kl-explosion); a serious firing stops every rank
      with GuardError and a summary tagged `collapsed`, before the step is counted or checkpointed.
   7. checkpoint (checkpointing.py): DeepSpeed checkpoint every `checkpoint_every` steps and at the end of
@@ -335,7 +337,8 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                                  lockstep=policy.lockstep and getattr(rollout_engine, "samples_policy", False))
     teacher = None
     if teacher_dir is not None:
-        teacher = load_teacher(teacher_dir, policy.module.get_output_embeddings().weight.shape[0])
+        head = policy.module.get_output_embeddings().weight
+        teacher = load_teacher(teacher_dir, int(getattr(head, "ds_shape", head.shape)[0]))  # ZeRO-3: the full width
         say(f"distilling from the teacher in {teacher_dir} (weight {cfg.distill_weight:g}, on CPU)")
     return _Run(cfg, out_dir, rows, tok, policy, rollout_engine, pool, reward, collector, state,
                 StepGuards(state.step_rows, health, cfg),
@@ -350,7 +353,10 @@ def _teacher_dir(cfg: GRPOConfig, base_model_dir, out_dir: Path) -> Path | None:
     the student's before anything loads; None without `grpo.distill_teacher`."""
     if cfg.distill_teacher is None:
         return None
-    folder = resolve_teacher(cfg.distill_teacher, cfg.distill_teacher_revision, cache_dir=out_dir / "teacher")
+    # Each rank its own copy of a run's export: ranks start together, and none may read a half-written folder.
+    rank = os.environ.get("RANK", "0")
+    folder = resolve_teacher(cfg.distill_teacher, cfg.distill_teacher_revision,
+                             cache_dir=out_dir / "teacher" / (f"rank{rank}" if launch_world_size() > 1 else ""))
     check_same_tokenizer(base_model_dir, folder)
     return folder
 
