@@ -35,8 +35,8 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
   6. guards (step_metrics.py, guards.py): per-step flags (G-onpolicy-ratio, G-kl-explosion, G-fixed-seed,
      G-verifier-format, G-verifier-hang, G-verifier-error, G-correction-mask, G-teacher-kl; G-logprob-temp stops
      the run at step 1) and the run-level HealthMonitor, and the non-finite-loss stop (G-kl-explosion); a
-     serious firing stops every rank
-     with GuardError and a summary tagged `collapsed`, before the step is counted or checkpointed.
+     serious firing stops every rank with GuardError and a summary tagged `collapsed`, before the step is
+     counted or checkpointed.
   7. checkpoint (checkpointing.py): DeepSpeed checkpoint every `checkpoint_every` steps and at the end of
      the call, with step, data position and rows; a call whose out_dir holds one resumes there.
 
