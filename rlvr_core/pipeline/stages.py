@@ -11,7 +11,8 @@ folder instead of recomputing. Where each lives:
 - `base_model_stage`: `prepare_base_model`, `warm_start_spec`, `check_template_at_start`
 - `passrate_stage`: `pass_rate_stage`, `PassRateArtifact`
 - `curriculum_stage`: `curriculum_stage`, `CurriculumArtifact`, `BASE_ROLLOUT_COLUMNS`
-- `train_stage`: `train_stage`, `train_here`, `stopped_training`, `no_signal_before_training`, `TrainArtifact`
+- `train_stage`: `train_stage`, `train_here`, `stopped_training`, `no_signal_before_training`,
+  `teacher_before_training`, `TrainArtifact`
 - `export_stage`: `export_stage`, `ExportArtifact`
 - `evaluation_stage`: `evaluate_stage`, the held-out benchmark and the trainer's periodic evaluation
 """
@@ -31,14 +32,15 @@ from rlvr_core.pipeline.passrate_stage import (PASSRATE_STAGE_VERSION, PassRateA
                                                normalise_passk_columns, pass_rate_stage)
 from rlvr_core.pipeline.stage_outputs import DataArtifact, ModelArtifact, experiment_manifest, here
 from rlvr_core.pipeline.train_stage import (GRPO_STAGE_VERSION, TrainArtifact, base_rollouts,
-                                            no_signal_before_training, stopped_training, train_here, train_stage)
+                                            no_signal_before_training, stopped_training, teacher_before_training,
+                                            train_here, train_stage)
 
 # What callers import from here (`from rlvr_core.pipeline.stages import X`, `stages.X`).
 __all__ = ["base_reference", "BASE_ROLLOUT_COLUMNS", "base_rollouts", "check_template_at_start", "curriculum_stage",
            "CURRICULUM_STAGE_VERSION", "CurriculumArtifact", "DATA_STAGE_VERSION", "DataArtifact", "EvalArtifact",
            "evaluate_stage", "experiment_manifest", "export_stage", "ExportArtifact", "GRPO_STAGE_VERSION",
            "held_out_eval", "held_out_problems", "held_out_spec", "here", "ModelArtifact", "no_signal_before_training",
-           "normalise_passk_columns",
+           "teacher_before_training", "normalise_passk_columns",
            "pass_rate_stage", "PASSRATE_STAGE_VERSION", "PassRateArtifact", "periodic_problems", "prepare_base_model",
            "prepare_data", "stopped_training", "SYNTHETIC_BENCHMARK_VERSION", "train_here", "train_stage",
            "TrainArtifact", "warm_start_spec", "WARMSTART_STAGE_VERSION"]

@@ -190,6 +190,15 @@ def test_a_teacher_of_another_tokenizer_is_refused_before_any_model_loads(tiny, 
         trainer_mod.train_grpo(model_dir, rows, ids, tmp_path / "run", tiny_cfg(distill_teacher=str(other)),
                                template_id="qa", reward=RewardConfig(verifier=VERIFIER), max_new_tokens=12, seed=0)
     assert not (tmp_path / "run").exists()  # nothing written, no model loaded, no verifier started
+    # The pipeline flow checks the same right after its base-model stage, before the pass rates.
+    from rlvr_core.experiment.config import parse_config
+    from rlvr_core.pipeline.stages import ModelArtifact, teacher_before_training
+
+    base = ModelArtifact(str(model_dir), "tiny", "h", "t", True)
+    cfg = parse_config({"grpo": {"enabled": True, "distill_teacher": str(other)}})
+    with pytest.raises(ConfigError, match=r"grpo.distill_teacher: the teacher's tokenizer is not the student's"):
+        teacher_before_training(cfg, base)
+    teacher_before_training(parse_config({"grpo": {"enabled": True, "distill_teacher": str(model_dir)}}), base)
     import pickle
 
     with pytest.raises(ConfigError) as err:
