@@ -399,7 +399,8 @@ class _Distilled:
         """(1 - w) x the GRPO loss + w x the reverse KL; m["loss"] becomes the mixed loss."""
         agg = {k: kw[k] for k in ("agg_mode", "norm_len", "num_tokens", "num_seqs")}
         d_loss, d_m = distillation_loss(logp_all, teacher_all, mask, **agg)
-        total = (1 - self.w) * loss + self.w * d_loss
+        # w = 1 or 0: the one term alone, exactly (no 0 x a term that could be non-finite)
+        total = d_loss if self.w == 1 else loss if self.w == 0 else (1 - self.w) * loss + self.w * d_loss
         if first_epoch:
             n = int(mask.sum())
             self.n += n
