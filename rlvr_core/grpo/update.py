@@ -415,7 +415,8 @@ class _Distilled:
         kl_sum, n, loss, pg = dp.sum([self.kl_sum, float(self.n), self.loss, self.pg])
         top = dp.max([self.kl_max])[0]
         return {"distill/loss": loss, "distill/kl_mean": kl_sum / n if n else float("nan"),
-                "distill/kl_max": top if n else float("nan"), "loss": (1 - self.w) * pg + self.w * loss}
+                "distill/kl_max": top if n else float("nan"),
+                "loss": loss if self.w == 1 else pg if self.w == 0 else (1 - self.w) * pg + self.w * loss}
 
 
 def correction_kw(cfg: GRPOConfig) -> dict[str, Any]:
