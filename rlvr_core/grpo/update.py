@@ -372,7 +372,7 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
                 first = _epoch0_metrics(cfg, dp, plan, seen, refs, olds, inputs, loss_fn, kw, guard_tol,
                                         norm["n_tokens"])
                 if teach is not None:
-                    first.update(distilled.reduce(dp, first))
+                    first.update(distilled.reduce(dp))
                 check_logprob_temp(cfg, step=step, n_tokens=norm["n_tokens"], diff=first["logprob_abs_diff"],
                                    guard_tol=guard_tol)
             lr = float(engine.optimizer.param_groups[0]["lr"])
@@ -410,7 +410,7 @@ class _Distilled:
             self.pg += float(m["loss"])
         return total, {**m, "loss": total.detach().float()}
 
-    def reduce(self, dp: DataParallel, first: dict[str, float]) -> dict[str, float]:
+    def reduce(self, dp: DataParallel) -> dict[str, float]:
         """distill/loss, distill/kl_mean, distill/kl_max of the step, and `loss` the mixed one (all ranks)."""
         kl_sum, n, loss, pg = dp.sum([self.kl_sum, float(self.n), self.loss, self.pg])
         top = dp.max([self.kl_max])[0]
