@@ -126,3 +126,16 @@ def test_base_file_relative_to_the_sweep(tmp_path):
         load_sweep(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="no sweep file of that name"):
         find_sweep("no-such-sweep")
+
+
+def test_the_pivot_names_a_swept_field_left_out_at_its_default():
+    # The ppo_clip trials of demo-losses carry no grpo.policy_loss param (the resolved config leaves it out at its
+    # default, so earlier runs keep their keys); the warehouse query reads the missing value as '∅', the pivot
+    # shows the default instead. A key that is no field stays '∅'; a value that is there stays as it is.
+    from rlvr_core.pipeline.sweeps import _at_default
+
+    assert _at_default("grpo.policy_loss", "∅") == "ppo_clip"
+    assert _at_default("grpo.distill_weight", "∅") == "1.0"
+    assert _at_default("grpo.guards.teacher_kl_max", "∅") == "10.0"
+    assert _at_default("grpo.no_such_field", "∅") == "∅"
+    assert _at_default("grpo.policy_loss", "gspo") == "gspo"
