@@ -67,8 +67,9 @@ def test_loss_ablation_and_distillation_sweeps_expand_to_valid_demo_trials():
         (loss, s) for loss in ("ppo_clip", "gspo", "cispo", "sapo") for s in (0, 1, 2)]
     for t in losses.trials:
         differ = {k for k in set(base["grpo"]) | set(t.config["grpo"]) if t.config["grpo"].get(k) != base["grpo"].get(k)}
-        assert differ <= {"policy_loss", "steps", "warmup_steps", "eval_every"}, differ
-        assert t.config["grpo"]["steps"] == 10 and t.config["model"] == base["model"]
+        assert differ <= {"policy_loss", "steps", "warmup_steps", "eval_every", "epochs_per_step"}, differ
+        assert t.config["grpo"]["steps"] == 10 and t.config["grpo"]["epochs_per_step"] == 2
+        assert t.config["model"] == base["model"]
     assert find_sweep("demo-losses") == ROOT / "configs" / "sweeps" / "demo_losses.yaml"
     path = ROOT / "configs" / "sweeps" / "demo_distill.yaml"
     distill = load_sweep(path)
