@@ -66,7 +66,8 @@ def test_loss_ablation_and_distillation_sweeps_expand_to_valid_demo_trials():
     assert [(t.config["grpo"].get("policy_loss", "ppo_clip"), t.config["seed"]) for t in losses.trials] == [
         (loss, s) for loss in ("ppo_clip", "gspo", "cispo", "sapo") for s in (0, 1, 2)]
     for t in losses.trials:
-        differ = {k for k in set(base["grpo"]) | set(t.config["grpo"]) if t.config["grpo"].get(k) != base["grpo"].get(k)}
+        g = t.config["grpo"]
+        differ = {k for k in set(base["grpo"]) | set(g) if g.get(k) != base["grpo"].get(k)}
         assert differ <= {"policy_loss", "steps", "warmup_steps", "eval_every", "epochs_per_step"}, differ
         assert t.config["grpo"]["steps"] == 10 and t.config["grpo"]["epochs_per_step"] == 2
         assert t.config["model"] == base["model"]

@@ -160,7 +160,8 @@ def test_the_teacher_is_found_by_folder_run_id_and_hub_id_from_local_files(tiny,
     _export(tmp_path / "store", "exp/demo-abcdef12", "abcdef1234567890", model_dir)
     store = LocalStore(tmp_path / "store")
     got = resolve_teacher("run:abcdef12", cache_dir=tmp_path / "c", store=store)
-    assert got.parent == tmp_path / "c" and (got / "config.json").read_bytes() == (model_dir / "config.json").read_bytes()
+    assert got.parent == tmp_path / "c"
+    assert (got / "config.json").read_bytes() == (model_dir / "config.json").read_bytes()
     commit = "0123456789abcdef0123456789abcdef01234567"
     _hub_cache(tmp_path / "hf", "org/teacher", commit, [p for p in model_dir.iterdir() if p.is_file()])
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
