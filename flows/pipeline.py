@@ -178,6 +178,7 @@ def _shared_stages(cfg: ExperimentConfig, progress: Progress, run: PipelineRun |
         if tracker:
             tracker.set_tags(child, {"model_id": model.model_id, "model_hash": model.model_hash,
                                      "tokenizer_hash": model.tokenizer_hash, "cached": model.cached})
+    stages.teacher_before_training(cfg, model)  # a distillation teacher the student cannot share: before pass rates
     with stage("passk", "passk", "sampling", "prompt", "reward") as child:
         passrates = t.pass_rate_table(cfg, data, model, progress)
         if tracker:

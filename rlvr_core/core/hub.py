@@ -96,12 +96,13 @@ def _why_not_downloaded(e: Exception) -> str:
 
 def snapshot(repo: str, *, repo_type: str = "model", revision: str | None = None,
              allow_patterns: list[str] | None = None, pull: str | None = None,
-             hash_files: bool = True, pulling: bool = False) -> Snapshot:
+             hash_files: bool = True, pulling: bool = False, local_only: bool = False) -> Snapshot:
     """The snapshot of `repo` at `revision`: from the cache, else downloaded (unless offline).
 
     allow_patterns: only these files (globs; a data set's split files). pull: the command a `HubMissing`
     error names (default `rlvr pull model REF` for a model); `pulling`: the caller is that command. Raises
-    HubMissing, one line, when the snapshot is not cached and cannot be downloaded now.
+    HubMissing, one line, when the snapshot is not cached and cannot be downloaded now. `local_only`: the
+    cache only, as with HF_HUB_OFFLINE (a teacher read while training: nothing is downloaded then).
     """
     from huggingface_hub import snapshot_download
 
@@ -114,8 +115,9 @@ def snapshot(repo: str, *, repo_type: str = "model", revision: str | None = None
         if allow_patterns and not _matches(folder, allow_patterns):
             raise FileNotFoundError(f"no {allow_patterns} in the cached snapshot")
     except Exception:  # noqa: BLE001 — not cached (huggingface_hub raises several kinds): download or say so
-        if offline():
-            raise HubMissing(f"{missing} and HF_HUB_OFFLINE is set: {advice}") from None
+        if offline() or local_only:
+            why = "HF_HUB_OFFLINE is set" if offline() else "it is read from the cache only here"
+            raise HubMissing(f"{missing} and {why}: {advice}") from None
         try:
             folder = Path(snapshot_download(repo, **kw))
         except Exception as e:  # noqa: BLE001 — no network, no such repo or revision: one line either way

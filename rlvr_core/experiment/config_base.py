@@ -19,6 +19,11 @@ class ConfigError(ValueError):
         lines = [f"{source}: {path}: {why}" if path else f"{source}: {why}" for path, why in problems]
         super().__init__("invalid config\n" + "\n".join("  " + line for line in lines))
 
+    def __reduce__(self) -> tuple:
+        # Pickled with its own arguments (a stage's failure persisted by Prefect, a raised teacher check), not
+        # with the message alone, which __init__ would not take.
+        return type(self), (self.source, self.problems)
+
 
 def one_of(value: str, known: list[str], what: str) -> str:
     """Names that map to a registry are checked at load time, not when the stage finally runs."""

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
+from rlvr_core.core import hub
 from rlvr_core.core.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES, Registry
 from rlvr_core.experiment.config_base import AddedLater, InKey, NamesRun, key_fields, one_of
 from rlvr_core.experiment.guards import HealthConfig
@@ -154,6 +155,12 @@ class GRPOGuardsConfig(_Section):
                                          "from a minority of what was sampled, and rollout engine and trainer "
                                          "disagree more than the bounds allow (tis_cap, tis_min too tight, or "
                                          "a broken engine). Left out of the training key at its default")
+    teacher_kl_max: float = Field(10.0, gt=0, description="G-teacher-kl: with grpo.distill_teacher, flag a step "
+                                  "whose mean per-token reverse KL(student || teacher) exceeds this many nats: "
+                                  "the teacher and the student no longer agree on what the samples mean (a "
+                                  "teacher of another tokenizer or family, a broken teacher checkpoint, a "
+                                  "student pushed off by the reward term). Left out of the training key at its "
+                                  "default")
     health: HealthConfig = Field(default_factory=HealthConfig, description="the run-level training guards "
                                  "(docs/guards_training.md): per detector (collapse, entropy, reward_hacking, "
                                  "kl_explosion, no_signal) its thresholds, and `enabled`, the guard ids to run; e.g. "
@@ -161,7 +168,7 @@ class GRPOGuardsConfig(_Section):
                                  "need a larger grad-norm jump and a KL blow-up stop the run. Unset = defaults; the "
                                  "resolved config and the key hold the settings given, as written")
 
-    _ADDED_LATER: ClassVar[tuple[str, ...]] = ("correction_mask_share",)
+    _ADDED_LATER: ClassVar[tuple[str, ...]] = ("correction_mask_share", "teacher_kl_max")
 
 
 class GRPOConfig(AddedLater):
@@ -224,6 +231,22 @@ class GRPOConfig(AddedLater):
                                 "fades the gradient faster as the ratio leaves 1 (arXiv 2511.20347: 1.0)")
     sapo_tau_neg: float = InKey(1.05, gt=0, description="sapo: gate temperature of tokens with a non-positive "
                                 "advantage (the paper's 1.05: negative updates fade a little faster)")
+    distill_teacher: str | None = InKey(None, min_length=1, description="on-policy distillation "
+                                        "(docs/grpo_algorithms.md): a teacher scores the student's own rollouts "
+                                        "and the per-token reverse KL(student || teacher) over the vocabulary is "
+                                        "a training signal (rlvr_core/grpo/distillation.py). A local model folder, "
+                                        "run:<run id> (the exported checkpoint of an earlier rlvr run in the "
+                                        "artifact store) or a hub id read from the Hugging Face cache (`rlvr pull "
+                                        "model` it first). Its tokenizer must be the student's (refused before "
+                                        "the model loads). It runs on CPU in the training process; the student's "
+                                        "log-probs take the full-vocabulary path (memory.logprob_chunk_size and "
+                                        "pack_sequences are not used). None = off")
+    distill_teacher_revision: str | None = InKey(None, min_length=1, description="distill_teacher a hub id: the "
+                                                 "commit (recommended), branch or tag of its cached snapshot")
+    distill_weight: float = InKey(1.0, ge=0, le=1, description="with distill_teacher: the loss is (1 - w) x the "
+                                  "GRPO loss on the verifiable reward + w x the reverse KL to the teacher "
+                                  "(aggregated like the policy loss, loss_agg). 1 = distillation alone, 0.5 = an "
+                                  "equal mix; 0 = the teacher is only measured (distill/kl_* columns, G-teacher-kl)")
     epochs_per_step: int = InKey(1, ge=1, description="optimisation epochs over each rollout batch (1 = on-policy)")
     memory: GRPOMemoryConfig = Field(default_factory=GRPOMemoryConfig, description="how the update fits in memory "
                                      "(docs/grpo_training.md, \"Memory of the update\"); out of the training folder's key")
@@ -375,7 +398,7 @@ class GRPOConfig(AddedLater):
     # every earlier run, so the resolved config, its hash and the training folder's key of such a run stay the same.
     _ADDED_LATER: ClassVar[tuple[str, ...]] = (
         "policy_loss", "gspo_clip_low", "gspo_clip_high", "cispo_clip_max", "sapo_tau_pos", "sapo_tau_neg", "tis_mode",
-        "tis_min", "tis_seq_ratio")
+        "tis_min", "tis_seq_ratio", "distill_teacher", "distill_teacher_revision", "distill_weight")
 
     # The GRPOConfig fields each policy loss takes, by the loss's keyword (policy_losses.py). A loss not listed
     # (ppo_clip, or one registered at runtime) gets clip_low / clip_high, as before these losses existed.
@@ -436,10 +459,23 @@ class GRPOConfig(AddedLater):
         if self.tis_cap is None and (self.tis_mode != "token_truncate" or self.tis_min is not None):
             raise ValueError("tis_mode / tis_min need tis_cap (the upper bound C_max), which turns the rollout "
                              "correction on")
+        self._distill_fits()
         if self.adaptive_sampling and self.adaptive_max_samples < self.group_size:
             raise ValueError(f"adaptive_max_samples={self.adaptive_max_samples} is below group_size="
                              f"{self.group_size}, the first chunk: every prompt gets at least one chunk")
         return self
+
+    def _distill_fits(self) -> None:
+        t = self.distill_teacher
+        if t is None and (self.distill_weight != 1.0 or self.distill_teacher_revision is not None):
+            raise ValueError("distill_weight / distill_teacher_revision need distill_teacher (the teacher model), "
+                             "which turns on-policy distillation on")
+        if t is not None and t.startswith("run:") and not t[len("run:"):].strip("/"):
+            raise ValueError("distill_teacher run:<run id> names no run")
+        if self.distill_teacher_revision is not None and (t.startswith("run:") or not hub.is_hub_id(t)
+                                                          or "@" in t):
+            raise ValueError("distill_teacher_revision is for a hub id in distill_teacher (org/name), given once "
+                             "(not also as org/name@revision)")
 
 
 class ConfigDeprecation(FutureWarning):

@@ -30,7 +30,7 @@ GUARDS = ("G-logprob-temp", "G-pad-mask", "G-fixed-seed", "G-chat-template", "G-
           "G-prompt-mismatch", "G-id-mismatch", "G-partial-batch", "G-verifier-hang", "G-verifier-error",
           "G-truncation", "G-stop-seq", "G-stale-buffer", "G-onpolicy-ratio", "G-kl-explosion", "G-collapse",
           "G-entropy", "G-oom", "G-lost-ckpt", "G-eval-parallel", "G-no-eval", "G-small-eval", "G-reward-hacking",
-          "G-weight-push", "G-regression", "G-correction-mask", "G-tito-context", "G-tito-mask", "G-tool-errors",
+          "G-weight-push", "G-regression", "G-correction-mask", "G-teacher-kl", "G-tito-context", "G-tito-mask", "G-tool-errors",
           "G-turn-budget", "G-rerender-drift")
 
 # Guards that watch GRPO training: without training there is nothing for them to watch. (G-verifier-hang's
@@ -38,7 +38,7 @@ GUARDS = ("G-logprob-temp", "G-pad-mask", "G-fixed-seed", "G-chat-template", "G-
 _TRAINING = {"G-logprob-temp", "G-fixed-seed", "G-verifier-format", "G-no-signal", "G-stale-buffer",
              "G-onpolicy-ratio", "G-kl-explosion", "G-collapse", "G-entropy", "G-lost-ckpt", "G-no-eval",
              "G-reward-hacking", "G-partial-batch", "G-weight-push", "G-regression", "G-correction-mask",
-             "G-tool-errors", "G-turn-budget", "G-rerender-drift"}
+             "G-teacher-kl", "G-tool-errors", "G-turn-budget", "G-rerender-drift"}
 
 
 def _off(setting: str, value: object, why: str) -> str:
@@ -188,6 +188,12 @@ def _correction_mask(cfg: ExperimentConfig, health: HealthConfig) -> str:
             "grpo.tis_cap do)")
 
 
+def _teacher_kl(cfg: ExperimentConfig, health: HealthConfig) -> str:
+    if cfg.grpo.distill_teacher is not None:
+        return ACTIVE
+    return f"{ACTIVE}: no distillation teacher in this run (only grpo.distill_teacher has one)"
+
+
 def _environment(setting: str | None = None) -> Callable[[ExperimentConfig, HealthConfig], str]:
     """A multi-turn environment's guard: nothing to check on single-turn rollouts; off at a share limit of 1."""
     def rule(cfg: ExperimentConfig, health: HealthConfig) -> str:
@@ -205,7 +211,7 @@ _RULES: dict[str, Callable[[ExperimentConfig, HealthConfig], str]] = {
     "G-no-signal": _no_signal, "G-verifier-error": _verifier_error, "G-truncation": _truncation,
     "G-reward-hacking": _reward_hacking, "G-verifier-hang": _verifier_hang, "G-id-mismatch": _id_mismatch,
     "G-stop-seq": _stop_seq, "G-weight-push": _weight_push, "G-regression": _regression,
-    "G-correction-mask": _correction_mask, "G-tito-context": _environment(), "G-tito-mask": _environment(),
+    "G-correction-mask": _correction_mask, "G-teacher-kl": _teacher_kl, "G-tito-context": _environment(), "G-tito-mask": _environment(),
     "G-tool-errors": _environment("max_tool_error_share"), "G-turn-budget": _environment("max_cut_share"),
     "G-rerender-drift": _environment("max_rerender_drift"),
 }

@@ -35,7 +35,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rlvr_core.grpo.losses import mask_from_lengths
 
-__all__ = ["sequence_logprobs", "output_head"]
+__all__ = ["sequence_logprobs", "full_vocab_logprobs", "output_head"]
 
 
 def sequence_logprobs(model, batch: dict, *, temperature: float = 1.0, with_entropy: bool = False,
@@ -111,6 +111,15 @@ def _packed(batch: dict) -> tuple[dict, torch.Tensor]:
 
 def _full_vocab_logprobs(model, batch: dict, temperature: float,
                          with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logp, ent, _ = full_vocab_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy)
+    return logp, ent
+
+
+def full_vocab_logprobs(model, batch: dict, *, temperature: float = 1.0, with_entropy: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The full path, keeping the whole (B, T, V) float32 log-softmax at the response positions (with
+    gradient): (sampled tokens' log-probs (B, T), entropy (B, T) or None, log-softmax (B, T, V)). On-policy
+    distillation needs the whole distribution (distillation.py); padding rows hold garbage."""
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 position_ids=batch["position_ids"], use_cache=False)
     logits = out.logits.float()
@@ -124,7 +133,7 @@ def _full_vocab_logprobs(model, batch: dict, temperature: float,
     if with_entropy:
         with torch.no_grad():
             ent = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, ent
+    return logp, ent, logp_all
 
 
 # Config attributes of models whose logits are not head(hidden state); the chunked path would skip that step.

@@ -37,7 +37,7 @@ __all__ = [
     "mask_from_lengths",
     "LossAgg", "register_loss_agg", "get_loss_agg", "known_loss_aggs", "aggregate_loss",
     "PolicyLossFn", "register_policy_loss", "get_policy_loss", "known_policy_losses",
-    "ppo_clip_loss", "grpo_loss", "truncated_is_weights",
+    "ppo_clip_loss", "ratio_metrics", "grpo_loss", "truncated_is_weights",
 ]
 
 
@@ -220,15 +220,23 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
         per_token = _masked(-torch.minimum(surr, surr_clipped) * _masked(is_weights.detach(), m, dt), m, dt)
     loss = get_loss_agg(agg_mode)(per_token, m, norm_len=norm_len, num_tokens=num_tokens, num_seqs=num_seqs)
 
+    low = m & (adv < 0) & (ratio < 1.0 - clip_low)
+    high = m & (adv > 0) & (ratio > 1.0 + clip_high)
+    return loss, ratio_metrics(ratio, log_ratio, m, dt, low, high)
+
+
+def ratio_metrics(ratio: torch.Tensor, log_ratio: torch.Tensor, m: torch.Tensor, dt: torch.dtype,
+                  low: torch.Tensor, high: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The ratio metrics every policy loss reports, detached, float32, over the response tokens m (nan for an
+    empty mask): ratio_mean/max/min, clip_frac_low / clip_frac_high (the (B, T) bool masks `low` / `high` of
+    tokens the loss clipped), clip_frac, approx_kl_old_new (k3 of KL(pi_old || pi_theta) from log_ratio).
+    ratio / log_ratio may be (B, T) or a per-sequence (B, 1) that every token of the sequence shares."""
     with torch.no_grad():
         n = m.sum()
-        r = ratio.detach()
-        low = m & (adv < 0) & (r < 1.0 - clip_low)
-        high = m & (adv > 0) & (r > 1.0 + clip_high)
+        r, lr = ratio.detach().expand(m.shape), log_ratio.detach().expand(m.shape)
         inf = torch.tensor(torch.inf, dtype=dt, device=r.device)
         nan = torch.tensor(torch.nan, dtype=dt, device=r.device)
-        lr = log_ratio.detach()
-        metrics = {
+        out = {
             "ratio_mean": _masked_mean(r, m, n),
             "ratio_max": torch.where(n > 0, torch.where(m, r, -inf).max(), nan),
             "ratio_min": torch.where(n > 0, torch.where(m, r, inf).min(), nan),
@@ -237,7 +245,7 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
             "clip_frac": _masked_mean((low | high).to(dt), m, n),
             "approx_kl_old_new": _masked_mean(torch.expm1(lr) - lr, m, n),
         }
-    return loss, {k: v.float() for k, v in metrics.items()}
+    return {k: v.float() for k, v in out.items()}
 
 
 # ---- the GRPO objective -------------------------------------------------------------------------------------

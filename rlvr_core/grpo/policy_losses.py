@@ -25,7 +25,7 @@ import torch
 from rlvr_core.core.registry import register
 from rlvr_core.grpo.advantages import advantages_to_tokens
 from rlvr_core.grpo.kl import LOG_RATIO_CLAMP
-from rlvr_core.grpo.losses import _check, _masked, _masked_mean, get_loss_agg
+from rlvr_core.grpo.losses import _check, _masked, get_loss_agg, ratio_metrics
 
 __all__ = ["sequence_log_ratio", "gspo_loss", "luspo_loss", "cispo_loss", "sapo_loss"]
 
@@ -47,25 +47,6 @@ def _finish(per_token, m, is_weights, dt, agg_mode, norm_len, num_tokens, num_se
         per_token = per_token * _masked(is_weights.detach(), m, dt)
     return get_loss_agg(agg_mode)(_masked(per_token, m, dt), m, norm_len=norm_len, num_tokens=num_tokens,
                                   num_seqs=num_seqs)
-
-
-def _metrics(ratio, log_ratio, m, dt, low, high) -> dict[str, torch.Tensor]:
-    """The ratio metrics every policy loss reports (means over response tokens; nan for an empty mask)."""
-    with torch.no_grad():
-        n = m.sum()
-        r, lr = ratio.detach().expand(m.shape), log_ratio.detach().expand(m.shape)
-        inf = torch.tensor(torch.inf, dtype=dt, device=r.device)
-        nan = torch.tensor(torch.nan, dtype=dt, device=r.device)
-        out = {
-            "ratio_mean": _masked_mean(r, m, n),
-            "ratio_max": torch.where(n > 0, torch.where(m, r, -inf).max(), nan),
-            "ratio_min": torch.where(n > 0, torch.where(m, r, inf).min(), nan),
-            "clip_frac_low": _masked_mean(low.to(dt), m, n),
-            "clip_frac_high": _masked_mean(high.to(dt), m, n),
-            "clip_frac": _masked_mean((low | high).to(dt), m, n),
-            "approx_kl_old_new": _masked_mean(torch.expm1(lr) - lr, m, n),
-        }
-    return {k: v.float() for k, v in out.items()}
 
 
 def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -92,7 +73,7 @@ def _gspo_terms(logp, old_logp, advantages, mask, clip_low, clip_high):
     per_token = -torch.minimum(s * adv, s.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
     low = m & (adv < 0) & (s < 1.0 - clip_low)
     high = m & (adv > 0) & (s > 1.0 + clip_high)
-    return m, dt, per_token, _metrics(s, log_s, m, dt, low, high)
+    return m, dt, per_token, ratio_metrics(s, log_s, m, dt, low, high)
 
 
 @register("policy_loss", "gspo")
@@ -143,7 +124,7 @@ def cispo_loss(logp, old_logp, advantages, mask, *, clip_max: float = 5.0, agg_m
     log_r = (lp - olp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     r = torch.exp(log_r)
     per_token = -r.clamp(max=clip_max).detach() * adv * lp
-    met = _metrics(r, log_r, m, dt, torch.zeros_like(m), m & (adv > 0) & (r > clip_max))
+    met = ratio_metrics(r, log_r, m, dt, torch.zeros_like(m), m & (adv > 0) & (r > clip_max))
     return _finish(per_token, m, is_weights, dt, agg_mode, norm_len, num_tokens, num_seqs), met
 
 
@@ -168,4 +149,4 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg
     per_token = -torch.sigmoid(tau * (r - 1)) * 4 / tau * adv
     none = torch.zeros_like(m)
     return _finish(per_token, m, is_weights, dt, agg_mode, norm_len, num_tokens, num_seqs), \
-        _metrics(r, log_r, m, dt, none, none)
+        ratio_metrics(r, log_r, m, dt, none, none)

@@ -25,6 +25,8 @@ Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
     (the checker raised: a crash that would otherwise read as "incorrect").
   * G-correction-mask: with a rollout-correction mask mode (grpo.tis_mode token_mask / sequence_mask), steps
     whose correction rejected more than `grpo.guards.correction_mask_share` of the response tokens.
+  * G-teacher-kl: with on-policy distillation (grpo.distill_teacher), steps whose mean per-token reverse KL to
+    the teacher (`distill/kl_mean`) exceeds `grpo.guards.teacher_kl_max`.
   * run level (guards.py `HealthMonitor` over the step history: collapse, entropy floor, reward hacking,
     KL explosion): a firing sets `health/<id>` in that step's row; a serious one stops the run.
 
@@ -59,7 +61,7 @@ __all__ = ["StepTimes", "step_flags", "zero_var_flag", "flag_episodes", "flag_li
 
 NON_FINITE_LOSS = "non_finite_loss"  # the episode key (and summary tag) of a stop for a non-finite loss
 STEP_FLAGS = ("G-onpolicy-ratio", "G-kl-explosion", "G-fixed-seed", "G-verifier-format", "G-verifier-hang",
-              "G-verifier-error", "G-correction-mask")
+              "G-verifier-error", "G-correction-mask", "G-teacher-kl")
 # A multi-turn environment's per-step flags (rlvr_core/sampling/environment_engine.py `health`): in a step's flags
 # (and its row's health/ columns) only when the run has such an environment, so single-turn rows stay as they were.
 ENV_FLAGS = ("G-tool-errors", "G-turn-budget", "G-rerender-drift")
@@ -111,6 +113,9 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
         # A mask mode that rejects most tokens trains on a minority of what was sampled (nan: no token: no flag).
         "G-correction-mask": int(cfg.tis_cap is not None and cfg.tis_mode.endswith("_mask")
                                  and first.get("tis/masked_share", 0.0) > cfg.guards.correction_mask_share),
+        # On-policy distillation: the student's samples read very differently by the teacher (nan: no token).
+        "G-teacher-kl": int(cfg.distill_teacher is not None
+                            and first.get("distill/kl_mean", 0.0) > cfg.guards.teacher_kl_max),
         # A multi-turn environment's flags (its limits: the `environment:` section); absent on single-turn runs.
         **{g: int(rollouts.env[f"health/{g}"]) for g in ENV_FLAGS if rollouts.env and f"health/{g}" in rollouts.env},
     }
@@ -169,6 +174,8 @@ def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch"
         "dynamic/groups_dropped": b.dropped, "dynamic/groups_kept": b.K,
         **{f"health/{g}": v for g, v in flags.items()},
     }
+    if "distill/kl_mean" in first:  # on-policy distillation (grpo.distill_teacher)
+        row.update({k: first[k] for k in ("distill/loss", "distill/kl_mean", "distill/kl_max")})
     if buffer is not None:
         row.update({"staleness": staleness(step, b), "t_generate_s": b.generate_s, "t_sync_s": times.sync_s,
                     **buffer})
@@ -248,6 +255,7 @@ FLAG_MEANING = {
     "G-verifier-hang": "verifier timeouts above reward.max_timeout_share of the completions",
     "G-verifier-error": "verifier errors (the checker raised) above reward.max_error_share of the completions",
     "G-correction-mask": "rollout correction rejected more than grpo.guards.correction_mask_share of the tokens",
+    "G-teacher-kl": "mean reverse KL to the distillation teacher above grpo.guards.teacher_kl_max",
     "G-tool-errors": "tool calls that failed (malformed, error, timeout) above environment.max_tool_error_share",
     "G-turn-budget": "trajectories cut by a budget above environment.max_cut_share",
     "G-rerender-drift": "trajectories whose ids decode and encode to other ids above environment.max_rerender_drift",

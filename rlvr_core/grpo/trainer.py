@@ -25,16 +25,18 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
   4. update (update.py): teacher-forced forward over prompt + completion tokens (tokenized as the engine
      tokenized them, masks from lengths, G-pad-mask), log_softmax at temperature 1, optional reference
      log-probs (beta > 0), `grpo_loss` (with `tis_cap`: truncated importance sampling against the engine's
-     log-probs), DeepSpeed backward/step for `epochs_per_step` epochs (`ds_config`: AdamW, warm-up + cosine,
+     log-probs; with `distill_teacher`: the teacher's log-probs on CPU and the reverse KL to them mixed in,
+     distillation.py), DeepSpeed backward/step for `epochs_per_step` epochs (`ds_config`: AdamW, warm-up + cosine,
      grad clipping, ZeRO stage). With staleness the new weights are published to the ahead sampler.
   5. metrics (step_metrics.py): one row of steps.parquet per step (rollout statistics, loss/ratio/entropy,
      the rollout-vs-trainer log-prob mismatch `logprob_mismatch/*`, verifier `status/*` counts with errors
      and timeouts visible (G-verifier-error), timings), and `rollout_samples_per_step` completions for
      rollouts.parquet; `evaluate` every `eval_every` steps and after the last (`eval_every: auto`: ~10 points).
   6. guards (step_metrics.py, guards.py): per-step flags (G-onpolicy-ratio, G-kl-explosion, G-fixed-seed,
-     G-verifier-format, G-verifier-hang, G-verifier-error; G-logprob-temp stops the run at step 1) and the
-     run-level HealthMonitor, and the non-finite-loss stop (G-kl-explosion); a serious firing stops every rank
-     with GuardError and a summary tagged `collapsed`, before the step is counted or checkpointed.
+     G-verifier-format, G-verifier-hang, G-verifier-error, G-correction-mask, G-teacher-kl; G-logprob-temp stops
+     the run at step 1) and the run-level HealthMonitor, and the non-finite-loss stop (G-kl-explosion); a
+     serious firing stops every rank with GuardError and a summary tagged `collapsed`, before the step is
+     counted or checkpointed.
   7. checkpoint (checkpointing.py): DeepSpeed checkpoint every `checkpoint_every` steps and at the end of
      the call, with step, data position and rows; a call whose out_dir holds one resumes there.
 
@@ -78,6 +80,7 @@ from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, RunState, resume, save_checkpoint, save_final_model,
                                           write_lora_config, write_rollouts, write_rows)
 from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutdown
+from rlvr_core.grpo.distillation import check_same_tokenizer, load_teacher, resolve_teacher
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.sampling.environment_engine import with_environment
@@ -257,6 +260,7 @@ class _Run:
     evaluate: Callable[[Any, Any], dict[str, float]] | None
     t_start: float
     base_rollouts: Mapping[str, Mapping[str, float]] | None = None  # the base model's numbers per prompt id
+    teacher: Any = None              # on-policy distillation's teacher (grpo.distill_teacher), on CPU
 
     def close(self) -> None:
         self.pool.close()
@@ -279,6 +283,7 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
         raise ValueError(f"overlong_buffer_len={cfg.overlong_buffer_len} exceeds max_new_tokens={max_new_tokens}: "
                          "the penalty window must lie inside the generation cap")
     check_rollout_engine(engine)
+    teacher_dir = _teacher_dir(cfg, base_model_dir, out_dir)  # a teacher the student cannot share: refused now
     # Before the model loads: a bad verifier name or mode fails here. Workers start now and warm up while
     # the policy loads.
     pool = VerifierPool(reward.verifier, reward.pool_options(), workers=reward.workers, timeout_s=reward.timeout_s)
@@ -286,7 +291,8 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
         return _load(base_model_dir, rows, out_dir, cfg, template_id=template_id, reward=reward, pool=pool,
                      max_new_tokens=max_new_tokens, seed=seed, progress=progress, stop_after_steps=stop_after_steps,
                      evaluate=evaluate, engine=engine, engine_options=engine_options, t_start=t_start,
-                     health=run_health(cfg, base_eval, reward, passrate_temperature), environment=environment)
+                     health=run_health(cfg, base_eval, reward, passrate_temperature), environment=environment,
+                     teacher_dir=teacher_dir)
     except BaseException:
         pool.close()
         raise
@@ -295,7 +301,7 @@ def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOC
 def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, template_id: str,
           reward: RewardConfig, pool: Any, max_new_tokens: int, seed: int, progress, stop_after_steps, evaluate,
           engine: str, engine_options: dict | None, t_start: float, health: HealthConfig,
-          environment: Any = None) -> _Run:
+          environment: Any = None, teacher_dir: Path | None = None) -> _Run:
     """The expensive half of `_setup`: the policy under DeepSpeed, its resume state, the rollout side."""
     from transformers import AutoTokenizer
 
@@ -329,11 +335,30 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                                  max_new_tokens=max_new_tokens, seed=seed, weights=policy.current_weights,
                                  timeout_reward=reward.timeout_reward,
                                  lockstep=policy.lockstep and getattr(rollout_engine, "samples_policy", False))
+    teacher = None
+    if teacher_dir is not None:
+        head = policy.module.get_output_embeddings().weight
+        teacher = load_teacher(teacher_dir, int(getattr(head, "ds_shape", head.shape)[0]))  # ZeRO-3: the full width
+        say(f"distilling from the teacher in {teacher_dir} (weight {cfg.distill_weight:g}, on CPU)")
     return _Run(cfg, out_dir, rows, tok, policy, rollout_engine, pool, reward, collector, state,
                 StepGuards(state.step_rows, health, cfg),
                 cfg.steps if stop_after_steps is None else min(cfg.steps, state.start_step + stop_after_steps),
                 max_new_tokens if cfg.loss_agg == "seq-mean-token-sum-norm" else None,
-                cfg.guards.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start)
+                cfg.guards.logprob_guard_tol or (1e-3 if cfg.precision == "fp32" else 5e-2), say, evaluate, t_start,
+                teacher=teacher)
+
+
+def _teacher_dir(cfg: GRPOConfig, base_model_dir, out_dir: Path) -> Path | None:
+    """On-policy distillation's teacher folder (distillation.py `resolve_teacher`), its tokenizer checked against
+    the student's before anything loads; None without `grpo.distill_teacher`."""
+    if cfg.distill_teacher is None:
+        return None
+    # Each rank its own copy of a run's export: ranks start together, and none may read a half-written folder.
+    rank = os.environ.get("RANK", "0")
+    folder = resolve_teacher(cfg.distill_teacher, cfg.distill_teacher_revision,
+                             cache_dir=out_dir / "teacher" / (f"rank{rank}" if launch_world_size() > 1 else ""))
+    check_same_tokenizer(base_model_dir, folder)
+    return folder
 
 
 def run_health(cfg: GRPOConfig, base_eval: dict[str, float] | None, reward: RewardConfig | None = None,
@@ -373,7 +398,7 @@ def _update(run: _Run, rollouts: RolloutBatch, adv_all: torch.Tensor, step: int,
     inputs = train_inputs(rollouts, adv_all, tokenizer=run.tok, sampler=run.rollout_engine.sampler,
                           device=policy.device)
     upd = update_policy(policy, cfg, inputs, loss_fn=grpo_loss, step=step, norm_len=run.norm_len,
-                        guard_tol=run.guard_tol)
+                        guard_tol=run.guard_tol, teacher=run.teacher)
     kl_sampled = upd.has_reference and upd.n_tokens == 0
     if kl_sampled:  # nothing trained: the KL to the reference of what was sampled
         upd.metrics.update(sampled_kl(policy, cfg, rollouts, tokenizer=run.tok,

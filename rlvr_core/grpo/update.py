@@ -69,8 +69,9 @@ from rlvr_core.experiment.config import GRPOConfig
 from rlvr_core.experiment.guards import GuardError
 from rlvr_core.grpo.distributed import DataParallel, global_normalisers, reduce_loss_metrics
 from rlvr_core.grpo.kl import token_kl
-from rlvr_core.grpo.logprobs import sequence_logprobs
 from rlvr_core.environments.advantages import token_advantages, turn_to_go_advantages
+from rlvr_core.grpo.distillation import distillation_loss, teacher_logprobs
+from rlvr_core.grpo.logprobs import full_vocab_logprobs, sequence_logprobs
 from rlvr_core.environments.trajectory import check_aligned
 from rlvr_core.grpo.losses import mask_from_lengths
 from rlvr_core.grpo.rollout_correction import correction_weights
@@ -330,10 +331,12 @@ def _checkpointing_active(module: torch.nn.Module, enabled: bool):
 
 
 def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_fn: Callable, step: int,
-                  norm_len: int | None, guard_tol: float) -> UpdateResult:
+                  norm_len: int | None, guard_tol: float, teacher: torch.nn.Module | None = None) -> UpdateResult:
     """`epochs_per_step` DeepSpeed updates on this rank's trained completions (collective: every rank calls
     it once per step). loss_fn: `grpo_loss` (passed in by the trainer). Raises GuardError (G-logprob-temp)
-    at step 0 before any update when the trainer's log-probs disagree with the rollout's."""
+    at step 0 before any update when the trainer's log-probs disagree with the rollout's. `teacher`: on-policy
+    distillation's teacher (`grpo.distill_teacher`, distillation.py): each micro-batch's loss becomes
+    (1 - w) x loss_fn's + w x the reverse KL to the teacher's log-probs of the same tokens."""
     engine, dp, mask = policy.engine, policy.dp, inputs.mask
     policy.module.eval()  # HFEngine calls .eval() too; keep it explicit
     plan, parts = micro_batches(cfg, dp, inputs)
@@ -348,6 +351,8 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
     if rejects_tokens(cfg):  # the rejected tokens leave the loss and its denominators before any backward
         olds, extras, masks = _rejecting_pass(policy, cfg, parts)
     kw.update(_loss_normalisers(dp, masks))
+    teach = [teacher_logprobs(teacher, p.batch, policy.device) for p in parts] if teacher is not None else None
+    distilled = _Distilled(cfg.distill_weight)
     first: dict[str, float] = {}
     sampled: list[torch.Tensor] = []  # the first epoch's log-probs: the weights that sampled (on-policy)
     with _checkpointing_active(policy.module, cfg.memory.gradient_checkpointing):
@@ -356,9 +361,13 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
             for i, part in enumerate(parts):
                 if len(parts) > 1:  # gradients accumulate until the last micro-batch (module docstring)
                     engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
-                logp, ent = sequence_logprobs(engine, part.batch, temperature=cfg.logprob_temperature,
-                                              with_entropy=(ep == 0), chunk_size=cfg.memory.logprob_chunk_size,
-                                              pack=cfg.memory.pack_sequences)
+                if teach is None:
+                    logp, ent = sequence_logprobs(engine, part.batch, temperature=cfg.logprob_temperature,
+                                                  with_entropy=(ep == 0), chunk_size=cfg.memory.logprob_chunk_size,
+                                                  pack=cfg.memory.pack_sequences)
+                else:  # the whole distribution, for the reverse KL to the teacher's
+                    logp, ent, logp_all = full_vocab_logprobs(engine, part.batch, temperature=cfg.logprob_temperature,
+                                                              with_entropy=(ep == 0))
                 if ep == 0 and cfg.tis_cap is not None and not rejects_tokens(cfg):
                     # TIS: the ratio's old log-probs are the trainer's own (the weights that sampled, before any
                     # update of this step); the engine-vs-trainer gap goes into truncated weights instead.
@@ -366,6 +375,8 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
                     extras[i] = {"is_weights": correction_weights(olds[i], part.rollout_logp, part.mask,
                                                                   **correction_kw(cfg))[0]}
                 loss, m = loss_fn(logp, olds[i], part.adv, masks[i], ref_logp=refs[i], **kw, **extras[i])
+                if teach is not None:
+                    loss, m = distilled.mix(loss, m, logp_all, teach[i], masks[i], kw, first_epoch=(ep == 0))
                 part_loss = m["loss"].detach().float()
                 loss_sum = part_loss if loss_sum is None else loss_sum + part_loss
                 if ep == 0:
@@ -377,6 +388,8 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
             if ep == 0:
                 first = _epoch0_metrics(cfg, dp, plan, seen, refs, olds, inputs, loss_fn, kw, guard_tol,
                                         norm["n_tokens"])
+                if teach is not None:
+                    first.update(distilled.reduce(dp))
                 check_logprob_temp(cfg, step=step, n_tokens=norm["n_tokens"], diff=first["logprob_abs_diff"],
                                    guard_tol=guard_tol)
             lr = float(engine.optimizer.param_groups[0]["lr"])
@@ -388,6 +401,39 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
     drift = drift_kl(policy, cfg, parts, sampled) if measure_drift(cfg, step) else None
     return UpdateResult(first, dp.sum([float(loss_sum)])[0], lr, grad_norm, norm["n_tokens"], refs[0] is not None,
                         drift)
+
+
+class _Distilled:
+    """On-policy distillation's share of each micro-batch loss, and its first-epoch metrics summed over the
+    micro-batches and ranks (each micro-batch's KL term is its share of the step's, as the policy loss's)."""
+
+    def __init__(self, weight: float):
+        self.w = weight
+        self.kl_sum, self.n, self.kl_max, self.loss, self.pg = 0.0, 0, -math.inf, 0.0, 0.0
+
+    def mix(self, loss: torch.Tensor, m: dict, logp_all: torch.Tensor, teacher_all: torch.Tensor,
+            mask: torch.Tensor, kw: dict, first_epoch: bool) -> tuple[torch.Tensor, dict]:
+        """(1 - w) x the GRPO loss + w x the reverse KL; m["loss"] becomes the mixed loss."""
+        agg = {k: kw[k] for k in ("agg_mode", "norm_len", "num_tokens", "num_seqs")}
+        d_loss, d_m = distillation_loss(logp_all, teacher_all, mask, **agg)
+        # w = 1 or 0: the one term alone, exactly (no 0 x a term that could be non-finite)
+        total = d_loss if self.w == 1 else loss if self.w == 0 else (1 - self.w) * loss + self.w * d_loss
+        if first_epoch:
+            n = int(mask.sum())
+            self.n += n
+            self.kl_sum += float(d_m["distill/kl_mean"]) * n if n else 0.0
+            self.kl_max = max(self.kl_max, float(d_m["distill/kl_max"])) if n else self.kl_max
+            self.loss += float(d_loss.detach())
+            self.pg += float(m["loss"])
+        return total, {**m, "loss": total.detach().float()}
+
+    def reduce(self, dp: DataParallel) -> dict[str, float]:
+        """distill/loss, distill/kl_mean, distill/kl_max of the step, and `loss` the mixed one (all ranks)."""
+        kl_sum, n, loss, pg = dp.sum([self.kl_sum, float(self.n), self.loss, self.pg])
+        top = dp.max([self.kl_max])[0]
+        return {"distill/loss": loss, "distill/kl_mean": kl_sum / n if n else float("nan"),
+                "distill/kl_max": top if n else float("nan"),
+                "loss": loss if self.w == 1 else pg if self.w == 0 else (1 - self.w) * pg + self.w * loss}
 
 
 def correction_kw(cfg: GRPOConfig) -> dict[str, Any]:

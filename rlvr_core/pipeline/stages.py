@@ -11,7 +11,8 @@ folder instead of recomputing. Where each lives:
 - `base_model_stage`: `prepare_base_model`, `warm_start_spec`
 - `passrate_stage`: `pass_rate_stage`, `PassRateArtifact`
 - `curriculum_stage`: `curriculum_stage`, `CurriculumArtifact`, `BASE_ROLLOUT_COLUMNS`
-- `train_stage`: `train_stage`, `train_here`, `stopped_training`, `no_signal_before_training`, `TrainArtifact`
+- `train_stage`: `train_stage`, `train_here`, `stopped_training`, `no_signal_before_training`,
+  `teacher_before_training`, `TrainArtifact`
 - `export_stage`: `export_stage`, `ExportArtifact`
 - `evaluation_stage`: `evaluate_stage`, the held-out benchmark and the trainer's periodic evaluation
 """
@@ -26,12 +27,13 @@ from rlvr_core.pipeline.evaluation_stage import (SYNTHETIC_BENCHMARK_VERSION, Ev
 from rlvr_core.pipeline.export_stage import ExportArtifact, export_stage
 from rlvr_core.pipeline.passrate_stage import PassRateArtifact, pass_rate_stage
 from rlvr_core.pipeline.stage_outputs import DataArtifact, ModelArtifact, experiment_manifest, here
-from rlvr_core.pipeline.train_stage import (TrainArtifact, no_signal_before_training, stopped_training, train_here,
-                                            train_stage)
+from rlvr_core.pipeline.train_stage import (TrainArtifact, no_signal_before_training, stopped_training,
+                                            teacher_before_training, train_here, train_stage)
 
 # What callers import from here (`from rlvr_core.pipeline.stages import X`, `stages.X`).
 __all__ = ["base_reference", "BASE_ROLLOUT_COLUMNS", "curriculum_stage", "CurriculumArtifact", "DataArtifact",
            "EvalArtifact", "evaluate_stage", "experiment_manifest", "export_stage", "ExportArtifact", "held_out_spec",
            "here", "ModelArtifact", "no_signal_before_training", "pass_rate_stage", "PassRateArtifact",
-           "prepare_base_model", "prepare_data", "stopped_training", "SYNTHETIC_BENCHMARK_VERSION", "train_here",
+           "prepare_base_model", "prepare_data", "stopped_training", "SYNTHETIC_BENCHMARK_VERSION", "teacher_before_training",
+           "train_here",
            "train_stage", "TrainArtifact", "warm_start_spec"]

@@ -248,6 +248,20 @@ def _known_leaves(resolved: dict[str, Any]) -> set[str]:
 
     walk(resolved, "")
     # Optional fields that default to None (e.g. model.path) are leaves too; they are in `resolved` as None.
+    # Fields left out of the resolved config at their default (added after configs were keyed: grpo.policy_loss,
+    # grpo.distill_teacher, ...) are fields all the same: every field of the config models is one.
+    out |= _model_leaves(ExperimentConfig, "")
+    return out
+
+
+def _model_leaves(model: type[BaseModel], prefix: str) -> set[str]:
+    """Every dotted field path of a config model and its nested models."""
+    out: set[str] = set()
+    for name, f in model.model_fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        out.add(key)
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+            out |= _model_leaves(f.annotation, key)
     return out
 
 
@@ -359,8 +373,25 @@ def sweep_pivot(sweep_id: str, swept_keys: list[str], metric: str = "accuracy_gr
     pivot = []
     for r in rows:
         cell = json.loads(r["cell"])
-        pivot.append({**{k: cell.get(k) for k in swept_keys}, **{f: r[f] for f in _PIVOT_COLUMNS}})
+        pivot.append({**{k: _at_default(k, cell.get(k)) for k in swept_keys}, **{f: r[f] for f in _PIVOT_COLUMNS}})
     return sorted(pivot, key=lambda r: [*(str(r[k]) for k in swept_keys), r["benchmark"]])
+
+
+def _at_default(key: str, value: Any) -> Any:
+    """A swept value as the pivot shows it: a field the resolved config leaves out at its default (the query's
+    '∅', e.g. grpo.policy_loss ppo_clip) is that default, as the warehouse stores params: text."""
+    if value != "∅":
+        return value
+    model: Any = ExperimentConfig
+    *path, last = key.split(".")
+    for name in path:
+        f = model.model_fields.get(name) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        model = f.annotation if f is not None else None
+    f = model.model_fields.get(last) if isinstance(model, type) and issubclass(model, BaseModel) else None
+    if f is None or f.is_required():
+        return value
+    default = f.get_default(call_default_factory=True)
+    return value if isinstance(default, BaseModel) else str(default)
 
 
 def pivot_rows(pivot: list[dict[str, Any]], swept_keys: list[str]) -> list[dict[str, Any]]:

@@ -170,6 +170,20 @@ def no_signal_before_training(cfg: ExperimentConfig, base: ModelArtifact, curric
     no_signal_at_start(cfg, curriculum, folder)
 
 
+def teacher_before_training(cfg: ExperimentConfig, base: ModelArtifact) -> None:
+    """On-policy distillation's teacher found and its tokenizer checked against the base model's (ConfigError
+    naming `grpo.distill_teacher`), for a caller that checks before other expensive work (the pipeline flow,
+    right after the base model); the training stage checks again at its start. A `run:` teacher's export is
+    copied into the cache's `teachers/` folder here."""
+    if not cfg.grpo.enabled or cfg.grpo.distill_teacher is None:
+        return
+    from rlvr_core.grpo.distillation import check_same_tokenizer, resolve_teacher
+
+    folder = resolve_teacher(cfg.grpo.distill_teacher, cfg.grpo.distill_teacher_revision,
+                             cache_dir=settings.paths().cache / "teachers")
+    check_same_tokenizer(localize(base.path), folder)
+
+
 def base_rollouts(curriculum: CurriculumArtifact) -> dict[str, dict[str, float]]:
     """{prompt id: the base model's reward_mean, truncation_share, completion_len_mean} from the curriculum (the
     pass-rate table's numbers on each prompt), for G-collapse's baselines; only the columns it holds."""

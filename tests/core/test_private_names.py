@@ -20,7 +20,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # grpo/losses.py's masked-mean helpers, shared with the policy losses and the rollout correction split out
     # of it: losses.py is being reworked on another branch; they go public with it.
     **{(importer, "rlvr_core.grpo.losses", name): "losses.py in flux"
-       for importer, names in (("rlvr_core.grpo.policy_losses", ("_check", "_masked", "_masked_mean")),
+       for importer, names in (("rlvr_core.grpo.policy_losses", ("_check", "_masked")),
                                ("rlvr_core.grpo.rollout_correction", ("_check", "_float", "_masked", "_masked_mean")))
        for name in names},
     # The sampling engines are being reworked on another branch (multi-turn trajectories): their helpers go

@@ -55,6 +55,37 @@ def test_sampling_ablation_sweep_expands_to_valid_variants_times_seeds():
     assert find_sweep("sampling-ablations") == ROOT / "configs" / "sweeps" / "sampling_ablations.yaml"
 
 
+def test_loss_ablation_and_distillation_sweeps_expand_to_valid_demo_trials():
+    # Issue 54's two sweeps: every trial a valid experiment of the demo recipe (10 steps, like demo-lr), the swept
+    # field and the seed the only differences, and the teacher a `--set` away (run:<the demo's run id>).
+    from rlvr_core.pipeline.sweeps import with_overrides
+
+    base = load_config(ROOT / "configs" / "demo.yaml").resolved()
+    losses = load_sweep(ROOT / "configs" / "sweeps" / "demo_losses.yaml")
+    assert losses.swept_keys == ["grpo.policy_loss"] and len(losses.trials) == 12
+    assert [(t.config["grpo"].get("policy_loss", "ppo_clip"), t.config["seed"]) for t in losses.trials] == [
+        (loss, s) for loss in ("ppo_clip", "gspo", "cispo", "sapo") for s in (0, 1, 2)]
+    for t in losses.trials:
+        g = t.config["grpo"]
+        differ = {k for k in set(base["grpo"]) | set(g) if g.get(k) != base["grpo"].get(k)}
+        assert differ <= {"policy_loss", "steps", "warmup_steps", "eval_every", "epochs_per_step"}, differ
+        assert t.config["grpo"]["steps"] == 10 and t.config["grpo"]["epochs_per_step"] == 2
+        assert t.config["model"] == base["model"]
+    assert find_sweep("demo-losses") == ROOT / "configs" / "sweeps" / "demo_losses.yaml"
+    path = ROOT / "configs" / "sweeps" / "demo_distill.yaml"
+    distill = load_sweep(path)
+    assert [(t.config["grpo"].get("distill_weight", 1.0), t.config["seed"]) for t in distill.trials] == [
+        (w, s) for w in (0.0, 1.0, 0.5) for s in (0, 1, 2)]
+    assert {t.config["grpo"]["distill_teacher"] for t in distill.trials} == {"run:demo-teacher"}
+    assert not any(t.config["grpo"]["dynamic_sampling"] for t in distill.trials)
+    given = parse_sweep(with_overrides(yaml.safe_load(path.read_text()), {"grpo.distill_teacher": "run:0a1b2c3d"}),
+                        str(path), path.parent)
+    assert {t.config["grpo"]["distill_teacher"] for t in given.trials} == {"run:0a1b2c3d"}
+    with pytest.raises(ConfigError, match=r"demo_distill.yaml: .*distill_teacher"):
+        parse_sweep(with_overrides(yaml.safe_load(path.read_text()), {"grpo.distill_teacher": "run:"}),
+                    str(path), path.parent)
+
+
 def test_grid_variants_and_seeds_multiply(tmp_path):
     sw = parse_sweep({"name": "x", "base": {}, "grid": {"grpo.lr": [1e-5, 2e-5]},
                       "variants": [{"grpo.beta": 0.0}, {"grpo.beta": 0.1, "grpo.kl_estimator": "k1"}],
@@ -117,3 +148,16 @@ def load_config_from(resolved: dict):
     from rlvr_core.experiment.config import parse_config
 
     return parse_config(resolved, "trial")
+
+
+def test_the_pivot_names_a_swept_field_left_out_at_its_default():
+    # The ppo_clip trials of demo-losses carry no grpo.policy_loss param (the resolved config leaves it out at its
+    # default, so earlier runs keep their keys); the warehouse query reads the missing value as '∅', the pivot
+    # shows the default instead. A key that is no field stays '∅'; a value that is there stays as it is.
+    from rlvr_core.pipeline.sweeps import _at_default
+
+    assert _at_default("grpo.policy_loss", "∅") == "ppo_clip"
+    assert _at_default("grpo.distill_weight", "∅") == "1.0"
+    assert _at_default("grpo.guards.teacher_kl_max", "∅") == "10.0"
+    assert _at_default("grpo.no_such_field", "∅") == "∅"
+    assert _at_default("grpo.policy_loss", "gspo") == "gspo"

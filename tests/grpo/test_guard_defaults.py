@@ -39,7 +39,7 @@ def _needs(cov: dict[str, str]) -> dict[str, str]:
 
 def test_guard_coverage_lists_every_guard_for_the_shipped_configs():
     demo = guard_coverage(demo_config())
-    assert list(demo) == list(GUARDS) and len(GUARDS) == 32
+    assert list(demo) == list(GUARDS) and len(GUARDS) == 33
     assert all(v.startswith(("active", "needs ")) for v in demo.values())
     assert _needs(demo) == {}  # the demo (beta 0.1, eval every 40 of 120 steps) is guarded by every guard
     assert demo["G-kl-explosion"] == "active" and demo["G-no-eval"].startswith("active: every 40 steps")
@@ -91,7 +91,7 @@ def test_guard_coverage_names_the_setting_a_blind_guard_needs():
     from rlvr_core.pipeline.run_record import coverage_lines
 
     lines = coverage_lines(guard_coverage(blind))
-    assert lines[1] == "Guards (docs/guards.md): 26 of 32 active." and len(lines) == 2 + 6
+    assert lines[1] == "Guards (docs/guards.md): 27 of 33 active." and len(lines) == 2 + 6
     assert "- G-no-eval needs grpo.eval_every > 0" in "\n".join(lines)
 
 

@@ -254,3 +254,32 @@ def test_sequence_mask_geometric_matches_the_written_out_formula_and_keeps_long_
     assert bool(keep32.all()) and float(w32[0, 0]) == pytest.approx(math.exp(0.002), rel=1e-5)
     wp, keepp, _ = correction_weights(tr, ro, m, mode="sequence_mask", c_min=0.9, c_max=1.1, seq_ratio="product")
     assert not bool(keepp.any()) and torch.isfinite(wp).all()
+
+
+def _defaults(name):
+    from rlvr_core.experiment.config import GRPOConfig
+
+    return GRPOConfig(policy_loss=name).policy_loss_params()  # the documented defaults (None: ppo_clip's clips)
+
+
+def test_on_policy_every_loss_has_ppos_gradient():
+    # At ratio 1 (logp = old_logp: one epoch on fresh rollouts) ppo_clip, gspo, cispo and sapo all reduce to
+    # A * grad log p with the same token-mean aggregation, so they train the same model: the demo-losses sweep's
+    # first run (one epoch per step) gave four identical cells, step-1 grad norms within 2e-6
+    # (docs/grpo_training.md, "Sweeps: losses and distillation"). The loss values themselves differ.
+    logp, old, adv, mask = _batch([12, 3, 1, 7, 5, 12, 2, 9])
+    on = old.clone().requires_grad_()
+    grads, values = {}, {}
+    for name in ("ppo_clip", "gspo", "cispo", "sapo"):
+        loss, _ = grpo_loss(on, old, adv, mask, policy_loss=name, agg_mode="token-mean", loss_params=_defaults(name))
+        (grads[name],) = torch.autograd.grad(loss, on)
+        values[name] = float(loss)
+    for name in ("gspo", "cispo", "sapo"):
+        torch.testing.assert_close(grads[name], grads["ppo_clip"], rtol=0, atol=1e-12)
+    assert len({round(v, 9) for v in values.values()}) > 1, values  # different losses, one gradient
+    # Off-policy (the second epoch of a step) they part: the same tensors with logp moved give four gradients.
+    off = {}
+    for name in ("ppo_clip", "gspo", "cispo", "sapo"):
+        loss, _ = grpo_loss(logp, old, adv, mask, policy_loss=name, agg_mode="token-mean", loss_params=_defaults(name))
+        (off[name],) = torch.autograd.grad(loss, logp)
+    assert all((off[a] - off[b]).abs().max() > 1e-3 for a in off for b in off if a < b)

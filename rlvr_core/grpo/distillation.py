@@ -1,0 +1,162 @@
+"""On-policy distillation: a teacher scores the student's own rollouts, and the per-token reverse KL
+KL(pi_student || pi_teacher) over the whole vocabulary is a training signal (`grpo.distill_teacher`).
+
+    KL_t  = sum_v pi_s(v | prefix_t) * (log pi_s(v | prefix_t) - log pi_t(v | prefix_t))   on each response token t
+    loss  = (1 - w) * GRPO loss + w * aggregate(KL, mask)                                     w = grpo.distill_weight
+
+w = 1 trains on the teacher alone; 0 < w < 1 mixes it with the verifiable reward's policy loss. The
+prefixes are the student's own samples (on-policy: Agarwal et al. 2024, "On-Policy Distillation of Language
+Models", arXiv 2306.13649; Thinking Machines, "On-Policy Distillation", 2025), so the student is corrected
+where it actually goes. The KL is exact over the vocabulary, not a sampled-token or top-k estimate: verl
+reports its top-k reverse KL unstable, and the sampled-token estimate log pi_s - log pi_t has zero expected
+gradient as a loss (it needs a score-function term). It is TRL 1.16's DistillationTrainer with beta = 1
+(`_chunked_divergence_loss`, reverse KL, summed over valid tokens / their count), which
+tests/grpo/test_distillation.py calls on the same tensors (loss and gradients to 1e-6).
+
+The teacher: a local model folder, `run:<run id>` (the exported checkpoint of an earlier rlvr run in the artifact
+store, `<run folder>/checkpoints/final`, verified file by file before use), or a hub id (`org/name`, revision in
+`grpo.distill_teacher_revision`) read from the Hugging Face cache only (`rlvr pull model ...` first; nothing is
+downloaded while training). It runs in the training process on CPU, in float32, no gradient. Its tokenizer must
+be the student's (`check_same_tokenizer`: same vocabulary, same special tokens), or the config is refused before
+the model loads: the teacher scores the student's token ids, which must mean the same text to both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr_core.artifacts.export import verify_export, verify_local_export
+from rlvr_core.artifacts.layout import resolve_run
+from rlvr_core.artifacts.storage import join, open_store
+from rlvr_core.core import hub
+from rlvr_core.experiment.config import ConfigError
+from rlvr_core.grpo.logprobs import full_vocab_logprobs
+from rlvr_core.grpo.losses import get_loss_agg
+
+__all__ = ["FIELD", "RUN_PREFIX", "reverse_kl_tokens", "distillation_loss", "resolve_teacher", "check_same_tokenizer",
+           "load_teacher", "teacher_logprobs"]
+
+FIELD = "grpo.distill_teacher"
+RUN_PREFIX = "run:"
+
+
+def reverse_kl_tokens(student_logp_all: torch.Tensor, teacher_logp_all: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) per-token KL(pi_s || pi_t) from (B, T, V) log-softmaxes; 0 on padding, which is replaced by 0
+    before any arithmetic (both sides: the KL of two equal rows), so no padding value reaches the loss or the
+    gradient. The student's side keeps its gradient; the teacher's is detached. float32 (float64 stays)."""
+    if student_logp_all.shape != teacher_logp_all.shape or student_logp_all.shape[:-1] != mask.shape:
+        raise ValueError(f"need student and teacher log-probs (B, T, V) of one shape and a (B, T) mask, got "
+                         f"{tuple(student_logp_all.shape)}, {tuple(teacher_logp_all.shape)}, {tuple(mask.shape)}")
+    m = mask.bool()
+    dt = torch.float64 if student_logp_all.dtype == torch.float64 else torch.float32
+    zero = torch.zeros((), dtype=dt, device=student_logp_all.device)
+    s = torch.where(m[..., None], student_logp_all.to(dt), zero)
+    t = torch.where(m[..., None], teacher_logp_all.detach().to(dt), zero)
+    return torch.where(m, (s.exp() * (s - t)).sum(-1), zero)
+
+
+def distillation_loss(student_logp_all: torch.Tensor, teacher_logp_all: torch.Tensor, mask: torch.Tensor, *,
+                      agg_mode: str = "token-mean", norm_len: int | None = None, num_tokens: float | None = None,
+                      num_seqs: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The reverse KL aggregated like the policy loss (`agg_mode`, the step-wide normalisers: see losses.py),
+    so micro-batch losses add up to the whole step's. token-mean is TRL's DistillationTrainer's reduction.
+    Returns (loss, metrics: distill/kl_mean and distill/kl_max over the response tokens, nan when none)."""
+    kl = reverse_kl_tokens(student_logp_all, teacher_logp_all, mask)
+    m = mask.bool()
+    loss = get_loss_agg(agg_mode)(kl, m, norm_len=norm_len, num_tokens=num_tokens, num_seqs=num_seqs)
+    with torch.no_grad():
+        n = m.sum()
+        nan = torch.full((), torch.nan, dtype=kl.dtype, device=kl.device)
+        mean = torch.where(n > 0, kl.sum() / n.clamp(min=1), nan)
+        top = torch.where(n > 0, torch.where(m, kl, torch.full_like(kl, -torch.inf)).max(), nan)
+    return loss, {"distill/kl_mean": mean.float(), "distill/kl_max": top.float()}
+
+
+# ------------------------------------------------------------------------------------------------ the teacher
+def resolve_teacher(spec: str, revision: str | None = None, *, cache_dir: str | Path,
+                    store: Any = None) -> Path:
+    """The local folder of the teacher named by `grpo.distill_teacher`. `run:<ref>`: the export of that rlvr run
+    (`ref` as `rlvr report` takes it: run id, its first 8 characters or the run's folder) in `store` (default:
+    the configured artifact store), checked against its manifest and copied under `cache_dir`; a hub id: the
+    Hugging Face cache's snapshot at `revision` (never downloaded here); otherwise a local folder. Raises
+    ConfigError naming the field when the teacher cannot be found."""
+    try:
+        if spec.startswith(RUN_PREFIX):
+            return _run_export(spec[len(RUN_PREFIX):], Path(cache_dir), store)
+        if hub.is_hub_id(spec):
+            repo, rev = hub.split_ref(spec)
+            return hub.snapshot(repo, revision=rev or revision, hash_files=False, local_only=True).folder
+    except (FileNotFoundError, hub.HubMissing, OSError) as e:
+        raise ConfigError(FIELD, [(FIELD, f"teacher {spec!r} not found: {e}")]) from None
+    folder = Path(spec).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ConfigError(FIELD, [(FIELD, f"teacher {spec!r} is not a model folder (no {folder / 'config.json'}); "
+                                          "give a local folder, run:<run id> or a hub id")])
+    return folder
+
+
+def _run_export(ref: str, cache_dir: Path, store: Any) -> Path:
+    """An earlier run's verified export (`<run folder>/checkpoints/final`), copied into `cache_dir/<run folder>`
+    (reused when already there and it still matches the store's manifest)."""
+    store = store if store is not None else open_store()
+    folder = resolve_run(store, ref)
+    prefix = join(folder, "checkpoints", "final")
+    if not store.exists(join(prefix, "config.json")):
+        raise FileNotFoundError(f"run {ref!r} ({folder} in {store.uri}) has no exported checkpoint at {prefix}")
+    verify_export(store, prefix)
+    local = cache_dir / folder.replace("/", "__")
+    try:
+        verify_local_export(local)
+    except Exception:  # noqa: BLE001 - absent or partial: copy it again
+        store.get_dir(prefix, local)
+        verify_local_export(local)
+    return local
+
+
+def check_same_tokenizer(student_dir: str | Path, teacher_dir: str | Path) -> None:
+    """Refuse a teacher whose tokenizer is not the student's (vocabulary, added and special tokens), before any
+    model loads: ConfigError naming both tokenizer folders and `grpo.distill_teacher`."""
+    from transformers import AutoTokenizer
+
+    s = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
+    t = AutoTokenizer.from_pretrained(teacher_dir, local_files_only=True)
+    sv, tv = s.get_vocab(), t.get_vocab()
+    why = None
+    if sv != tv:
+        diff = sorted(set(sv.items()) ^ set(tv.items()))[:3]
+        why = f"the vocabularies differ ({len(sv)} vs {len(tv)} tokens; e.g. {diff})"
+    else:
+        special = [(k, getattr(s, k), getattr(t, k)) for k in ("bos_token_id", "eos_token_id", "pad_token_id",
+                                                               "unk_token_id") if getattr(s, k) != getattr(t, k)]
+        if special:
+            why = "the special tokens differ (" + ", ".join(f"{k} {a} vs {b}" for k, a, b in special) + ")"
+    if why:
+        raise ConfigError(f"{Path(teacher_dir)} vs {Path(student_dir)}", [(FIELD, (
+            f"the teacher's tokenizer is not the student's: {why}. The teacher scores the student's token ids, "
+            "so both must read them as the same text; pick a teacher of the student's family and tokenizer"))])
+
+
+def load_teacher(teacher_dir: str | Path, student_vocab: int) -> torch.nn.Module:
+    """The teacher, in float32 on CPU, eval mode, no gradient. Its output head must have the student's width
+    (`student_vocab` logits): the KL compares the two distributions entry by entry."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(teacher_dir, local_files_only=True, torch_dtype=torch.float32)
+    width = model.get_output_embeddings().weight.shape[0]
+    if width != student_vocab:
+        raise ConfigError(str(teacher_dir), [(FIELD, f"the teacher has {width} output logits, the student "
+                                                     f"{student_vocab}: the reverse KL needs one vocabulary")])
+    return model.eval().requires_grad_(False)
+
+
+def teacher_logprobs(teacher: torch.nn.Module, batch: dict, device: torch.device) -> torch.Tensor:
+    """(B, T, V) log-softmax of the teacher at the student's response positions (`update.build_batch`'s batch),
+    computed on the teacher's device (CPU) without gradient and moved to `device`."""
+    here = next(teacher.parameters()).device
+    cpu = {k: v.to(here) for k, v in batch.items()}
+    with torch.no_grad():
+        return full_vocab_logprobs(teacher, cpu)[2].to(device)
