@@ -364,7 +364,11 @@ def exports(state: dict[str, Any]) -> dict[str, str]:
     """The environment that points the pipeline at this stack."""
     env = {"MLFLOW_TRACKING_URI": state["mlflow"]["url"]}
     if state.get("s3"):
+        # AWS_ENDPOINT_URL: boto3 (>= 1.28) and the AWS CLI (v1 on botocore >= 1.31, v2) send their calls there,
+        # so `aws s3 ls s3://rlvr/` in a shell that ran `eval "$(rlvr stack env)"` lists the local bucket instead
+        # of asking real AWS (with the dummy keys below it could only fail there).
         env.update(RLVR_ARTIFACT_URI=f"s3://{BUCKET}/artifacts", RLVR_S3_ENDPOINT_URL=state["s3"]["url"],
+                   AWS_ENDPOINT_URL=state["s3"]["url"],
                    AWS_ACCESS_KEY_ID=LOCAL_S3_KEY, AWS_SECRET_ACCESS_KEY=LOCAL_S3_SECRET,
                    AWS_DEFAULT_REGION="us-east-1")
     else:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -56,6 +58,40 @@ def test_state_file_is_private_and_holds_no_real_credentials(rlvr_home, monkeypa
     assert stack.state_path().stat().st_mode & 0o777 == 0o600
     assert "real-secret-from-the-user" not in stack.state_path().read_text()
     assert json.loads(stack.state_path().read_text())["env"]["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
+
+
+def _exported_env_only(env: dict[str, str], home) -> dict[str, str]:
+    """A shell that ran `eval "$(rlvr stack env)"` and has nothing else of AWS: no config file, no profile."""
+    return {"PATH": os.environ["PATH"], "HOME": str(home), "AWS_CONFIG_FILE": str(home / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"), **env}
+
+
+def test_exported_env_alone_reaches_the_local_s3(rlvr_home, moto_endpoint):
+    """boto3 and the AWS CLI built from nothing but `rlvr stack env`'s exports list the local bucket (before,
+    they went to real AWS and failed after ~14 s)."""
+    import uuid
+
+    import boto3
+
+    bucket, key = f"rlvr-env-{uuid.uuid4().hex[:8]}", "artifacts/exp/run/summary.json"
+    direct = boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="x", aws_secret_access_key="x",
+                          region_name="us-east-1")
+    direct.create_bucket(Bucket=bucket)
+    direct.put_object(Bucket=bucket, Key=key, Body=b"{}")
+    env = stack.exports({"home": str(rlvr_home), "mlflow": {"url": "http://127.0.0.1:1"}, "s3": {"url": moto_endpoint}})
+    assert env["AWS_ENDPOINT_URL"] == moto_endpoint
+    shell = _exported_env_only(env, rlvr_home)
+    code = ("import boto3, sys; c = boto3.client('s3'); "
+            "print([o['Key'] for o in c.list_objects_v2(Bucket=sys.argv[1])['Contents']])")
+    listed = subprocess.run([sys.executable, "-c", code, bucket], env=shell, capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert listed.stdout.strip() == repr([key])
+    aws = shutil.which("aws")
+    if aws:  # the CLI the issue used; not every machine has it
+        ls = subprocess.run([aws, "s3", "ls", "--recursive", f"s3://{bucket}/"], env=shell, capture_output=True,
+                            text=True, timeout=60)
+        assert ls.returncode == 0 and key in ls.stdout, ls.stderr[-2000:]
 
 
 def _time_wait_port() -> int:
