@@ -198,11 +198,14 @@ NOTE_TAG = "mlflow.note.content"  # the run page's "Description" (Markdown)
 
 
 def sweep_note(sw: Sweep, sweep_id: str, tracker: Tracker, children: list[Any] | None = None) -> str:
-    """The parent run's description: what the sweep compares, the link to its view (the trials' charts, grouped by
-    cell), and, once they ran, a link per trial. Every link opens in MLflow's model-training view."""
-    lines = [f"**Sweep `{sweep_id}`**: {len(sw.trials)} trials, {sw.spec.metric} by "
-             f"{', '.join(sw.swept_keys) or 'trial'} over seeds {sw.spec.seeds}.", "",
-             f"[The sweep's view: its trials' charts, one group per cell]({tracker.view_url(sweep_view_id(sweep_id))})"]
+    """The parent run's description: the link to its view (the trials' charts, grouped by cell) first, what the
+    sweep compares, and, once they ran, a link per trial. Every link opens in MLflow's model-training view.
+    The view's link is the first line: MLflow 3.17 shows a description's first lines only, under a gradient that
+    takes the clicks of what it covers until "Show more" is clicked (the link on the third line was not clickable)."""
+    lines = [f"[Compare the trials: the sweep's view, its trials' charts, one group per cell]"
+             f"({tracker.view_url(sweep_view_id(sweep_id))})", "",
+             f"**Sweep `{sweep_id}`**: {len(sw.trials)} trials, {sw.spec.metric} by "
+             f"{', '.join(sw.swept_keys) or 'trial'} over seeds {sw.spec.seeds}."]
     if children:
         lines += ["", "Trials:"] + [f"- [{c.data.tags.get('trial_id')} {c.data.tags.get('trial_label', '')}]"
                                     f"({tracker.run_url(c.info.run_id)})"

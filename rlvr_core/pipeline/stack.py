@@ -127,15 +127,6 @@ def _port(requested: int, what: str, wait_s: float = PORT_WAIT_S) -> int:
     return requested
 
 
-def _exe(name: str) -> str:
-    """A console script from this environment first (the venv's mlflow/moto_server), then PATH."""
-    exe = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
-    if exe is None:
-        raise StackError(f"{name} not found (install it into this environment: pip install "
-                         f"{'moto[server]' if name == 'moto_server' else name})")
-    return exe
-
-
 def _create_time(pid: int) -> float | None:
     """The process's start time, or None when it is gone (an exited, unreaped zombie counts as gone)."""
     import psutil
@@ -353,7 +344,9 @@ def _start_mlflow(port: int, sdir: Path, s3: dict[str, Any] | None, logs: Path) 
                    AWS_SECRET_ACCESS_KEY=LOCAL_S3_SECRET, AWS_DEFAULT_REGION="us-east-1")
     else:
         destination = str(sdir / "mlflow-artifacts")
-    argv = [_exe("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    # `mlflow server` whose UI opens in the model-training view from any of MLflow's own links (mlflow_ui).
+    argv = [sys.executable, "-m", "rlvr_core.records.mlflow_ui", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", "1",
             "--backend-store-uri", f"sqlite:///{sdir / 'mlflow.db'}", "--serve-artifacts",
             "--artifacts-destination", destination]
     entry = _spawn("mlflow", argv, env, logs)  # started, not waited for: `_wait_healthy` on /health
