@@ -72,7 +72,7 @@ def group_records(row: dict, rollouts: Any, *, n_groups: int | None, max_chars: 
     """Plain records of the first `n_groups` trained groups this rank holds (None = all), from a step's row of
     steps.parquet and its RolloutBatch: what the trace of each group shows."""
     step = int(row["step"])
-    fallback = rollouts.version if rollouts.version is not None else step - 1  # updates behind the sampling weights
+    fallback = rollouts.version if rollouts.version is not None else step - 1  # the sampling weights' version: updates they had
     out = []
     for j in rollouts.selected:
         g = rollouts.local.get(j)
