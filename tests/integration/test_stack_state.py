@@ -186,3 +186,33 @@ def test_postgres_programs_under_a_root_only_folder_are_made_reachable_for_nobod
         assert out.returncode == 0 and "PostgreSQL" in out.stdout, (prog, out.stderr)
     assert stack._reachable_bindir(hidden, "nobody") == reachable  # copied once, then reused
     shutil.rmtree(reachable.parents[2])  # this test's copy (keyed by its temporary folder): never reused
+
+
+def test_delete_data_removes_this_stacks_var_tmp_folders_and_says_which(rlvr_home, tmp_path, monkeypatch):
+    """`down --delete-data` removes the stack's PostgreSQL data in /var/tmp (also when the link to it is gone)
+    and the copy of PostgreSQL's programs made for this environment, unless a process runs from that copy."""
+    sdir = stack.stack_dir(rlvr_home)
+    sdir.mkdir(parents=True)
+    outside = stack._pg_data_outside(sdir)  # the real /var/tmp path of this (temporary) stack
+    linked = tmp_path / "pgdata-elsewhere"
+    for d in (outside, linked):
+        (d / "base").mkdir(parents=True)
+        (d / "PG_VERSION").write_text("18\n")
+    (sdir / "postgres").symlink_to(linked, target_is_directory=True)
+    copy = tmp_path / "rlvr-pginstall-test"
+    monkeypatch.setattr(stack, "_pg_bindir", lambda: tmp_path)  # with or without a PostgreSQL installed here
+    monkeypatch.setattr(stack, "_pginstall_copy", lambda bindir: copy)
+    (copy / "bin").mkdir(parents=True)
+    shutil.copy2(shutil.which("sleep"), copy / "bin" / "sleep")
+    runner = subprocess.Popen([str(copy / "bin" / "sleep"), "60"])
+    try:
+        deleted = stack.down(home=rlvr_home, delete_data=True)["deleted"].split("; ")
+        assert f"{sdir / 'postgres'} -> {linked}" in deleted and str(outside) in deleted, deleted
+        assert f"(kept {copy}: PostgreSQL pid {runner.pid} runs from it)" in deleted, deleted
+        assert not linked.exists() and not outside.exists() and not (sdir / "postgres").is_symlink()
+        assert copy.is_dir()
+    finally:
+        runner.kill()
+        runner.wait()
+    assert stack.down(home=rlvr_home, delete_data=True)["deleted"] == str(copy)
+    assert not copy.exists()
