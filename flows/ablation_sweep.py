@@ -45,7 +45,7 @@ from rlvr_core.core import settings
 from rlvr_core.experiment.config import config_hash
 from rlvr_core.experiment.secrets import unseal
 from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
-                                       pivot_metric_key, pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
+                                       format_pivot, pivot_metric_key, pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
 from rlvr_core.records import warehouse
 from rlvr_core.records.tracking import TRAINING_CURVES, Tracker, saved_view
 from rlvr_core.pipeline.child.errors import DeterministicError
@@ -228,6 +228,14 @@ def sweep_location(sw: Sweep, sweep_id: str) -> str:
     return store.url(sweep_prefix(sw.base_config["tracking"]["experiment"], sweep_id)) + "/"
 
 
+def pivot_log_line(sw: Sweep, sweep_id: str, pivot: list[dict[str, Any]], tracker: Tracker) -> str:
+    """The sweep's result as its flow's last log line: the pivot table (as `rlvr sweep run --watch` prints it)
+    and the comparison's link."""
+    table = format_pivot(pivot_rows(pivot, sw.swept_keys), sw.swept_keys, sw.spec.metric)
+    return (f"sweep {sweep_id} done: {sw.spec.metric} by {', '.join(sw.swept_keys) or 'trial'}\n{table}\n"
+            f"MLflow compare view: {tracker.view_url(sweep_view_id(sweep_id))}")
+
+
 def artifact_key(sweep_id: str) -> str:
     """Prefect artifact keys allow lowercase letters, digits and dashes."""
     return "sweep-" + "".join(c if c.isalnum() else "-" for c in sweep_id.lower())
@@ -255,7 +263,8 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
                              f"{sw.swept_keys!r})`\n", key=key + "-links", description="links to the MLflow runs")
     tracker.set_tags(parent, {NOTE_TAG: sweep_note(sw, sweep_id, tracker, children)})
     best = max(pivot, key=lambda r: r["mean"]) if pivot else None
-    tracker.log_metrics(parent, {f"sweep/best_mean_{metric.replace('@', '_at_')}": best["mean"] if best else float("nan"),
+    # Rounded to 4 decimals: the parent's page showed 17 digits (0.44333333333333336); the pivot keeps them all.
+    tracker.log_metrics(parent, {f"sweep/best_mean_{metric.replace('@', '_at_')}": round(best["mean"], 4) if best else float("nan"),
                                  "sweep/cells": len(pivot), "sweep/trials": len(children)})
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -270,6 +279,8 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
          "MLflow compare view of the trials": tracker.view_url(sweep_view_id(sweep_id)),
          "MLflow parallel coordinates of the trials": tracker.compare_url([c.info.run_id for c in children])}
         if tracker.tracking_uri.startswith("http") else None))
+    # The flow's last log line: the pivot, so `prefect deployment run 'ablation-sweep/…' --watch` ends with it.
+    print(pivot_log_line(sw, sweep_id, pivot, tracker))
     return {"sweep_id": sweep_id, "mlflow_parent_run_id": parent, "n_trials": len(sw.trials),
             "n_child_runs": len(children), "pivot": pivot, "swept_keys": sw.swept_keys,
             "best": {k: best[k] for k in sw.swept_keys} if best else None}
