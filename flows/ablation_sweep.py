@@ -44,8 +44,9 @@ from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core import settings
 from rlvr_core.experiment.config import config_hash
 from rlvr_core.experiment.secrets import unseal
-from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
-                                       format_pivot, pivot_metric_key, pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
+from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, format_pivot, load_sweep,  # noqa: F401
+                                       one_line_error, parse_sweep, pivot_metric_key, pivot_rows,
+                                       sweep_pivot)  # sweep_pivot: re-exported
 from rlvr_core.records import warehouse
 from rlvr_core.records.tracking import TRAINING_CURVES, Tracker, saved_view
 from rlvr_core.pipeline.child.errors import DeterministicError
@@ -264,7 +265,8 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
     tracker.set_tags(parent, {NOTE_TAG: sweep_note(sw, sweep_id, tracker, children)})
     best = max(pivot, key=lambda r: r["mean"]) if pivot else None
     # Rounded to 4 decimals: the parent's page showed 17 digits (0.44333333333333336); the pivot keeps them all.
-    tracker.log_metrics(parent, {f"sweep/best_mean_{metric.replace('@', '_at_')}": round(best["mean"], 4) if best else float("nan"),
+    best_mean = round(best["mean"], 4) if best else float("nan")
+    tracker.log_metrics(parent, {f"sweep/best_mean_{metric.replace('@', '_at_')}": best_mean,
                                  "sweep/cells": len(pivot), "sweep/trials": len(children)})
 
     with tempfile.TemporaryDirectory() as tmp:
