@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from rlvr_core.artifacts.export import MANIFEST_FILE
 from rlvr_core.artifacts.layout import RUN_FILE, find_run_folders, sweep_prefix
 from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join, open_store
 from rlvr_core.core import settings, svgplot
@@ -301,8 +302,6 @@ def relative_links(page: str) -> list[str]:
 
 def _in_checkpoints(key: str) -> bool:
     """A file inside a checkpoints/ folder; its manifest (small, says what the checkpoint holds) is not counted."""
-    from rlvr_core.artifacts.export import MANIFEST_FILE
-
     parts = key.split("/")
     return "checkpoints" in parts[:-1] and parts[-1] != MANIFEST_FILE
 
