@@ -1,10 +1,14 @@
 """Does the demo's base model depend on the CPU's instruction set? Build the tiny base model (the warm start of
 configs/demo.yaml, fewer steps with --steps) once per `ATEN_CPU_CAPABILITY` this machine supports, each in its
-own process (ATen reads the variable at start-up), and compare the weights' hashes, the initial weights and the
-loss step by step, so the first step where the builds part is named.
+own process (ATen reads the variable at its first kernel), and compare the weights' hashes, the initial weights
+and the loss step by step, so the first step where the builds part is named.
 
-    python benchmarks/numerics_capability.py --steps 30                # default, avx2, avx512 (as supported)
-    python benchmarks/numerics_capability.py --steps 30 --env MKL_CBWR=COMPATIBLE
+    python benchmarks/numerics_capability.py --steps 30 --native       # torch's own choice: the builds differ
+    python benchmarks/numerics_capability.py --steps 30                # as rlvr runs (pinned to AVX2): equal
+
+A machine's capability is simulated by `ATEN_CPU_CAPABILITY` (torch never goes above what the CPU has).
+`--native` sets RLVR_CPU_CAPABILITY=native, so rlvr leaves torch's choice alone (rlvr_core.core.numerics);
+without it rlvr pins its kernels as it does in every run, whatever the simulated machine.
 
 `--env K=V` adds a variable to every build (to test a fix: e.g. the MKL or oneDNN instruction-set caps). One
 thread per build, as the demo's stage children run (OMP_NUM_THREADS=1, RLVR_STAGE_THREADS). Prints one JSON
@@ -79,6 +83,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--capabilities", default=",".join(supported()))
     ap.add_argument("--env", action="append", default=[], help="K=V added to every build's environment")
+    ap.add_argument("--native", action="store_true", help="RLVR_CPU_CAPABILITY=native: no pinning by rlvr")
     ap.add_argument("--_build", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._build:
@@ -86,6 +91,8 @@ def main() -> None:
         return
     results = {}
     extra = dict(kv.split("=", 1) for kv in a.env)
+    if a.native:
+        extra["RLVR_CPU_CAPABILITY"] = "native"
     for cap in a.capabilities.split(","):
         env = {**os.environ, **extra, "ATEN_CPU_CAPABILITY": cap, "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
