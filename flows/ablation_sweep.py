@@ -73,7 +73,8 @@ def _check_flow_run(fr: Any, what: str) -> None:
     raise DeterministicError(msg)  # its stages already retried what was transient
 
 
-@task(name="shared-stages", **TRIAL_RETRY)
+# Named for what it runs, not Prefect's generated "shared-stages-db3".
+@task(name="shared-stages", task_run_name="shared stages: data, base model, pass rates, curriculum", **TRIAL_RETRY)
 def shared_stages(config: dict[str, Any], deployment: str | None, timeout_s: float) -> str:
     """Data → base model → pass-rate table → curriculum once, on the GPU pool (or inline without a deployment)."""
     if deployment is None:
