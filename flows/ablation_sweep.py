@@ -48,7 +48,7 @@ from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, format_pivot, l
                                        one_line_error, parse_sweep, pivot_metric_key, pivot_rows,
                                        sweep_pivot)  # sweep_pivot: re-exported
 from rlvr_core.records import warehouse
-from rlvr_core.records.tracking import TRAINING_CURVES, Tracker, saved_view
+from rlvr_core.records.tracking import RUN_NAME_ORDER, TRAINING_CURVES, Tracker, saved_view
 from rlvr_core.pipeline.child.errors import DeterministicError
 from rlvr_core.pipeline.child.run import ROOT
 from tasks.retry import FlowRunCrashed, relaunch_condition_fn
@@ -191,7 +191,7 @@ def _save_sweep_view(sw: Sweep, sweep_id: str, tracker: Tracker) -> None:
     tracker.set_primary_metric(key)
     tracker.save_view(sweep_view_id(sweep_id), saved_view(
         f"sweep {sweep_id}: {sw.spec.metric}", n_runs=len(sw.trials), group_by=sw.swept_keys,
-        search_filter=f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'", order_by="attributes.run_name",
+        search_filter=f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'", order_by=RUN_NAME_ORDER,
         sections={f"Sweep pivot: {sw.spec.metric}": ("BAR", [key]),
                   "Training curves": ("LINE", list(TRAINING_CURVES))}))
 

@@ -110,6 +110,9 @@ def test_every_link_rlvr_prints_for_a_sweep_opens_the_model_training_view(sweep_
                 # The view counts the trials, not their parent too ("7 matching runs" for 6 trials before).
                 new.get_by_text(sweep_runs["children"][-1].info.run_name).first.wait_for(timeout=60_000)
                 new.get_by_text(f"{sweep_runs['n_trials']} matching runs").first.wait_for(timeout=60_000)
+                # Ordered by run name, as MLflow's sort menu names that order ("Sort: undefined" before).
+                sort = new.get_by_text(re.compile(r"^Sort: ")).first.inner_text()
+                assert sort == "Sort: Run Name", sort
                 screenshot(new, "mlflow_sweep_view_model_training.png")
             if what.startswith("parent run"):
                 screenshot(new, "mlflow_parent_description.png")
