@@ -12,7 +12,8 @@ UI's page (`/`, the page every UI address loads: the rest is the `#/…` fragmen
 choice stored, it stores `machine_learning`, before MLflow's own script reads it. A choice the user made on the
 switch stays theirs. Everything else (API, artifacts, MLflow's security middleware) is MLflow's, unchanged.
 
-`rlvr stack up` starts the MLflow server this way (rlvr_core/pipeline/stack.py); tests/mlflow_server.py too.
+`rlvr stack up` starts the MLflow server this way (rlvr_core/pipeline/stack.py), `rlvr ui` its UI over the
+project's own store, tests/mlflow_server.py the tests' servers.
 The Docker stack (infra/compose) runs plain `mlflow server`: there the switch is the user's one click.
 """
 
