@@ -44,10 +44,11 @@ from rlvr_core.artifacts.storage import open_store
 from rlvr_core.core import settings
 from rlvr_core.experiment.config import config_hash
 from rlvr_core.experiment.secrets import unseal
-from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, load_sweep, one_line_error, parse_sweep,  # noqa: F401
-                                       pivot_metric_key, pivot_rows, sweep_pivot)  # sweep_pivot: re-exported
+from rlvr_core.pipeline.sweeps import (Sweep, Trial, find_sweep, format_pivot, load_sweep,  # noqa: F401
+                                       one_line_error, parse_sweep, pivot_metric_key, pivot_rows,
+                                       sweep_pivot)  # sweep_pivot: re-exported
 from rlvr_core.records import warehouse
-from rlvr_core.records.tracking import TRAINING_CURVES, Tracker, saved_view
+from rlvr_core.records.tracking import RUN_NAME_ORDER, TRAINING_CURVES, Tracker, saved_view
 from rlvr_core.pipeline.child.errors import DeterministicError
 from rlvr_core.pipeline.child.run import ROOT
 from tasks.retry import FlowRunCrashed, relaunch_condition_fn
@@ -72,7 +73,8 @@ def _check_flow_run(fr: Any, what: str) -> None:
     raise DeterministicError(msg)  # its stages already retried what was transient
 
 
-@task(name="shared-stages", **TRIAL_RETRY)
+# Named for what it runs, not Prefect's generated "shared-stages-db3".
+@task(name="shared-stages", task_run_name="shared stages: data, base model, pass rates, curriculum", **TRIAL_RETRY)
 def shared_stages(config: dict[str, Any], deployment: str | None, timeout_s: float) -> str:
     """Data → base model → pass-rate table → curriculum once, on the GPU pool (or inline without a deployment)."""
     if deployment is None:
@@ -189,7 +191,7 @@ def _save_sweep_view(sw: Sweep, sweep_id: str, tracker: Tracker) -> None:
     tracker.set_primary_metric(key)
     tracker.save_view(sweep_view_id(sweep_id), saved_view(
         f"sweep {sweep_id}: {sw.spec.metric}", n_runs=len(sw.trials), group_by=sw.swept_keys,
-        search_filter=f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'", order_by="attributes.run_name",
+        search_filter=f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'", order_by=RUN_NAME_ORDER,
         sections={f"Sweep pivot: {sw.spec.metric}": ("BAR", [key]),
                   "Training curves": ("LINE", list(TRAINING_CURVES))}))
 
@@ -198,11 +200,14 @@ NOTE_TAG = "mlflow.note.content"  # the run page's "Description" (Markdown)
 
 
 def sweep_note(sw: Sweep, sweep_id: str, tracker: Tracker, children: list[Any] | None = None) -> str:
-    """The parent run's description: what the sweep compares, the link to its view (the trials' charts, grouped by
-    cell), and, once they ran, a link per trial. Every link opens in MLflow's model-training view."""
-    lines = [f"**Sweep `{sweep_id}`**: {len(sw.trials)} trials, {sw.spec.metric} by "
-             f"{', '.join(sw.swept_keys) or 'trial'} over seeds {sw.spec.seeds}.", "",
-             f"[The sweep's view: its trials' charts, one group per cell]({tracker.view_url(sweep_view_id(sweep_id))})"]
+    """The parent run's description: the link to its view (the trials' charts, grouped by cell) first, what the
+    sweep compares, and, once they ran, a link per trial. Every link opens in MLflow's model-training view.
+    The view's link is the first line: MLflow 3.17 shows a description's first lines only, under a gradient that
+    takes the clicks of what it covers until "Show more" is clicked (the link on the third line was not clickable)."""
+    lines = [f"[Compare the trials: the sweep's view, its trials' charts, one group per cell]"
+             f"({tracker.view_url(sweep_view_id(sweep_id))})", "",
+             f"**Sweep `{sweep_id}`**: {len(sw.trials)} trials, {sw.spec.metric} by "
+             f"{', '.join(sw.swept_keys) or 'trial'} over seeds {sw.spec.seeds}."]
     if children:
         lines += ["", "Trials:"] + [f"- [{c.data.tags.get('trial_id')} {c.data.tags.get('trial_label', '')}]"
                                     f"({tracker.run_url(c.info.run_id)})"
@@ -223,6 +228,14 @@ def sweep_location(sw: Sweep, sweep_id: str) -> str:
     storage = sw.base_config["storage"]
     store = open_store(storage["artifact_uri"], storage.get("s3_endpoint_url"))
     return store.url(sweep_prefix(sw.base_config["tracking"]["experiment"], sweep_id)) + "/"
+
+
+def pivot_log_line(sw: Sweep, sweep_id: str, pivot: list[dict[str, Any]], tracker: Tracker) -> str:
+    """The sweep's result as its flow's last log line: the pivot table (as `rlvr sweep run --watch` prints it)
+    and the comparison's link."""
+    table = format_pivot(pivot_rows(pivot, sw.swept_keys), sw.swept_keys, sw.spec.metric)
+    return (f"sweep {sweep_id} done: {sw.spec.metric} by {', '.join(sw.swept_keys) or 'trial'}\n{table}\n"
+            f"MLflow compare view: {tracker.view_url(sweep_view_id(sweep_id))}")
 
 
 def artifact_key(sweep_id: str) -> str:
@@ -252,7 +265,9 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
                              f"{sw.swept_keys!r})`\n", key=key + "-links", description="links to the MLflow runs")
     tracker.set_tags(parent, {NOTE_TAG: sweep_note(sw, sweep_id, tracker, children)})
     best = max(pivot, key=lambda r: r["mean"]) if pivot else None
-    tracker.log_metrics(parent, {f"sweep/best_mean_{metric.replace('@', '_at_')}": best["mean"] if best else float("nan"),
+    # Rounded to 4 decimals: the parent's page showed 17 digits (0.44333333333333336); the pivot keeps them all.
+    best_mean = round(best["mean"], 4) if best else float("nan")
+    tracker.log_metrics(parent, {f"sweep/best_mean_{metric.replace('@', '_at_')}": best_mean,
                                  "sweep/cells": len(pivot), "sweep/trials": len(children)})
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -267,6 +282,8 @@ def _aggregate(sw: Sweep, sweep_id: str, parent: str, tracker: Tracker, pivot: l
          "MLflow compare view of the trials": tracker.view_url(sweep_view_id(sweep_id)),
          "MLflow parallel coordinates of the trials": tracker.compare_url([c.info.run_id for c in children])}
         if tracker.tracking_uri.startswith("http") else None))
+    # The flow's last log line: the pivot, so `prefect deployment run 'ablation-sweep/…' --watch` ends with it.
+    print(pivot_log_line(sw, sweep_id, pivot, tracker))
     return {"sweep_id": sweep_id, "mlflow_parent_run_id": parent, "n_trials": len(sw.trials),
             "n_child_runs": len(children), "pivot": pivot, "swept_keys": sw.swept_keys,
             "best": {k: best[k] for k in sw.swept_keys} if best else None}

@@ -35,7 +35,7 @@ import time
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from rlvr_core.core.net import free_port
@@ -137,10 +137,12 @@ def start_worker(state: dict[str, Any], pool: str = GPU_POOL, name: str | None =
 
 def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int = 0,
                database_url: str | None = None, nightly_cron: str | None = None,
-               workers: bool = True) -> dict[str, Any]:
+               workers: bool = True, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Start server, pools, limits, automation, deployments and workers; returns the state for prefect_down.
     `port` 0: any free port. `database_url`: the server's database (postgresql+asyncpg://…), else SQLite.
-    `workers` False: no worker (the caller starts its own with `start_worker`)."""
+    `workers` False: no worker (the caller starts its own with `start_worker`). `progress`: told each part
+    as it is ready (`rlvr stack up` prints it)."""
+    say = progress or (lambda _: None)
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -156,6 +158,7 @@ def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int
     state["server_pid"] = server.pid
     try:
         _wait_healthy(api_url, server, log)
+        say(f"Prefect server answering on {api_url}")
         state["crashed_orphans"] = crash_orphaned_runs(api_url)  # before any worker of this start claims a run
         # The schedule is the user's: --nightly-cron, else $RLVR_NIGHTLY_CRON, else the one deployed on this
         # database (a restart keeps a cron set earlier, or edited in Prefect's UI), else NIGHTLY_CRON.
@@ -173,9 +176,11 @@ def prefect_up(home: Path, *, gpu_slots: int = 2, deploy: bool = True, port: int
             _run([_bin("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_FILE)], env,
                  "prefect deploy")
             _set_server_variable(api_url, fingerprint)
+        say("Prefect pools and deployments " + ("unchanged, kept" if kept else "deployed" if deploy else "skipped"))
         if workers:
             start_worker(state, CPU_POOL, "local-cpu")
             start_worker(state, GPU_POOL, "local-gpu")
+            say(f"Prefect workers started on {CPU_POOL} and {GPU_POOL}")
     except BaseException:
         prefect_down(state)
         raise

@@ -13,7 +13,7 @@ from typing import Iterator, Optional
 import typer
 
 from rlvr_cli.common import fail as _fail
-from rlvr_core.artifacts.artifacts_index import INDEX, human_size, local_view, write_run_index
+from rlvr_core.artifacts.artifacts_index import CHECKPOINTS_NOTE_ID, INDEX, human_size, local_view, write_run_index
 from rlvr_core.records.locate import Located, folder_groups, locate
 from rlvr_core.artifacts.layout import RUN_FILE, resolve_run
 from rlvr_core.artifacts.storage import join, open_store
@@ -113,6 +113,8 @@ def artifacts_open(
             return
         path = local_view(loc.store, loc.key, is_file=loc.is_file, with_checkpoints=with_checkpoints)
     typer.echo(str(path))
+    if path.suffix in (".html", ".htm") and CHECKPOINTS_NOTE_ID in path.read_text(encoding="utf-8", errors="replace"):
+        typer.echo("(links into checkpoints/ are left out of this local copy: add --with-checkpoints)", err=True)
     if not print_only:
         webbrowser.open(path.resolve().as_uri())
 

@@ -22,7 +22,7 @@ from rlvr_cli.common import print_table as _print_table
 from rlvr_cli.eval import compare_command, eval_command
 from rlvr_cli.probe import probe_app
 from rlvr_cli.pull import pull_app
-from rlvr_cli.records import dashboard_command, ingest_command, query_command, report_command
+from rlvr_cli.records import dashboard_command, ingest_command, query_command, report_command, ui_command
 from rlvr_cli.stack import stack_app
 from rlvr_cli.sweep import sweep_app
 from rlvr_cli.verify import verify_command
@@ -222,6 +222,7 @@ app.command("compare", help="Compare two evaluations: paired deltas, capability 
 warehouse_app.command("query")(query_command)    # SQL, or --canned NAME --param k=v, --list, --json
 warehouse_app.command("ingest")(ingest_command)  # EXPERIMENT/RUN_ID or --all, --force
 app.command("report")(report_command)
+app.command("ui")(ui_command)  # MLflow's UI for this project's runs, in the model-training view
 app.command("dashboard")(dashboard_command)
 app.add_typer(probe_app, name="probe")  # tokens | report | dlogp | boundary (docs/probes.md)
 app.add_typer(stack_app, name="stack")

@@ -20,6 +20,7 @@ from rlvr_core.core import settings
 from rlvr_core.records import warehouse
 from rlvr_core.records import warehouse_queries as wq
 from rlvr_core.records.report import ReportError, build_report
+from rlvr_core.records.tracking import ui_home
 from rlvr_core.records.warehouse_queries import QueryError, describe, list_queries, load, parse_cli_params
 
 APP_PATH = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
@@ -99,6 +100,23 @@ def dashboard_command(port: int = typer.Option(8501, help="port to serve on"),
            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     typer.echo(f"dashboard on http://{host}:{port}  (warehouse {env.get('RLVR_WAREHOUSE') or settings.warehouse_path()})",
                err=True)
+    raise typer.Exit(run_forwarding_signals(cmd, env))
+
+
+def ui_command(port: int = typer.Option(5000, help="port on 127.0.0.1"),
+               backend_store_uri: Optional[str] = typer.Option(
+                   None, help="MLflow store (default: MLFLOW_TRACKING_URI, else this project's .rlvr/mlflow)")
+               ) -> None:
+    """Serve MLflow's UI for this project's runs on 127.0.0.1, opening in the model-training view from any link
+    (`mlflow ui` as the stack runs it: rlvr_core/records/mlflow_ui.py). Stopping this command stops the server."""
+    uri = backend_store_uri or settings.mlflow_tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        typer.echo(f"MLflow is a server already (MLFLOW_TRACKING_URI): {ui_home(uri)}", err=True)
+        raise typer.Exit(0)
+    cmd = [sys.executable, "-m", "rlvr_core.records.mlflow_ui", "ui", "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1", "--backend-store-uri", uri]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # its job runner: unused here
+    typer.echo(f"MLflow UI on {ui_home(f'http://127.0.0.1:{port}')}  (store {uri})", err=True)
     raise typer.Exit(run_forwarding_signals(cmd, env))
 
 

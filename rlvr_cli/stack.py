@@ -46,7 +46,7 @@ def up_command(
     try:
         state = up(mlflow_port=mlflow_port, s3_port=s3_port, s3=not no_s3, prefect=not no_prefect,
                    prefect_port=prefect_port, prefect_db=prefect_db, pg_port=pg_port, nightly_cron=nightly_cron,
-                   prefect_hooks=local_stack)
+                   prefect_hooks=local_stack, progress=lambda line: typer.echo(f"  {line}", err=True))
     except StackError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1)
@@ -94,6 +94,10 @@ def down_command(delete_data: bool = typer.Option(False, "--delete-data",
         typer.echo(str(e), err=True)
         raise typer.Exit(1)
     typer.echo(json.dumps(result) if result else "no stack recorded in " + str(state_path()))
+    if delete_data:
+        for path in (result.get("deleted") or "").split("; "):
+            if path and path != "nothing":
+                typer.echo(f"deleted {path}", err=True)
     if not delete_data:
         typer.echo(f"data kept in {stack_dir()} (artifacts, checkpoints, runs); `up` serves it again", err=True)
 

@@ -8,3 +8,8 @@ Prefect layer lives in `tasks/` (thin task wrappers) and `flows/` (pipelines com
 """
 
 __version__ = "0.1.0"
+
+# Before any torch kernel runs in this process (or its children): the same numbers on any x86-64 with AVX2.
+from rlvr_core.core.numerics import pin_cpu_kernels as _pin_cpu_kernels  # noqa: E402
+
+_pin_cpu_kernels()

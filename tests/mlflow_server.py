@@ -1,4 +1,5 @@
-"""A real MLflow tracking server for tests: `mlflow server` on 127.0.0.1 over a sqlite file in `home`."""
+"""A real MLflow tracking server for tests: `mlflow server` on 127.0.0.1 over a sqlite file in `home`, started as
+`rlvr stack up` starts it (`python -m rlvr_core.records.mlflow_ui server`: its UI opens in the model-training view)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def start_mlflow(home: Path) -> dict:
         port = sock.getsockname()[1]
     (home / "mlflow").mkdir(parents=True, exist_ok=True)
     log = open(home / "mlflow-server.log", "ab")
-    proc = subprocess.Popen([str(Path(os.sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
+    proc = subprocess.Popen([os.sys.executable, "-m", "rlvr_core.records.mlflow_ui", "server", "--host", "127.0.0.1",
                              "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
                              "--default-artifact-root", str(home / "mlflow" / "artifacts")],

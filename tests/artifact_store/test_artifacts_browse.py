@@ -162,3 +162,65 @@ def test_a_full_mlflow_run_id_asks_mlflow_before_reading_every_trials_run_json(t
     assert store.reads == []
     # Without MLflow (a run id it does not know) the store's run.json files still find the trial.
     assert locate(trial, store, f"sqlite:///{tmp_path / 'other.db'}").key.endswith("/t01_lr=5e-05_seed=0")
+
+
+def _nightly_report(store) -> str:
+    """A nightly report as flows/nightly_eval.py links it (its own link functions, `_rel` and
+    `_checkpoint_links`; the page's anchors as rlvr_core.eval.nightly_report writes them): per checkpoint the
+    training run's page, the evaluation's folder page and the checkpoint's manifest; the base evaluation's
+    folder (no page). The training run keeps its weights in checkpoints/final/."""
+    from types import SimpleNamespace
+
+    from flows.nightly_eval import BASE_EVALS, EXPERIMENT, _checkpoint_links, _rel
+    from rlvr_core.artifacts.export import MANIFEST_FILE
+    from rlvr_core.eval.nightly_report import _a
+
+    run = run_prefix("rlvr-demo", "demo", RUN_ID)
+    ckpt = f"{run}/checkpoints/final"
+    store.put_text(f"{ckpt}/{MANIFEST_FILE}", json.dumps({"created_at": "2026-12-06T03:00:00Z"}))
+    store.put_bytes(f"{ckpt}/model.safetensors", b"w" * 4096)
+    store.put_text(f"{run}/run.json", json.dumps({"run_id": RUN_ID, "status": "FINISHED"}))
+    store.put_bytes(f"{run}/evals/samples.parquet", b"x" * 2048)
+    write_run_index(store, run)
+    evaluation = run_prefix(EXPERIMENT, "eval", "c" * 32)
+    store.put_bytes(f"{evaluation}/evals/metrics.parquet", b"m" * 512)
+    store.put_text(f"{evaluation}/run.json", json.dumps({"run_id": "c" * 32, "status": "FINISHED"}))
+    write_run_index(store, evaluation)
+    base = f"{BASE_EVALS}/synthetic@2-x/{'b' * 20}"
+    store.put_bytes(f"{base}/evals/metrics.parquet", b"b" * 256)
+    report = f"{EXPERIMENT}/reports/20261206T030000-synthetic@2-x.html"
+    cfg = SimpleNamespace(tracking=SimpleNamespace(tracking_uri="sqlite:///none.db"))  # no MLflow links
+    links = {**_checkpoint_links(store, cfg, ckpt, {"run_prefix": evaluation, "mlflow_run_id": ""}, report, {}),
+             "base evaluation": _rel(report, f"{base}/evals")}
+    store.put_text(report, "<!doctype html><html><head><title>nightly</title></head><body><p>"
+                   + " · ".join(_a(href, label) for label, href in links.items()) + "</p></body></html>")
+    return report
+
+
+def test_every_relative_link_of_an_opened_nightly_report_resolves(store, cli, rlvr_home):
+    """`rlvr artifacts open` on a report: every relative link of the local copy resolves (13 of 19 were dead);
+    the pages it links to work too, and one whose links need --with-checkpoints says so."""
+    from rlvr_core.artifacts.artifacts_index import CHECKPOINTS_NOTE_ID, relative_links
+
+    report = _nightly_report(store)
+    res = cli("open", store.url(report), "--print")
+    assert res.exit_code == 0, res.output
+    page = Path(res.output.strip().splitlines()[-1])
+    links = relative_links(page.read_text())
+    assert len(links) == 4, links  # training run, evaluation folder, checkpoint, base evaluation
+    for rel in links:
+        assert (page.parent / rel).exists(), (rel, sorted(p.name for p in page.parent.parent.rglob("*")))
+    run_page = (page.parent / links[0]).resolve()
+    assert run_page.name == "index.html" and relative_links(run_page.read_text())
+    dead = [rel for rel in relative_links(run_page.read_text()) if not (run_page.parent / rel).exists()]
+    if hasattr(store, "endpoint_url"):  # a copy: the weights only with --with-checkpoints, and the page says so
+        assert dead == ["checkpoints/final/model.safetensors"], dead
+        assert CHECKPOINTS_NOTE_ID in run_page.read_text() and "--with-checkpoints" in run_page.read_text()
+        full = cli("open", store.url(report), "--print", "--with-checkpoints")
+        assert full.exit_code == 0 and (run_page.parent / dead[0]).is_file()
+        assert CHECKPOINTS_NOTE_ID not in run_page.read_text()
+    else:  # the store itself: every link is there
+        assert dead == [] and CHECKPOINTS_NOTE_ID not in run_page.read_text()
+    trial = cli("open", _write(store)["sweep"] + "/t00_lr=1e-05_seed=0", "--print")  # a trial page, opened alone
+    assert trial.exit_code == 0, trial.output
+    assert ("--with-checkpoints" in trial.output) == hasattr(store, "endpoint_url"), trial.output

@@ -126,8 +126,10 @@ def test_base_file_relative_to_the_sweep(tmp_path):
     assert sw.trials[0].config["name"] == "mine" and sw.trials[0].config["grpo"]["steps"] == 7
     with pytest.raises(ConfigError, match="no such file"):
         load_sweep(tmp_path / "missing.yaml")
-    with pytest.raises(ConfigError, match="no sweep file of that name"):
-        find_sweep("no-such-sweep")
+    with pytest.raises(ConfigError, match="no sweep file of that name") as e:
+        find_sweep("demo-rl")
+    assert e.value.problems[0][1].endswith("known: demo-distill, demo-losses, demo-lr, sampling-ablations, tools-on-off"), e.value.problems  # the docs' names
+    assert find_sweep("demo-lr").name == "demo_lr.yaml"
 
 
 def test_tools_sweep_is_the_tool_demo_with_and_without_its_calculator():

@@ -120,6 +120,9 @@ def test_sink_writes_searchable_traces_that_hold_each_completion(mlflow_run):
     assert len(flagged) == 3
     wrong = by_step[("eval", "2")][0]
     assert wrong.info.tags["prompt_id"] == "t1" and wrong.data.spans[0].inputs["prompt"] == "3+3?"
+    # The "Request" column (MLflow's traces table shows no tag by default) says kind and step first.
+    assert wrong.info.request_preview == "[eval step 2 t1] 3+3?", wrong.info.request_preview
+    assert t.info.request_preview == "[rollout step 2 p0] Q0: 2+2?", t.info.request_preview
 
 
 def test_nothing_is_written_when_traces_are_off(mlflow_run):

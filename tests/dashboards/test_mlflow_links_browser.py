@@ -1,13 +1,15 @@
-"""Every MLflow link rlvr prints or stores for a sweep, followed in headless Chromium against a real MLflow server,
-opens MLflow 3's model-training view (runs, charts, "Model registry" in the navigation), not its GenAI pages
-(Traces overview, Sessions, Judges): `rlvr stack up`'s address, the experiment, the runs view, the sweep's view,
-the parent run and a trial (their pages), the parallel-coordinates compare page, and the links inside the parent
-run's description. MLflow 3.17 decides the view from the link's `workflowType` (else its GenAI/Model training
-switch, kept in the browser, default GenAI): a link MLflow itself draws (a run's name in a table) has no
-`workflowType`, and docs/tracking.md asks for the one click on that switch. Screenshots go to tests/artifacts/ (copied to docs/screenshots/)."""
+"""Every MLflow link rlvr prints or stores for a sweep, followed in headless Chromium against a real MLflow server
+(started as `rlvr stack up` starts it), opens MLflow 3's model-training view (runs, charts, "Model registry" in the
+navigation), not its GenAI pages (Traces overview, Sessions, Judges): `rlvr stack up`'s address, the experiment,
+the runs view, the sweep's view, the parent run and a trial (their pages), the parallel-coordinates compare page,
+and the links inside the parent run's description. So do the links MLflow draws itself (an experiment's name, a
+run's name in a table, "Child runs"), which carry no `workflowType`: the stack's server makes the model-training
+view the browser's default (rlvr_core/records/mlflow_ui.py); a user's walk through them, from a fresh profile,
+is the second test. Screenshots go to tests/artifacts/ (copied to docs/screenshots/)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from flows.ablation_sweep import NOTE_TAG, _save_sweep_view, sweep_note, sweep_view_id
 from flows.local_stack import stop_pid
 from rlvr_core.pipeline.sweeps import find_sweep, load_sweep, pivot_metric_key
+from rlvr_core.records.mlflow_ui import WORKFLOW_KEY
 from rlvr_core.records.tracking import RUNS_VIEW_ID, Tracker, ui_home
 from tests.dashboards.browser import page, screenshot
 from tests.mlflow_server import start_mlflow
@@ -56,13 +59,29 @@ def sweep_runs(tmp_path_factory):
         stop_pid(server["pid"])
 
 
+def _settled(pg, must_show: str | None, quiet_s: float = 1.5, timeout_s: float = 60.0) -> str:
+    """The page's text once it has settled: `must_show` (and "Model registry" or a GenAI page's name) is shown,
+    and neither the address nor the text has changed for `quiet_s`. (MLflow's UI polls its server for as long as
+    the page is open, so Playwright's "networkidle" never comes; a GenAI redirect or a late render changes the
+    text, which restarts the count.)"""
+    wanted = [must_show] if must_show else []
+    deadline = time.monotonic() + timeout_s
+    last, since = None, time.monotonic()
+    while True:
+        snap = (pg.url, pg.locator("body").inner_text())
+        ready = all(w in snap[1] for w in wanted) and any(w in snap[1] for w in ("Model registry", *GENAI_ONLY))
+        if snap != last or not ready:
+            last, since = snap, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return snap[1]
+        assert time.monotonic() < deadline, (f"page did not settle in {timeout_s:.0f} s", pg.url, wanted,
+                                             snap[1][:500])
+        time.sleep(0.25)
+
+
 def _assert_model_training(pg, what: str, must_show: str | None = None) -> None:
     """The page shows the model-training view: "Model registry" in the navigation, none of the GenAI pages."""
-    pg.get_by_text("Model registry").first.wait_for(timeout=60_000)
-    if must_show:
-        pg.get_by_text(must_show).first.wait_for(timeout=60_000)
-    time.sleep(1)  # let the page settle: a GenAI redirect would happen now
-    text = pg.locator("body").inner_text()
+    text = _settled(pg, must_show)
     shown = [w for w in GENAI_ONLY if w in text]
     assert "Model registry" in text and not shown, (what, pg.url, shown)
 
@@ -76,7 +95,7 @@ def test_every_link_rlvr_prints_for_a_sweep_opens_the_model_training_view(sweep_
         "runs view (no stage runs)": (t.view_url(RUNS_VIEW_ID, charts=False), None),
         "sweep view (rlvr sweep: MLflow compare view)": (t.view_url(sweep_view_id(sweep_runs["sweep_id"])),
                                                           "Sweep pivot: accuracy_greedy"),
-        "parent run (rlvr sweep: MLflow parent run)": (t.run_url(parent), "The sweep's view"),
+        "parent run (rlvr sweep: MLflow parent run)": (t.run_url(parent), "Compare the trials"),
         "trial run (sweep artifact, index page)": (t.run_url(trial.info.run_id), trial.info.run_name),
         "parallel coordinates (sweep index page)": (t.compare_url([c.info.run_id for c in sweep_runs["children"]]),
                                                     None),
@@ -91,6 +110,9 @@ def test_every_link_rlvr_prints_for_a_sweep_opens_the_model_training_view(sweep_
                 # The view counts the trials, not their parent too ("7 matching runs" for 6 trials before).
                 new.get_by_text(sweep_runs["children"][-1].info.run_name).first.wait_for(timeout=60_000)
                 new.get_by_text(f"{sweep_runs['n_trials']} matching runs").first.wait_for(timeout=60_000)
+                # Ordered by run name, as MLflow's sort menu names that order ("Sort: undefined" before).
+                sort = new.get_by_text(re.compile(r"^Sort: ")).first.inner_text()
+                assert sort == "Sort: Run Name", sort
                 screenshot(new, "mlflow_sweep_view_model_training.png")
             if what.startswith("parent run"):
                 screenshot(new, "mlflow_parent_description.png")
@@ -111,3 +133,71 @@ def test_every_link_rlvr_prints_for_a_sweep_opens_the_model_training_view(sweep_
                 target.wait_for_url(f"**/runs/{trial.info.run_id}**", timeout=60_000, wait_until="commit")
                 _assert_model_training(target, "a trial link in the parent's description", "Model metrics")
             new.close()
+
+
+def _open(pg, link, url_part: str):
+    """Click `link` as a user does (Playwright's click: it fails when something covers the link, as MLflow's
+    "Show more" gradient did); the page it opened (a new tab for a description's links), at `url_part`."""
+    if link.get_attribute("target") == "_blank":
+        with pg.context.expect_page() as opened:
+            link.click(timeout=30_000)
+        pg = opened.value
+    else:
+        link.click(timeout=30_000)
+    pg.wait_for_url(f"**{url_part}**", timeout=60_000, wait_until="commit")
+    return pg
+
+
+def test_a_users_clicks_from_the_stack_address_stay_in_the_model_training_view(sweep_runs):
+    """Fresh profile, a laptop's screen: the stack's address → the experiment (its name in MLflow's list) → the
+    sweep's parent run (its name in the runs table) → a trial ("Child runs") → back → the parent's comparison
+    link (its description's first line, clicked without "Show more") → a trial's name in that comparison. Every
+    page after the first is reached by a link MLflow draws, without `workflowType`."""
+    t, parent = sweep_runs["tracker"], sweep_runs["parent"]
+    trial = sweep_runs["children"][0]
+    parent_name = f"sweep {sweep_runs['sweep_id']}"
+    with page(width=1280, height=720) as (pg, _errors):
+        pg.goto(ui_home(sweep_runs["url"]))  # `page()` is a new browser: a fresh profile, no switch remembered
+        _assert_model_training(pg, "the stack's address", "rlvr-sweeps")
+        # The default the server's page stored (mlflow_ui.SCRIPT), where MLflow's switch reads it.
+        assert pg.evaluate(f"localStorage.getItem('{WORKFLOW_KEY}')") == '"machine_learning"'
+        pg = _open(pg, pg.get_by_role("link", name="rlvr-sweeps", exact=True).first, f"/experiments/{t.experiment_id}")
+        assert "workflowType" not in pg.url, pg.url  # MLflow's own link
+        _assert_model_training(pg, "the experiment, from its name in MLflow's list", parent_name)
+        pg = _open(pg, pg.get_by_role("link", name=parent_name, exact=True).first, f"/runs/{parent}")
+        _assert_model_training(pg, "the parent run, from its name in the runs table", "Child runs")
+        # "Child runs" links end at the run id; the description's links to the same run carry `workflowType`.
+        pg = _open(pg, pg.locator(f"a[href$='/runs/{trial.info.run_id}']", has_text=trial.info.run_name).first,
+                   f"/runs/{trial.info.run_id}")
+        assert "workflowType" not in pg.url, pg.url
+        _assert_model_training(pg, "a trial, from the parent's Child runs", "Model metrics")
+        pg.go_back()
+        pg.wait_for_url(f"**/runs/{parent}**", timeout=60_000, wait_until="commit")
+        _assert_model_training(pg, "back on the parent run", "Compare the trials")
+        screenshot(pg, "mlflow_parent_comparison_link.png")
+        compare = _open(pg, pg.get_by_role("link", name=re.compile("^Compare the trials")).first,
+                        f"viewStateShareKey={sweep_view_id(sweep_runs['sweep_id'])}")
+        _assert_model_training(compare, "the comparison, from the parent's description",
+                               f"{sweep_runs['n_trials']} matching runs")
+        last = sweep_runs["children"][-1]
+        compare = _open(compare, compare.get_by_role("link", name=last.info.run_name, exact=True).first,
+                        f"/runs/{last.info.run_id}")
+        _assert_model_training(compare, "a trial, from its name in the comparison", "Model metrics")
+
+
+def test_the_ui_page_always_carries_the_default_view_script(sweep_runs):
+    """The server answers the UI's page with the script, also to a browser that asks whether its cached copy is
+    still good (a 304 would keep a page cached from a plain `mlflow server` on the same port); the API and the
+    static files are MLflow's, unchanged."""
+    import urllib.request
+
+    from rlvr_core.records.mlflow_ui import SCRIPT
+
+    for headers in ({}, {"If-None-Match": "*", "If-Modified-Since": "Sun, 06 Dec 2099 00:00:00 GMT"}):
+        with urllib.request.urlopen(urllib.request.Request(sweep_runs["url"] + "/", headers=headers)) as r:
+            body = r.read()
+            assert r.status == 200 and r.headers["Content-Length"] == str(len(body)), (headers, r.headers)
+            assert body.startswith(b"<!doctype html>") and body.count(SCRIPT.encode()) == 1, body[:300]
+            assert body.index(SCRIPT.encode()) < body.index(b"<script defer")  # before MLflow's own script
+    with urllib.request.urlopen(sweep_runs["url"] + "/static-files/manifest.json") as r:
+        assert b"<script" not in r.read()

@@ -64,6 +64,10 @@ def team_stack(tmp_path_factory):
     home = tmp_path_factory.mktemp("stack-home")
     up = stack_cmd(home, "up", "--mlflow-port", "0", "--s3-port", "0", "--no-prefect", "--json")
     assert up.returncode == 0, up.stderr[-3000:]
+    # Each service as it comes up, on stderr (stdout stays the JSON): `up` is not silent for its 10-40 s.
+    said = [line.strip() for line in up.stderr.splitlines()]
+    for what in ("starting S3, MLflow", "S3 answering on http://127.0.0.1:", "MLflow answering on http://127.0.0.1:"):
+        assert any(line.startswith(what) and line.endswith(" s)") for line in said), (what, up.stderr[-3000:])
     state = json.loads(up.stdout.strip().splitlines()[-1])
     try:
         yield home, state

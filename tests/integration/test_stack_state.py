@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -56,6 +58,40 @@ def test_state_file_is_private_and_holds_no_real_credentials(rlvr_home, monkeypa
     assert stack.state_path().stat().st_mode & 0o777 == 0o600
     assert "real-secret-from-the-user" not in stack.state_path().read_text()
     assert json.loads(stack.state_path().read_text())["env"]["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
+
+
+def _exported_env_only(env: dict[str, str], home) -> dict[str, str]:
+    """A shell that ran `eval "$(rlvr stack env)"` and has nothing else of AWS: no config file, no profile."""
+    return {"PATH": os.environ["PATH"], "HOME": str(home), "AWS_CONFIG_FILE": str(home / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"), **env}
+
+
+def test_exported_env_alone_reaches_the_local_s3(rlvr_home, moto_endpoint):
+    """boto3 and the AWS CLI built from nothing but `rlvr stack env`'s exports list the local bucket (before,
+    they went to real AWS and failed after ~14 s)."""
+    import uuid
+
+    import boto3
+
+    bucket, key = f"rlvr-env-{uuid.uuid4().hex[:8]}", "artifacts/exp/run/summary.json"
+    direct = boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="x", aws_secret_access_key="x",
+                          region_name="us-east-1")
+    direct.create_bucket(Bucket=bucket)
+    direct.put_object(Bucket=bucket, Key=key, Body=b"{}")
+    env = stack.exports({"home": str(rlvr_home), "mlflow": {"url": "http://127.0.0.1:1"}, "s3": {"url": moto_endpoint}})
+    assert env["AWS_ENDPOINT_URL"] == moto_endpoint
+    shell = _exported_env_only(env, rlvr_home)
+    code = ("import boto3, sys; c = boto3.client('s3'); "
+            "print([o['Key'] for o in c.list_objects_v2(Bucket=sys.argv[1])['Contents']])")
+    listed = subprocess.run([sys.executable, "-c", code, bucket], env=shell, capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert listed.stdout.strip() == repr([key])
+    aws = shutil.which("aws")
+    if aws:  # the CLI the issue used; not every machine has it
+        ls = subprocess.run([aws, "s3", "ls", "--recursive", f"s3://{bucket}/"], env=shell, capture_output=True,
+                            text=True, timeout=60)
+        assert ls.returncode == 0 and key in ls.stdout, ls.stderr[-2000:]
 
 
 def _time_wait_port() -> int:
@@ -150,3 +186,33 @@ def test_postgres_programs_under_a_root_only_folder_are_made_reachable_for_nobod
         assert out.returncode == 0 and "PostgreSQL" in out.stdout, (prog, out.stderr)
     assert stack._reachable_bindir(hidden, "nobody") == reachable  # copied once, then reused
     shutil.rmtree(reachable.parents[2])  # this test's copy (keyed by its temporary folder): never reused
+
+
+def test_delete_data_removes_this_stacks_var_tmp_folders_and_says_which(rlvr_home, tmp_path, monkeypatch):
+    """`down --delete-data` removes the stack's PostgreSQL data in /var/tmp (also when the link to it is gone)
+    and the copy of PostgreSQL's programs made for this environment, unless a process runs from that copy."""
+    sdir = stack.stack_dir(rlvr_home)
+    sdir.mkdir(parents=True)
+    outside = stack._pg_data_outside(sdir)  # the real /var/tmp path of this (temporary) stack
+    linked = tmp_path / "pgdata-elsewhere"
+    for d in (outside, linked):
+        (d / "base").mkdir(parents=True)
+        (d / "PG_VERSION").write_text("18\n")
+    (sdir / "postgres").symlink_to(linked, target_is_directory=True)
+    copy = tmp_path / "rlvr-pginstall-test"
+    monkeypatch.setattr(stack, "_pg_bindir", lambda: tmp_path)  # with or without a PostgreSQL installed here
+    monkeypatch.setattr(stack, "_pginstall_copy", lambda bindir: copy)
+    (copy / "bin").mkdir(parents=True)
+    shutil.copy2(shutil.which("sleep"), copy / "bin" / "sleep")
+    runner = subprocess.Popen([str(copy / "bin" / "sleep"), "60"])
+    try:
+        deleted = stack.down(home=rlvr_home, delete_data=True)["deleted"].split("; ")
+        assert f"{sdir / 'postgres'} -> {linked}" in deleted and str(outside) in deleted, deleted
+        assert f"(kept {copy}: PostgreSQL pid {runner.pid} runs from it)" in deleted, deleted
+        assert not linked.exists() and not outside.exists() and not (sdir / "postgres").is_symlink()
+        assert copy.is_dir()
+    finally:
+        runner.kill()
+        runner.wait()
+    assert stack.down(home=rlvr_home, delete_data=True)["deleted"] == str(copy)
+    assert not copy.exists()
