@@ -112,9 +112,9 @@ def artifacts_open(
                            err=True)
             return
         path = local_view(loc.store, loc.key, is_file=loc.is_file, with_checkpoints=with_checkpoints)
-    typer.echo(str(path))
     if path.suffix in (".html", ".htm") and CHECKPOINTS_NOTE_ID in path.read_text(encoding="utf-8", errors="replace"):
         typer.echo("(links into checkpoints/ are left out of this local copy: add --with-checkpoints)", err=True)
+    typer.echo(str(path))  # last: the path is the last line a script reads, stderr mixed in or not
     if not print_only:
         webbrowser.open(path.resolve().as_uri())
 

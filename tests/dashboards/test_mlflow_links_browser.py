@@ -161,15 +161,18 @@ def test_a_users_clicks_from_the_stack_address_stay_in_the_model_training_view(s
         _assert_model_training(pg, "the stack's address", "rlvr-sweeps")
         # The default the server's page stored (mlflow_ui.SCRIPT), where MLflow's switch reads it.
         assert pg.evaluate(f"localStorage.getItem('{WORKFLOW_KEY}')") == '"machine_learning"'
-        pg = _open(pg, pg.get_by_role("link", name="rlvr-sweeps", exact=True).first, f"/experiments/{t.experiment_id}")
-        assert "workflowType" not in pg.url, pg.url  # MLflow's own link
+        link = pg.get_by_role("link", name="rlvr-sweeps", exact=True).first
+        assert "workflowType" not in (link.get_attribute("href") or ""), link.get_attribute("href")  # MLflow's own
+        pg = _open(pg, link, f"/experiments/{t.experiment_id}")  # (MLflow may then add the mode it is in)
+        assert "workflowType=genai" not in pg.url, pg.url
         _assert_model_training(pg, "the experiment, from its name in MLflow's list", parent_name)
         pg = _open(pg, pg.get_by_role("link", name=parent_name, exact=True).first, f"/runs/{parent}")
         _assert_model_training(pg, "the parent run, from its name in the runs table", "Child runs")
         # "Child runs" links end at the run id; the description's links to the same run carry `workflowType`.
-        pg = _open(pg, pg.locator(f"a[href$='/runs/{trial.info.run_id}']", has_text=trial.info.run_name).first,
-                   f"/runs/{trial.info.run_id}")
-        assert "workflowType" not in pg.url, pg.url
+        child = pg.locator(f"a[href$='/runs/{trial.info.run_id}']", has_text=trial.info.run_name).first
+        assert "workflowType" not in (child.get_attribute("href") or "")
+        pg = _open(pg, child, f"/runs/{trial.info.run_id}")
+        assert "workflowType=genai" not in pg.url, pg.url
         _assert_model_training(pg, "a trial, from the parent's Child runs", "Model metrics")
         pg.go_back()
         pg.wait_for_url(f"**/runs/{parent}**", timeout=60_000, wait_until="commit")

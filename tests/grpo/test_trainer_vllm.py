@@ -157,11 +157,12 @@ def test_two_ranks_each_with_an_engine_train_like_one_process(tiny_vllm, one_pro
     # Same samples, same loss and gradient norm. The weights differ a little more than under the HF engine's
     # 2-process test (1e-5): each rank's engine batches half the requests, so the engine log-probs (the PPO
     # ratio's old log-probs) differ in rounding, and AdamW's g / (|g| + eps) at lr 1e-2 turns rounding in a
-    # near-zero gradient into a visible step (measured: 165 of 151k elements over 1e-6, the largest 5.6e-5).
+    # near-zero gradient into a visible step (measured with AVX-512 kernels: 165 of 151k elements over 1e-6, the
+    # largest 5.6e-5; with the AVX2 kernels rlvr pins (rlvr_core/core/numerics.py) 780 elements, the largest 2.5e-4).
     wa, wb = model_params(one_process / "z3" / "final_model"), model_params(tmp_path / "two" / "z3" / "final_model")
-    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 2e-4
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 5e-4
     n_off = sum(int(((wa[k] - wb[k]).abs() > 1e-6).sum()) for k in wa)
-    assert n_off < 0.005 * sum(v.numel() for v in wa.values())
+    assert n_off < 0.01 * sum(v.numel() for v in wa.values())
 
 
 # ------------------------------------------------------------------------------------------------ worker
