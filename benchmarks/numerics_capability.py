@@ -4,11 +4,11 @@ own process (ATen reads the variable at its first kernel), and compare the weigh
 and the loss step by step, so the first step where the builds part is named.
 
     python benchmarks/numerics_capability.py --steps 30 --native       # torch's own choice: the builds differ
-    python benchmarks/numerics_capability.py --steps 30                # as rlvr runs (pinned to AVX2): equal
+    python benchmarks/numerics_capability.py --steps 30                # RLVR_CPU_CAPABILITY=avx2: equal
 
 A machine's capability is simulated by `ATEN_CPU_CAPABILITY` (torch never goes above what the CPU has).
-`--native` sets RLVR_CPU_CAPABILITY=native, so rlvr leaves torch's choice alone (rlvr_core.core.numerics);
-without it rlvr pins its kernels as it does in every run, whatever the simulated machine.
+`--native` sets RLVR_CPU_CAPABILITY=native (rlvr's default: torch's own choice, rlvr_core.core.numerics); without
+it each build runs with RLVR_CPU_CAPABILITY=avx2, rlvr's opt-in pin, whatever the simulated machine.
 
 `--env K=V` adds a variable to every build (to test a fix: e.g. the MKL or oneDNN instruction-set caps). One
 thread per build, as the demo's stage children run (OMP_NUM_THREADS=1, RLVR_STAGE_THREADS). Prints one JSON
@@ -91,8 +91,7 @@ def main() -> None:
         return
     results = {}
     extra = dict(kv.split("=", 1) for kv in a.env)
-    if a.native:
-        extra["RLVR_CPU_CAPABILITY"] = "native"
+    extra["RLVR_CPU_CAPABILITY"] = "native" if a.native else "avx2"
     for cap in a.capabilities.split(","):
         env = {**os.environ, **extra, "ATEN_CPU_CAPABILITY": cap, "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

@@ -1,5 +1,5 @@
-"""The demo's base model is the same on any x86-64 with AVX2: rlvr pins torch's (and MKL's, oneDNN's) kernels to
-AVX2 (rlvr_core.core.numerics.pin_cpu_kernels). A machine is simulated by `ATEN_CPU_CAPABILITY`; each build is the
+"""With RLVR_CPU_CAPABILITY=avx2 the demo's base model is the same on any x86-64 with AVX2: rlvr pins torch's (and
+MKL's, oneDNN's) kernels to AVX2 (rlvr_core.core.numerics.pin_cpu_kernels). A machine is simulated by `ATEN_CPU_CAPABILITY`; each build is the
 demo's warm start, two steps, in its own process (benchmarks/numerics_capability.py)."""
 
 from __future__ import annotations

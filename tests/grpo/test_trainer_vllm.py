@@ -158,7 +158,7 @@ def test_two_ranks_each_with_an_engine_train_like_one_process(tiny_vllm, one_pro
     # 2-process test (1e-5): each rank's engine batches half the requests, so the engine log-probs (the PPO
     # ratio's old log-probs) differ in rounding, and AdamW's g / (|g| + eps) at lr 1e-2 turns rounding in a
     # near-zero gradient into a visible step (measured with AVX-512 kernels: 165 of 151k elements over 1e-6, the
-    # largest 5.6e-5; with the AVX2 kernels rlvr pins (rlvr_core/core/numerics.py) 780 elements, the largest 2.5e-4).
+    # largest 5.6e-5; with RLVR_CPU_CAPABILITY=avx2 (rlvr_core/core/numerics.py) 780 elements, the largest 2.5e-4).
     wa, wb = model_params(one_process / "z3" / "final_model"), model_params(tmp_path / "two" / "z3" / "final_model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 5e-4
     n_off = sum(int(((wa[k] - wb[k]).abs() > 1e-6).sum()) for k in wa)
