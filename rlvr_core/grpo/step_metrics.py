@@ -265,8 +265,8 @@ FLAG_MEANING = {
 def replayed_flags(row: dict, cfg: GRPOConfig | None) -> dict[str, int]:
     """A written step row's per-step flags. Its health/G-kl-explosion may also be the run-level KL detector's
     mark, so that flag is recomputed from kl_ref_max (NaN without a reference: never)."""
-    flags = {g: int(row.get(f"health/{g}", 0)) for g in (*STEP_FLAGS, *ENV_FLAGS) if g in STEP_FLAGS or
-             f"health/{g}" in row}
+    present = [g for g in ENV_FLAGS if f"health/{g}" in row]  # a multi-turn run's rows only
+    flags = {g: int(row.get(f"health/{g}", 0)) for g in (*STEP_FLAGS, *present)}
     if cfg is not None:
         flags["G-kl-explosion"] = int(row.get("kl_ref_max", float("nan")) > cfg.guards.kl_spike_max)
     return flags

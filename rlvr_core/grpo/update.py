@@ -209,8 +209,8 @@ def turn_token_advantages(groups: list, T: int) -> torch.Tensor:
     for g in groups:
         logs = [x.env or {} for x in g.samples]
         turns = [[t["tokens"] for t in e.get("turn_log", ())] for e in logs]
-        rewards = [list(e.get("turn_rewards", ())) + [None] * (len(n) - len(e.get("turn_rewards", ())))
-                   for e, n in zip(logs, turns)]
+        given = [list(e.get("turn_rewards", ())) for e in logs]  # a turn a budget cut has none: None
+        rewards = [r + [None] * (len(n) - len(r)) for r, n in zip(given, turns)]
         outcomes = [r + p for r, p in zip(g.stats.rewards, g.stats.penalties)]
         per_turn = turn_to_go_advantages(outcomes, rewards)
         rows += [token_advantages(a, n, x.loss_mask or [1] * len(x.token_ids))
