@@ -43,3 +43,13 @@ def start_mlflow(home: Path) -> dict:
             time.sleep(0.5)
     proc.kill()
     pytest.fail("mlflow server did not start")
+
+
+def table_roots(runs) -> list[str]:
+    """The names of the runs MLflow 3.17's runs table draws at its top level, ordered by "Created" (its default
+    order; any other order or a search filter lists every run flat): a run is folded under its
+    `mlflow.parentRunId` when that run is among the loaded ones, at any depth (the UI's
+    experimentPage.row-utils). `runs`: what the page loaded (its search's runs, up to 100 a page, plus their
+    direct parents)."""
+    ids = {r.info.run_id for r in runs}
+    return [r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") not in ids]

@@ -155,6 +155,12 @@ def common_tags(*, config_hash: str | None = None, git_sha: str | None = None,
     return {k: "" if values[k] is None else str(values[k]) for k in STANDARD_TAGS}
 
 
+def _new_params(logged: dict[str, str], params: dict[str, Any] | None) -> dict[str, Any]:
+    """The params a reused run does not hold yet: MLflow refuses to log a param again with another value (the
+    run keeps what its first launch logged, the same config for a relaunched trial)."""
+    return {k: v for k, v in (params or {}).items() if k[:250] not in logged}
+
+
 def _param_str(v: Any) -> str:
     s = v if isinstance(v, str) else json.dumps(v)
     return s[:_PARAM_VALUE_MAX]
@@ -435,9 +441,19 @@ class Tracker:
                   tags: dict[str, Any] | None = None, name: str | None = None) -> Iterator[str]:
         """A stage of a pipeline as a child run: yields its id; ends FINISHED, or FAILED on an exception.
 
-        The stage's time is logged as `time/<stage>_s` on the child."""
-        run_id = self.start_run(name or stage, {KIND_TAG: "stage", STAGE_TAG: stage, **(tags or {})},
-                                parent_run_id=parent_run_id)
+        The stage's time is logged as `time/<stage>_s` on the child. A relaunched pipeline run (a trial found
+        again by `tasks.stages.open_run`) finds the run its stage had (same parent, same name) and goes on in
+        it, so the trial keeps one run per stage in MLflow's table, not one more per launch."""
+        name = name or stage
+        stage_tags = {KIND_TAG: "stage", STAGE_TAG: stage, **(tags or {})}
+        run_id = self._stage_run(parent_run_id, name)
+        if run_id is None:
+            run_id = self.start_run(name, stage_tags, parent_run_id=parent_run_id)
+        else:
+            self.set_tags(run_id, {**self.common, **stage_tags})
+            self.client.update_run(run_id, status="RUNNING")
+            self._runs.append(run_id)
+            params = _new_params(self.client.get_run(run_id).data.params, params)  # MLflow params are write-once
         if params:
             self.log_params(run_id, params)
         t0 = time.monotonic()
@@ -448,6 +464,13 @@ class Tracker:
             raise
         self.log_metrics(run_id, {f"time/{stage}_s": time.monotonic() - t0})
         self.end_run(run_id, "FINISHED")
+
+    def _stage_run(self, parent_run_id: str, name: str) -> str | None:
+        """The stage run named `name` under this parent, if an earlier launch of the parent started one."""
+        found = self.client.search_runs(
+            [self.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.{KIND_TAG} = 'stage' "
+                                  f"and attributes.run_name = '{name}'", max_results=1)
+        return found[0].info.run_id if found else None
 
     @contextlib.contextmanager
     def system_metrics(self, run_id: str, sampling_interval: float = 10.0) -> Iterator[None]:

@@ -11,6 +11,7 @@ from rlvr_core.records.redact import is_secret_key, redact, redact_url
 from rlvr_core.records.tracking import (EXPERIMENT_KIND_TAG, PRIMARY_METRIC_TAG, RUNS_VIEW_ID, STANDARD_TAGS,
                                         VIEW_TAG_PREFIX, StepMetricsSink, Tracker, common_tags, config_params,
                                         metric_key, saved_view)
+from tests.mlflow_server import table_roots
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +281,30 @@ def _view_state(tracker: Tracker, view_id: str) -> dict:
     return json.loads(envelope["state"])
 
 
+def test_a_relaunched_run_goes_on_in_its_stage_runs(tracker):
+    """A trial relaunched after its worker was lost (the run found again by `open_run`) finds each stage's run again:
+    the finished ones and the one the lost worker left RUNNING; a stage it had not reached gets a new run."""
+    trial = tracker.start_run("t00", {"kind": "trial", "sweep_id": "s1", "trial_id": "t00"})
+    with tracker.child_run(trial, "data", params={"data.n": 3}) as data_run:
+        tracker.log_metrics(data_run, {"data/n_train": 3})
+    lost = tracker.start_run("train", {"kind": "stage", "stage": "train"}, parent_run_id=trial)  # killed mid-stage
+    again = Tracker(tracker.experiment)  # the relaunch: another process, its own Tracker
+    again.add_common_tags(dataset_hash="d6")
+    with again.child_run(trial, "data", params={"data.n": 3, "data.m": 1}) as data_again:
+        pass
+    with again.child_run(trial, "train", params={"grpo.steps": 2}) as train_again:
+        pass
+    with again.child_run(trial, "export") as export_run:
+        pass
+    assert (data_again, train_again) == (data_run, lost) and export_run not in (data_run, lost)
+    children = tracker.client.search_runs([tracker.experiment_id], f"tags.mlflow.parentRunId = '{trial}'")
+    assert sorted(c.info.run_name for c in children) == ["data", "export", "train"]
+    assert all(c.info.status == "FINISHED" for c in children)
+    runs = {c.info.run_id: c for c in children}
+    assert runs[data_run].data.params == {"data.n": "3", "data.m": "1"}  # kept, and the new one added
+    assert runs[lost].data.tags["dataset_hash"] == "d6" and runs[lost].data.params == {"grpo.steps": "2"}
+
+
 def test_the_runs_view_lists_every_run_but_the_stage_runs(tracker):
     demo = tracker.start_run("demo", {"kind": "demo"})
     with tracker.child_run(demo, "data"), tracker.child_run(demo, "train"):
@@ -291,7 +316,9 @@ def test_the_runs_view_lists_every_run_but_the_stage_runs(tracker):
     state = _view_state(tracker, RUNS_VIEW_ID)
     listed = tracker.client.search_runs([tracker.experiment_id], state["searchFilter"])
     assert {r.info.run_id for r in listed} == {demo, sweep, trial}  # 3 of the 6 runs: no stage run
-    assert len(tracker.client.search_runs([tracker.experiment_id], "")) == 6
+    everything = tracker.client.search_runs([tracker.experiment_id], "")
+    assert len(everything) == 6
+    assert sorted(table_roots(everything)) == ["demo", "sweep"]  # MLflow's own table: the rest folded under them
     charts = [c["metricKey"] for c in state["compareRunCharts"]]
     assert charts[:2] == ["train/reward_mean", "train/eval/greedy_pass_at_1"]
     assert {c["metricSectionId"] for c in state["compareRunCharts"]} <= {s["uuid"] for s in state["compareRunSections"]}
