@@ -6,9 +6,10 @@ stages run in Prefect worker threads and subprocesses where a thread-local activ
 The conventions, each enforced here rather than remembered by callers:
 
 - One experiment per project config (`tracking.experiment`).
-- A pipeline run is a parent run; each stage is a child run (`child_run(parent_id, stage)`). A sweep
-  is a parent run with one child per trial; trials run in other processes, so they receive the parent
-  id and the sweep's common tags and call `start_run(..., parent_run_id=...)` themselves.
+- A pipeline run is a parent run; each stage is a child run (`child_run(parent_id, stage)`; a relaunched
+  parent finds its stage runs again). A sweep is a parent run with one child per trial; trials run in other
+  processes, so they receive the parent id and the sweep's common tags and call
+  `start_run(..., parent_run_id=...)` themselves. MLflow's runs table folds each level under the one above.
 - Every run carries the same standard tags (`STANDARD_TAGS`): `common_tags()` builds them, and a
   Tracker stamps its common tags on every run it starts and re-stamps them when one becomes known
   later (`add_common_tags`), so the parent and all children always agree.

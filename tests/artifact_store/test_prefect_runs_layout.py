@@ -1,7 +1,9 @@
 """Runs made through Prefect (a real temporary Prefect API, `prefect_test_harness`) into S3 (moto_server):
 a sweep's folder `<experiment>/<sweep id>/` with its index page and pivot, one folder per trial named by
 what it varies, each with its own index page linking MLflow; a single `pipeline` run under
-`<experiment>/<name>-<run id[:8]>/` with its page; the warehouse ingested all of them from there."""
+`<experiment>/<name>-<run id[:8]>/` with its page; the warehouse ingested all of them from there. In MLflow
+(the sqlite store), the runs table MLflow draws lists the sweep run and the single run, everything else folded
+under them, also after a trial is launched again."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def test_prefect_runs_are_browsable_in_s3(prefect_api, rlvr_home, s3_env, monkey
     from rlvr_core.records import warehouse
     from rlvr_core.artifacts.storage import open_store
     from rlvr_core.pipeline.child.run import ROOT
+    from rlvr_core.pipeline.sweeps import load_sweep
 
     endpoint, bucket = s3_env
     monkeypatch.setenv("RLVR_ARTIFACT_URI", f"s3://{bucket}/artifacts")
@@ -41,6 +44,10 @@ def test_prefect_runs_are_browsable_in_s3(prefect_api, rlvr_home, s3_env, monkey
     sweep.write_text(yaml.safe_dump({"name": "layout-2", "base": str(ROOT / "configs" / "demo.yaml"), "set": ROOT_SET,
                                      "grid": {"grpo.lr": [1.0e-5, 5.0e-5]}, "seeds": [0], "metric": "accuracy_greedy"}))
     out = ablation_sweep_flow(str(sweep), max_parallel=1, deployment=None)
+    # A trial launched again, as the sweep relaunches one whose worker was lost: the same MLflow runs go on.
+    again = load_sweep(sweep).trials[1]
+    pipeline_flow(again.config, parent_run_id=out["mlflow_parent_run_id"], sweep_id=out["sweep_id"],
+                  trial_id=again.trial_id, trial_label=again.label)
     single = pipeline_flow(str(ROOT / "configs" / "demo.yaml"),
                            {**{k: v for k, v in ROOT_SET.items() if not k.startswith("grpo.")},
                             "grpo.enabled": False})  # evaluation only: a single run, not a trial
@@ -65,3 +72,27 @@ def test_prefect_runs_are_browsable_in_s3(prefect_api, rlvr_home, s3_env, monkey
     # The warehouse found every run where it is now.
     rows = warehouse.query_records("select run_prefix from ingest_log order by run_prefix")
     assert [r["run_prefix"] for r in rows] == sorted([folder, *(f"layout/{sweep_id}/{t}" for t in trials)])
+    _folded_in_mlflow(out["mlflow_parent_run_id"], single["mlflow_run_id"])
+
+
+def _folded_in_mlflow(sweep_run: str, single_run: str) -> None:
+    """MLflow's own runs table (ordered by "Created", its default) draws two rows, the sweep run and the single
+    run; each trial is folded under the sweep run, each stage run under its trial or run, once per stage."""
+    from mlflow.tracking import MlflowClient
+
+    from rlvr_core.core import settings
+    from tests.mlflow_server import table_roots
+
+    client = MlflowClient(settings.mlflow_tracking_uri())
+    runs = client.search_runs([client.get_experiment_by_name("layout").experiment_id], "", max_results=100)
+    by_id = {r.info.run_id: r for r in runs}
+    assert sorted(table_roots(runs)) == sorted(by_id[r].info.run_name for r in (sweep_run, single_run))
+    under: dict[str, list[str]] = {}
+    for r in runs:
+        if r.info.run_id not in (sweep_run, single_run):
+            under.setdefault(r.data.tags["mlflow.parentRunId"], []).append(r.data.tags["kind"])
+    trials = [r.info.run_id for r in runs if r.data.tags["kind"] == "trial"]
+    assert len(trials) == 2 and under[sweep_run] == ["trial", "trial"]
+    assert {p: len(kinds) for p, kinds in under.items() if p != sweep_run} == {**{t: 7 for t in trials},
+                                                                                single_run: 5}
+    assert {k for p, kinds in under.items() if p != sweep_run for k in kinds} == {"stage"}

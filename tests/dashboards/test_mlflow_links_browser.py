@@ -5,7 +5,8 @@ the runs view, the sweep's view, the parent run and a trial (their pages), the p
 and the links inside the parent run's description. So do the links MLflow draws itself (an experiment's name, a
 run's name in a table, "Child runs"), which carry no `workflowType`: the stack's server makes the model-training
 view the browser's default (rlvr_core/records/mlflow_ui.py); a user's walk through them, from a fresh profile,
-is the second test. Screenshots go to tests/artifacts/ (copied to docs/screenshots/)."""
+is the second test, and on its way MLflow's runs table shows the sweep run alone, its trials folded under it and
+each trial's stage runs under the trial. Screenshots go to tests/artifacts/ (copied to docs/screenshots/)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,14 @@ from tests.mlflow_server import start_mlflow
 pytestmark = pytest.mark.slow
 
 GENAI_ONLY = ("Judges", "Sessions", "Detect Issues")  # navigation and pages of the GenAI view only
+# A trial's stage runs, as flows/pipeline.py starts them (a trial trains, so its base model is not evaluated).
+STAGES = ("data", "base-model", "passk", "curriculum", "train", "export", "evaluate-trained")
 
 
 @pytest.fixture(scope="module")
 def sweep_runs(tmp_path_factory):
-    """A sweep as the flow records it in MLflow: its parent (with its description), its saved view, six trials."""
+    """A sweep as the flow records it in MLflow: its parent (with its description), its saved view, six trials,
+    each with its stage runs."""
     home = tmp_path_factory.mktemp("mlflow-links")
     server = start_mlflow(home)
     try:
@@ -49,6 +53,9 @@ def sweep_runs(tmp_path_factory):
                                           "train/kl_ref_mean": 0.001 * step, "train/loss": 0.5 - 0.1 * step},
                                     step=step)
             tracker.client.log_metric(rid, pivot_metric_key(sw), 0.3 + tr.seed / 100)
+            for stage in STAGES:
+                with tracker.child_run(rid, "evaluate" if stage.startswith("evaluate") else stage, name=stage):
+                    pass
             tracker.end_run(rid)
             children.append(tracker.client.get_run(rid))
         tracker.set_tags(parent, {NOTE_TAG: sweep_note(sw, sweep_id, tracker, children)})
@@ -166,6 +173,7 @@ def test_a_users_clicks_from_the_stack_address_stay_in_the_model_training_view(s
         pg = _open(pg, link, f"/experiments/{t.experiment_id}")  # (MLflow may then add the mode it is in)
         assert "workflowType=genai" not in pg.url, pg.url
         _assert_model_training(pg, "the experiment, from its name in MLflow's list", parent_name)
+        _runs_table_folds_the_stage_runs(pg, sweep_runs)
         pg = _open(pg, pg.get_by_role("link", name=parent_name, exact=True).first, f"/runs/{parent}")
         _assert_model_training(pg, "the parent run, from its name in the runs table", "Child runs")
         # "Child runs" links end at the run id; the description's links to the same run carry `workflowType`.
@@ -186,6 +194,46 @@ def test_a_users_clicks_from_the_stack_address_stay_in_the_model_training_view(s
         compare = _open(compare, compare.get_by_role("link", name=last.info.run_name, exact=True).first,
                         f"/runs/{last.info.run_id}")
         _assert_model_training(compare, "a trial, from its name in the comparison", "Model metrics")
+
+
+def _run_rows(pg, want: set[str], timeout_s: float = 60.0) -> None:
+    """The runs table's rows (their run names) are `want` and stay so for a second (rows render as the runs load)."""
+    deadline = time.monotonic() + timeout_s
+    last, since = None, time.monotonic()
+    while True:
+        rows = pg.locator("[role=gridcell] a[href*='/runs/']").evaluate_all("els => els.map(e => e.innerText)")
+        snap = sorted(rows)
+        if snap != last:
+            last, since = snap, time.monotonic()
+        elif set(snap) == want and len(snap) == len(want) and time.monotonic() - since >= 1.0:
+            return
+        assert time.monotonic() < deadline, ("runs table rows", sorted(want), snap)
+        time.sleep(0.25)
+
+
+def _runs_table_folds_the_stage_runs(pg, sweep_runs) -> None:
+    """MLflow's runs table as the experiment opens (ordered by "Created", its default): one row, the sweep run;
+    expanded, its trials; a trial expanded, its stage runs. The count under the table is MLflow's: every run,
+    folded ones too."""
+    parent_name = f"sweep {sweep_runs['sweep_id']}"
+    trials = {c.info.run_name for c in sweep_runs["children"]}
+    n_runs = 1 + len(trials) * (1 + len(STAGES))
+
+    def expand(name: str) -> None:
+        link = pg.get_by_role("link", name=name, exact=True)
+        pg.locator("[role=gridcell][col-id*='Run Name']", has=link).locator("button").first.click()
+
+    pg.get_by_text(f"{n_runs} matching runs").first.wait_for(timeout=60_000)
+    _run_rows(pg, {parent_name})
+    expand(parent_name)
+    _run_rows(pg, {parent_name, *trials})
+    trial = sweep_runs["children"][0].info.run_name
+    expand(trial)
+    _run_rows(pg, {parent_name, *trials, *STAGES})
+    screenshot(pg, "mlflow_runs_folded.png")
+    expand(trial)
+    expand(parent_name)  # folded again, as the walk found it
+    _run_rows(pg, {parent_name})
 
 
 def test_the_ui_page_always_carries_the_default_view_script(sweep_runs):
