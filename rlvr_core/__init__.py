@@ -9,8 +9,8 @@ Prefect layer lives in `tasks/` (thin task wrappers) and `flows/` (pipelines com
 
 __version__ = "0.1.0"
 
-# Before any torch kernel runs in this process (or its children): with RLVR_CPU_CAPABILITY=avx2, the same numbers
-# on any x86-64 with AVX2 (opt-in; docs/demo.md "Same numbers on any machine").
+# Before any torch kernel runs in this process (or its children): AVX2 kernels, so the same inputs give the same
+# numbers on any x86-64 with AVX2 (RLVR_CPU_CAPABILITY=native opts out; docs/demo.md "Same numbers on any machine").
 from rlvr_core.core.numerics import pin_cpu_kernels as _pin_cpu_kernels  # noqa: E402
 
 _pin_cpu_kernels()

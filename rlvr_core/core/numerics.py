@@ -15,13 +15,12 @@ import os
 
 __all__ = ["numerics", "pin_cpu_kernels", "CPU_KERNELS"]
 
-# The instruction set an rlvr process computes with when RLVR_CPU_CAPABILITY=avx2: the same inputs then give the
-# same numbers on any x86-64 with AVX2 (docs/demo.md, "Same numbers on any machine"). Measured
+# The instruction set an rlvr process computes with (unless RLVR_CPU_CAPABILITY=native): the same inputs then give
+# the same numbers on any x86-64 with AVX2 (docs/demo.md, "Same numbers on any machine"). Measured
 # (benchmarks/numerics_capability.py): ATen's vectorized kernels round differently at each width, so the warm
 # start's weights under AVX-512 and AVX2 part at its second step, and torch's CPU `normal_` fills the initial
-# weights differently without vectorization (DEFAULT) than with it. The default (`native`) leaves the choice to
-# torch, the numbers are the machine's and recorded as such: pinned by default, the tool demo's warm start
-# (configs/examples/tool-demo.yaml) learned too little copying on this AVX-512 machine to train (docs/demo.md).
+# weights differently without vectorization (DEFAULT) than with it. The cost on an AVX-512 machine: ×1.09 on the
+# warm start. `native` leaves the choice to torch: the numbers are then the machine's, recorded as such.
 CPU_KERNELS = {
     "ATEN_CPU_CAPABILITY": "avx2",  # torch's own kernels (a CPU without AVX2 runs DEFAULT: ATen never goes above it)
     "MKL_CBWR": "AVX2",  # MKL's conditional numerical reproducibility: its AVX2 code path on every CPU model
@@ -30,19 +29,25 @@ CPU_KERNELS = {
 
 
 def pin_cpu_kernels(environ: dict | None = None) -> dict[str, str]:
-    """Set `CPU_KERNELS` in `environ` (this process's environment by default) when RLVR_CPU_CAPABILITY is `avx2`
-    (the default, `native`, sets nothing); returns what was set. Takes effect when it runs before torch's first kernel (torch reads these
-    variables then, not at import): `rlvr_core/__init__.py` calls it, and child processes inherit it."""
+    """Set `CPU_KERNELS` in `environ` (this process's environment by default) unless RLVR_CPU_CAPABILITY is
+    `native` (the default is `avx2`); returns what was set. Takes effect when it runs before torch's first kernel
+    (torch reads these variables then, not at import): `rlvr_core/__init__.py` calls it, and child processes
+    inherit it. Another value is an error naming the variable."""
     env = os.environ if environ is None else environ
-    if env.get("RLVR_CPU_CAPABILITY", "native").lower() != "avx2":
+    choice = env.get("RLVR_CPU_CAPABILITY", "avx2").strip().lower()
+    if choice not in ("avx2", "native"):
+        raise ValueError(f"RLVR_CPU_CAPABILITY={env['RLVR_CPU_CAPABILITY']!r}: use avx2 (the default: the same "
+                         f"numbers on any x86-64 with AVX2) or native (the machine's own kernels)")
+    if choice == "native":
         return {}
     env.update(CPU_KERNELS)
     return dict(CPU_KERNELS)
 
 
 def numerics() -> dict[str, object]:
-    """{"torch_threads": intra-op threads now, "cpu_capability": the kernels torch runs, e.g. "AVX512" (the
-    machine's own, the default) or "AVX2" (RLVR_CPU_CAPABILITY=avx2, `pin_cpu_kernels`), "torch_version"}."""
+    """{"torch_threads": intra-op threads now, "cpu_capability": the kernels torch runs: "AVX2" (the default,
+    `pin_cpu_kernels`; "DEFAULT" on a CPU without AVX2) or the machine's own with RLVR_CPU_CAPABILITY=native,
+    "torch_version"}."""
     import torch
 
     return {"torch_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -53,6 +53,8 @@ def prepare_base_model(cfg: ExperimentConfig, data: DataArtifact, progress: Prog
     spec_key = asdict(spec)
     if not spec.teacher_tool_share:  # a key from before the option (its default) stays the same key
         del spec_key["teacher_tool_share"]
+    else:  # tool answers and in-head guesses are context, not labels (`warmstart._segments`)
+        spec_key["untrained"] = "tool answers, head digits"
     key = {"stage": WARMSTART_STAGE_VERSION, "data": data.train_hash, "spec": spec_key, "template": template.key,
            "numerics": numerics()}
     report = progress.counter("warm-start", "step")

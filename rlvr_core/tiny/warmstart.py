@@ -75,10 +75,11 @@ def teacher_answer(answer: str, rate: float, rng: random.Random, stops_early: fl
     return "\n".join(out) + f"\n#### {cur}"
 
 
-def _texts(rows: list[dict], template_id: str, spec: WarmStartSpec) -> list[tuple[str, str]]:
+def _texts(rows: list[dict], template_id: str, spec: WarmStartSpec) -> list[tuple[str, list[tuple[str, bool]]]]:
+    """(prompt, segments) per row: the completion as (text, trained) pieces (`_segments`)."""
     t = get_template(template_id)
     rng = random.Random(f"teacher-{spec.seed}")
-    return [(t.render(r["question"]), " " + _demonstration(r, spec, rng)) for r in rows]
+    return [(t.render(r["question"]), _segments(r, " " + _demonstration(r, spec, rng))) for r in rows]
 
 
 def _demonstration(row: dict, spec: WarmStartSpec, rng: random.Random) -> str:
@@ -89,22 +90,54 @@ def _demonstration(row: dict, spec: WarmStartSpec, rng: random.Random) -> str:
     return teacher_answer(row["answer"], spec.teacher_sub_as_add, rng, spec.teacher_stops_early)
 
 
-def _encode(tok, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+_TOOL_TURN = re.compile(r"^(.*?</calculator>)(.*?)(####.*)$", re.DOTALL)
+_HEAD_ANSWER = re.compile(r"^( ####\s*)(.*)$", re.DOTALL)
+
+
+def _segments(row: dict, completion: str) -> list[tuple[str, bool]]:
+    """The completion as (text, trained) pieces, each encoded alone. A products row (the tool demo) has two kinds
+    of demonstration, and in each the model is trained on what it can learn to write:
+    - with the calculator, three pieces as the tools environment builds the trajectory: the call (the model
+      writes it), the tool's answer (the environment writes it: context, never a label, as GRPO's mask has it)
+      and the final answer the model copies from it;
+    - in the head, "#### " is trained (the decision to answer at once, and the form) but not the product's
+      digits: a model this size cannot compute them, and learning to guess them drowns the copying the tool
+      needs. Trained on both, whether the warm start learned to copy operands and answers at all turned on the
+      kernels' rounding (docs/environments.md, "Warm start").
+    A word problem's worked answer is one trained piece."""
+    if not row["answer"].startswith("<calculator>"):
+        return [(completion, True)]
+    turn = _TOOL_TURN.match(completion)
+    if turn is not None:
+        return [(turn.group(1), True), (turn.group(2), False), (turn.group(3), True)]
+    head = _HEAD_ANSWER.match(completion)
+    return [(head.group(1), True), (head.group(2), False)] if head else [(completion, True)]
+
+
+def _encode(tok, pairs: list[tuple[str, list[tuple[str, bool]]]]) -> list[tuple[list[int], list[int], list[bool]]]:
+    """(prompt ids, completion ids + eos, trained flag per completion id)."""
     prompts = tok([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
-    comps = tok([c for _, c in pairs], add_special_tokens=False)["input_ids"]
-    return [(p, c + [tok.eos_token_id]) for p, c in zip(prompts, comps)]
+    out = []
+    for p, (_, segments) in zip(prompts, pairs):
+        ids, trained = [], []
+        for text, learn in segments:
+            piece = tok(text, add_special_tokens=False)["input_ids"]
+            ids += piece
+            trained += [learn] * len(piece)
+        out.append((p, ids + [tok.eos_token_id], trained + [True]))
+    return out
 
 
-def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch; labels are -100 on prompt and pad positions."""
-    n = max(len(p) + len(c) for p, c in examples)
+def _batch(examples: list[tuple[list[int], list[int], list[bool]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch; labels are -100 on prompt, pad and untrained positions (`_segments`)."""
+    n = max(len(p) + len(c) for p, c, _ in examples)
     ids = torch.full((len(examples), n), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), n), -100, dtype=torch.long)
     mask = torch.zeros((len(examples), n), dtype=torch.long)
-    for i, (p, c) in enumerate(examples):
+    for i, (p, c, trained) in enumerate(examples):
         seq = p + c
         ids[i, : len(seq)] = torch.tensor(seq)
-        labels[i, len(p) : len(seq)] = torch.tensor(c)
+        labels[i, len(p) : len(seq)] = torch.tensor([t if learn else -100 for t, learn in zip(c, trained)])
         mask[i, : len(seq)] = 1
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
@@ -141,7 +174,7 @@ def train_tiny(
         torch.set_num_threads(spec.num_threads)
     try:
         pairs = _texts(train_rows, template_id, spec)
-        tok = train_tokenizer((p + c for p, c in pairs), vocab_size=spec.vocab_size)
+        tok = train_tokenizer((p + "".join(t for t, _ in c) for p, c in pairs), vocab_size=spec.vocab_size)
         examples = _encode(tok, pairs)
         model = build_tiny_model(
             tok,

@@ -77,3 +77,45 @@ def test_demonstrations_call_the_tool_at_the_configured_share():
     assert 0.26 < called < 0.34
     direct = next(d for d, r in zip(demos, rows) if not d.startswith("<calculator>"))
     assert direct.startswith("#### ") and direct.count("\n") == 0
+
+
+def test_the_warm_start_trains_what_the_policy_writes_not_the_tool_answer_nor_head_digits():
+    """A calculator demonstration is encoded as the tools environment builds the trajectory (the call, the
+    observation ids the default boundary writes, the final answer), with labels only on the model's pieces; a head
+    answer trains "####" and eos but not the product's digits; a word problem stays one trained piece."""
+    from rlvr_core.data.synthetic import SyntheticSpec, make_synthetic_dataset
+    from rlvr_core.environments.boundary import TextBoundary
+    from rlvr_core.experiment.environment_config import EnvironmentConfig
+    from rlvr_core.tiny.tokenizer import train_tokenizer
+    from rlvr_core.tiny.warmstart import _batch, _encode, _texts
+
+    rows = make_products_dataset(ProductsSpec(n_train=200, n_test=10))["train"]
+    words = make_synthetic_dataset(SyntheticSpec(n_train=50, n_test=5))["train"]
+    pairs = _texts(rows + words, "qa", WarmStartSpec(teacher_tool_share=0.5))
+    tok = train_tokenizer([p + "".join(t for t, _ in c) for p, c in pairs], vocab_size=400)
+    examples = _encode(tok, pairs)
+    batch = _batch(examples, tok.pad_token_id)
+    env = EnvironmentConfig()
+    boundary = TextBoundary(tok, prefix=env.observation_prefix, suffix=env.observation_suffix)
+    kinds = set()
+    for i, (row, (prompt, completion, trained)) in enumerate(zip(rows + words, examples)):
+        labels = batch["labels"][i, len(prompt): len(prompt) + len(completion)].tolist()
+        assert labels == [t if learn else -100 for t, learn in zip(completion, trained)]
+        assert completion[-1] == tok.eos_token_id and trained[-1]
+        if not row["answer"].startswith("<calculator>"):
+            kinds.add("word")
+            assert all(trained) and completion[:-1] == tok(pairs[i][1][0][0], add_special_tokens=False)["input_ids"]
+            continue
+        x, y = row["question"].removeprefix("What is ").removesuffix("?").split(" * ")
+        call = tok(f" <calculator>{x}*{y}</calculator>", add_special_tokens=False)["input_ids"]
+        final = tok(f"#### {row['final_answer']}", add_special_tokens=False)["input_ids"]
+        if completion[: len(call)] == call:
+            kinds.add("tool")
+            observation = boundary.observation_ids(row["final_answer"])
+            assert completion[:-1] == call + observation + final
+            assert trained[:-1] == [True] * len(call) + [False] * len(observation) + [True] * len(final)
+        else:
+            kinds.add("head")
+            untrained = tok.decode([t for t, learn in zip(completion, trained) if not learn])
+            assert untrained == row["final_answer"] and tok.decode(completion[:-1]) == f" #### {row['final_answer']}"
+    assert kinds == {"tool", "head", "word"}
