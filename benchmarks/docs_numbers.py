@@ -240,6 +240,7 @@ def sweep_values(pivot: dict[str, Any], n_eval: int) -> dict[str, Any]:
         cell = cell.replace(".", "_").replace(" ", ",")
         seeds = [float(x) for x in r["per_seed"].split(", ")]
         v.update({f"{cell}/{k}": r[k] for k in ("mean", "ci_low", "ci_high", "n_seeds", "per_seed", "seeds", "ci")})
+        v.update({f"{cell}/{short[k]}": r[k] for k in keys})  # the swept value itself: `lr=0_0003/lr` = 0.0003
         v.update({f"{cell}/seed_min": min(seeds), f"{cell}/seed_max": max(seeds),
                   f"{cell}/wilson_low_min": wilson_interval(round(min(seeds) * n_eval), n_eval)[0],
                   f"{cell}/wilson_high_max": wilson_interval(round(max(seeds) * n_eval), n_eval)[1]})
