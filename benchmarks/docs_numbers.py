@@ -83,7 +83,7 @@ QUOTES: tuple[Quote, ...] = (
           "{wall_s:.0f} s"),
     Quote("docs/environments.md", "tool-demo",
           "Measured {date} on this 2-core machine in a fresh home (`RLVR_HOME=<new folder>`, commit {commit}, "
-          "{torch_threads} threads,\nthe machine's own kernels: {cpu_capability})"),
+          "{torch_threads} threads,\nthe machine's own kernels: {cpu_capability};"),
     Quote("docs/environments.md", "tool-demo",
           "| held-out greedy accuracy (n = {n}, 95% Wilson) | {base_greedy:.3f} [{base_ci_low:.3f}, {base_ci_high:.3f}] "
           "| **{trained_greedy:.3f} [{trained_ci_low:.3f}, {trained_ci_high:.3f}]** |"),
@@ -311,21 +311,28 @@ def measure_tool_demo(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
     return _demo(ctx, "tool-demo", ["-c", "configs/examples/tool-demo.yaml"])
 
 
-def measure_sweep(name: str, sets: list[str], home: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The sweep's trials through the ablation-sweep flow inline (ephemeral Prefect, the home's MLflow, store and
-    warehouse), its pivot as `rlvr sweep show` prints it, and the base model's greedy accuracy on the same
-    held-out problems (`rlvr demo` without training, with the sweep's shared settings: its cached stages)."""
+def _shared_sets(name: str, sets: list[str]) -> list[str]:
+    """`--set` arguments for `rlvr demo` with the sweep's settings of the stages before training (data, base model,
+    pass rates, evaluation): the sweep file's `set` and the extra `sets`, without grpo, tracking or sweep fields."""
     import yaml
 
     from rlvr_core.pipeline.sweeps import find_sweep
 
+    fields = {**(yaml.safe_load(find_sweep(name).read_text()).get("set") or {}),
+              **{k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in sets)}}
+    return [a for k, v in fields.items() if "." in k and k.split(".")[0] not in ("grpo", "tracking", "grid")
+            for a in ("--set", f"{k}={json.dumps(v)}")]
+
+
+def measure_sweep(name: str, sets: list[str], home: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sweep's trials through the ablation-sweep flow inline (ephemeral Prefect, the home's MLflow, store and
+    warehouse), its pivot as `rlvr sweep show` prints it, and the base model's greedy accuracy on the same
+    held-out problems (`rlvr demo` without training, with the sweep's shared settings: its cached stages)."""
     env = child_env(home)
     sweep_id = run_json(["-c", _SWEEP, name, *sets], env, f"sweep {name}")["sweep_id"]
     pivot = rlvr(["sweep", "show", sweep_id, "--json"], env, f"sweep show {sweep_id}")
-    shared = {k: v for k, v in (yaml.safe_load(find_sweep(name).read_text()).get("set") or {}).items()
-              if k.split(".")[0] not in ("grpo", "tracking")}
-    args = [a for k, v in shared.items() for a in ("--set", f"{k}={json.dumps(v)}")]
-    base = rlvr(["demo", "--json", "--quiet", "--set", "grpo.enabled=false", *args], env, f"{name}: base model")
+    base = rlvr(["demo", "--json", "--quiet", "--set", "grpo.enabled=false", *_shared_sets(name, sets)], env,
+                f"{name}: base model")
     v = sweep_values(pivot, base["n_eval"])
     v.update(base_greedy=base["base_pass_at_1"], base_ci_low=base["base_pass_at_1_ci95"][0],
              base_ci_high=base["base_pass_at_1_ci95"][1], n=base["n_eval"])
@@ -382,8 +389,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _save(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str,
-                               allow_nan=False) + "\n")
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def finish(root: Path = ROOT) -> int:
