@@ -133,7 +133,7 @@ def check(record: dict[str, Any], root: Path = ROOT, quotes: tuple[Quote, ...] =
     problems = []
     for q in quotes:
         try:
-            text, n = render(q, record), None
+            text = render(q, record)
             n = (root / q.file).read_text().count(text)
         except (QuoteError, OSError) as e:
             problems.append(str(e))
