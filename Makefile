@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser sandbox demo test test-fast clean
+.PHONY: install browser sandbox demo docs-numbers test test-fast clean
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml requirements.lock
 
 demo: install
 	$(VENV)/bin/rlvr demo
+
+# Re-measures every number the README and docs quote for the demo and the sweeps and rewrites them where they are
+# quoted (~80 min on 2 cores; docs/testing.md, "Numbers the docs quote"). Some of them: make docs-numbers ONLY=tool-demo
+docs-numbers: install
+	$(PY) benchmarks/docs_numbers.py $(if $(ONLY),--only $(ONLY))
 
 # The dashboard tests drive Debian's chromium (through playwright, with no browser download).
 browser:

@@ -71,7 +71,7 @@ def test_the_where_things_live_answers_name_what_exists():
     section = text[text.index("## Where things live"):]
     section = section.split("\n## ", 1)[0]
     wrong = []
-    for ref in re.findall(r"`((?:rlvr_core|rlvr_cli|flows|tasks)/[\w/]+\.py)(?::(\w+))?`", section):
+    for ref in re.findall(r"`((?:rlvr_core|rlvr_cli|flows|tasks|benchmarks)/[\w/]+\.py)(?::(\w+))?`", section):
         path, name = ROOT / ref[0], ref[1]
         if not path.is_file():
             wrong.append(ref[0])

@@ -198,6 +198,19 @@ def test_demo_with_grpo_records_training_and_the_trained_eval(demo_runs):
     assert list(s["guard_coverage"]) == list(GUARDS)
     assert s["guard_coverage"]["G-no-eval"].startswith("active: every 2 steps")
     assert s["guard_coverage"]["G-reward-hacking"].startswith("needs at least 3 eval points")  # 2 points in 3 steps
+    # benchmarks/docs_numbers.py reads the numbers the docs quote from this summary (docs/testing.md).
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_numbers", ROOT / "benchmarks" / "docs_numbers.py")
+    dn = sys.modules.setdefault("docs_numbers", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(dn)
+    v = dn.demo_values(s)
+    d = s["comparison"]["accuracy_greedy"]
+    assert (v["base_greedy"], v["trained_greedy"], v["n"], v["train_steps"]) == (
+        s["base_pass_at_1"], s["trained_pass_at_1"], 60, 3)
+    assert (v["delta_points"], v["delta_ci_low_points"]) == (pytest.approx(100 * d["delta"]), pytest.approx(100 * d["ci_low"]))
+    assert v["base_pass_at_4"] == s["base_pass_at_k"]["4"] and "base_tool_call_rate" not in v
+    assert dn.rollout_values(s["artifact_uri"]) == {}  # single-turn: its steps have no tool-call rate
     # The closing summary prints each evaluation's own truncation: the trained one's is the trained evaluation's
     # share (what its G-truncation flag is raised on), not the base model's.
     for who, ev_id, e in (("base model", "base", s["eval"]), ("after GRPO", "trained", s["trained_eval"])):
