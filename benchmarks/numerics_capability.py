@@ -7,8 +7,8 @@ and the loss step by step, so the first step where the builds part is named.
     python benchmarks/numerics_capability.py --steps 30                # RLVR_CPU_CAPABILITY=avx2: equal
 
 A machine's capability is simulated by `ATEN_CPU_CAPABILITY` (torch never goes above what the CPU has).
-`--native` sets RLVR_CPU_CAPABILITY=native (rlvr's default: torch's own choice, rlvr_core.core.numerics); without
-it each build runs with RLVR_CPU_CAPABILITY=avx2, rlvr's opt-in pin, whatever the simulated machine.
+`--native` sets RLVR_CPU_CAPABILITY=native (torch's own choice); without it each build runs with
+RLVR_CPU_CAPABILITY=avx2, rlvr's default pin (rlvr_core.core.numerics), whatever the simulated machine.
 
 `--env K=V` adds a variable to every build (to test a fix: e.g. the MKL or oneDNN instruction-set caps). One
 thread per build, as the demo's stage children run (OMP_NUM_THREADS=1, RLVR_STAGE_THREADS). Prints one JSON
