@@ -7,7 +7,7 @@
 
 Measurements (each runs the real command in a fresh RLVR_HOME, as a new user would, and parses what it prints):
   demo          `rlvr demo --json`                                                     (~6.5 min)
-  demo-avx2     the same with RLVR_CPU_CAPABILITY=avx2 (the pinned kernels)           (~6.5 min)
+  demo-native   the same with RLVR_CPU_CAPABILITY=native (the machine's own kernels)  (~6.5 min)
   tool-demo     `rlvr demo -c configs/examples/tool-demo.yaml --json`                  (~2.5 min)
   demo-lr       the ablation-sweep flow inline on configs/sweeps/demo_lr.yaml (the trials `rlvr sweep run demo-lr`
                 runs), its pivot read back with `rlvr sweep show <id> --json`, then the base model's greedy
@@ -72,18 +72,18 @@ QUOTES: tuple[Quote, ...] = (
     Quote("README.md", "demo-lr", _lr("reach greedy {H/mean:.3f}")),
     Quote("README.md", "demo-lr", _lr("# [{H/ci_low:.3f}, {H/ci_high:.3f}], at 3e-5 {L/mean:.3f} [{L/ci_low:.3f}, "
                                       "{L/ci_high:.3f}] (base {base_greedy:.3f});")),
-    Quote("docs/demo.md", "demo",
-          "`rlvr demo` as last measured ({date}, commit {commit}, {cpu_capability} kernels, {torch_threads} threads):\n"
+    Quote("docs/demo.md", "demo-native",
+          "With `RLVR_CPU_CAPABILITY=native` ({date}, commit {commit}, {cpu_capability} kernels, {torch_threads} threads):\n"
           "**{base_greedy:.3f} → {trained_greedy:.3f}, {delta_points:+.1f} [{delta_ci_low_points:+.1f}, "
           "{delta_ci_high_points:+.1f}]** (paired, n = {n}; McNemar p {mcnemar_p:.0e})"),
-    Quote("docs/demo.md", "demo-avx2",
-          "- the demo ({date}): base greedy **{base_greedy:.3f}** [{base_ci_low:.3f}, {base_ci_high:.3f}] → "
+    Quote("docs/demo.md", "demo",
+          "`rlvr demo` ({date}, commit {commit}, {cpu_capability} kernels, {torch_threads} threads): base greedy **{base_greedy:.3f}** [{base_ci_low:.3f}, {base_ci_high:.3f}] → "
           "**{trained_greedy:.3f}** [{trained_ci_low:.3f}, {trained_ci_high:.3f}],\n  paired **{delta_points:+.1f} "
           "[{delta_ci_low_points:+.1f}, {delta_ci_high_points:+.1f}]** (n = {n}), base pass@32 {base_pass_at_32:.3f}, "
           "{wall_s:.0f} s"),
     Quote("docs/environments.md", "tool-demo",
           "Measured {date} on this 2-core machine in a fresh home (`RLVR_HOME=<new folder>`, commit {commit}, "
-          "{torch_threads} threads,\nthe machine's own kernels: {cpu_capability};"),
+          "{torch_threads} threads,\n{cpu_capability} kernels;"),
     Quote("docs/environments.md", "tool-demo",
           "| held-out greedy accuracy (n = {n}, 95% Wilson) | {base_greedy:.3f} [{base_ci_low:.3f}, {base_ci_high:.3f}] "
           "| **{trained_greedy:.3f} [{trained_ci_low:.3f}, {trained_ci_high:.3f}]** |"),
@@ -303,8 +303,8 @@ def measure_demo(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
     return _demo(ctx, "demo", [])
 
 
-def measure_demo_avx2(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
-    return _demo(ctx, "demo-avx2", [], RLVR_CPU_CAPABILITY="avx2")
+def measure_demo_native(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
+    return _demo(ctx, "demo-native", [], RLVR_CPU_CAPABILITY="native")
 
 
 def measure_tool_demo(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -350,7 +350,7 @@ def measure_demo_distill(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
 
 MEASUREMENTS: dict[str, tuple[Callable[[Ctx], tuple[dict[str, Any], dict[str, Any]]], str]] = {
     "demo": (measure_demo, "rlvr demo --json"),
-    "demo-avx2": (measure_demo_avx2, "RLVR_CPU_CAPABILITY=avx2 rlvr demo --json"),
+    "demo-native": (measure_demo_native, "RLVR_CPU_CAPABILITY=native rlvr demo --json"),
     "tool-demo": (measure_tool_demo, "rlvr demo -c configs/examples/tool-demo.yaml --json"),
     "demo-lr": (lambda ctx: measure_sweep("demo-lr", [], ctx.home("demo-lr")),
                 "ablation_sweep_flow(demo-lr, deployment=None); rlvr sweep show <id> --json; "
@@ -380,7 +380,7 @@ def measure(name: str, ctx: Ctx) -> dict[str, Any]:
     values.update(wall_s=wall, date=date, commit=commit, cpu_capability=num.get("cpu_capability"),
                   torch_threads=num.get("torch_threads"))
     return {"values": values, "command": command, "commit": commit, "date": date, "numerics": num,
-            "RLVR_CPU_CAPABILITY": "avx2" if name == "demo-avx2" else os.environ.get("RLVR_CPU_CAPABILITY", "native")}
+            "RLVR_CPU_CAPABILITY": "native" if name == "demo-native" else os.environ.get("RLVR_CPU_CAPABILITY", "avx2")}
 
 
 # ------------------------------------------------------------------------------------------ the command

@@ -89,14 +89,14 @@ def test_the_rewrite_refuses_when_a_doc_no_longer_quotes_the_record(record, docs
 def test_finish_applies_the_pending_numbers_and_records_them(record, docs):
     (docs / D.RECORD).parent.mkdir(parents=True, exist_ok=True)
     D._save(docs / D.RECORD, record)
-    D._save(docs / D.PENDING, _changed(record, "demo-avx2", trained_greedy=0.561, wall_s=400.4))
+    D._save(docs / D.PENDING, _changed(record, "demo", trained_greedy=0.561, wall_s=400.4))
     assert D.finish(docs) == 0
     assert not (docs / D.PENDING).exists()
     saved = D._load(docs / D.RECORD)
-    assert saved["measurements"]["demo-avx2"]["values"]["trained_greedy"] == 0.561
-    assert saved["measurements"]["demo"] == record["measurements"]["demo"]
+    assert saved["measurements"]["demo"]["values"]["trained_greedy"] == 0.561
+    assert saved["measurements"]["demo-native"] == record["measurements"]["demo-native"]
     assert "→ **0.561** [0.486, 0.622],\n  paired" in (docs / "docs/demo.md").read_text()
-    assert ", 400 s: another draw" in (docs / "docs/demo.md").read_text()
+    assert "base pass@32 0.750, 400 s\n" in (docs / "docs/demo.md").read_text()
 
 
 def _pivot(key: str, cells: list[tuple]) -> dict:
