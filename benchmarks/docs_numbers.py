@@ -14,6 +14,7 @@ Measurements (each runs the real command in a fresh RLVR_HOME, as a new user wou
                 accuracy with `rlvr demo --json --set grpo.enabled=false` and the sweep's pass-rate settings
                 (data, base model and pass rates come from the sweep's stage cache)        (~15 min)
   demo-losses   the same on configs/sweeps/demo_losses.yaml                            (~30 min)
+  tools-on-off  the same on configs/sweeps/tools_on_off.yaml (base: the tool demo's config)   (~10 min)
   demo-distill  the same on configs/sweeps/demo_distill.yaml with `--set grpo.distill_teacher=run:<id>`: the
                 teacher is the `demo` measurement's run, in its home, when `demo` is measured in the same call;
                 otherwise a `rlvr demo` is run first in the sweep's own home              (~15 min, +6.5)
@@ -312,16 +313,20 @@ def measure_tool_demo(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _shared_sets(name: str, sets: list[str]) -> list[str]:
-    """`--set` arguments for `rlvr demo` with the sweep's settings of the stages before training (data, base model,
-    pass rates, evaluation): the sweep file's `set` and the extra `sets`, without grpo, tracking or sweep fields."""
+    """Arguments for `rlvr demo` with the sweep's base config (`-c`, its `base:`) and its settings of the stages
+    before training (data, base model, pass rates, evaluation): the sweep file's `set` and the extra `sets`,
+    without grpo, tracking, environment or sweep fields."""
     import yaml
 
     from rlvr_core.pipeline.sweeps import find_sweep
 
-    fields = {**(yaml.safe_load(find_sweep(name).read_text()).get("set") or {}),
-              **{k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in sets)}}
-    return [a for k, v in fields.items() if "." in k and k.split(".")[0] not in ("grpo", "tracking", "grid")
-            for a in ("--set", f"{k}={json.dumps(v)}")]
+    path = find_sweep(name)
+    sweep = yaml.safe_load(path.read_text())
+    fields = {**(sweep.get("set") or {}), **{k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in sets)}}
+    config = ["-c", str((path.parent / sweep["base"]).resolve())] if sweep.get("base") else []
+    return config + [a for k, v in fields.items()
+                     if "." in k and k.split(".")[0] not in ("grpo", "tracking", "grid", "environment")
+                     for a in ("--set", f"{k}={json.dumps(v)}")]
 
 
 def measure_sweep(name: str, sets: list[str], home: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -358,6 +363,9 @@ MEASUREMENTS: dict[str, tuple[Callable[[Ctx], tuple[dict[str, Any], dict[str, An
     "demo-losses": (lambda ctx: measure_sweep("demo-losses", [], ctx.home("demo-losses")),
                     "ablation_sweep_flow(demo-losses, deployment=None); rlvr sweep show <id> --json; "
                     "rlvr demo --json --set grpo.enabled=false (the sweep's shared settings)"),
+    "tools-on-off": (lambda ctx: measure_sweep("tools-on-off", [], ctx.home("tools-on-off")),
+                     "ablation_sweep_flow(tools-on-off, deployment=None); rlvr sweep show <id> --json; "
+                     "rlvr demo -c configs/examples/tool-demo.yaml --json --set grpo.enabled=false"),
     "demo-distill": (measure_demo_distill,
                      "ablation_sweep_flow(demo-distill --set grpo.distill_teacher=run:<demo's run id>, "
                      "deployment=None); rlvr sweep show <id> --json; rlvr demo --json --set grpo.enabled=false"),
