@@ -285,6 +285,7 @@ class Ctx:
     homes: Path
     demo_home: Path | None = None  # the `demo` measurement's home and run id, for demo-distill's teacher
     demo_run_id: str | None = None
+    demo_greedy: float | None = None  # the teacher's held-out greedy accuracy
 
     def home(self, name: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.homes))
@@ -296,7 +297,7 @@ def _demo(ctx: Ctx, name: str, args: list[str], **env: str) -> tuple[dict[str, A
     home = ctx.home(name)
     s = rlvr(["demo", "--json", "--quiet", *args], child_env(home, **env), name)
     if name == "demo":
-        ctx.demo_home, ctx.demo_run_id = home, s["mlflow_run_id"]
+        ctx.demo_home, ctx.demo_run_id, ctx.demo_greedy = home, s["mlflow_run_id"], demo_values(s)["trained_greedy"]
     return {**demo_values(s), **rollout_values(s["artifact_uri"])}, s.get("numerics") or {}
 
 
@@ -347,10 +348,11 @@ def measure_sweep(name: str, sets: list[str], home: Path) -> tuple[dict[str, Any
 def measure_demo_distill(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
     if ctx.demo_home is None:  # no `demo` in this call: a teacher of its own, in the sweep's home
         home = ctx.home("demo-distill")
-        ctx.demo_run_id = rlvr(["demo", "--json", "--quiet"], child_env(home), "demo-distill: teacher")["mlflow_run_id"]
-        ctx.demo_home = home
+        teacher = rlvr(["demo", "--json", "--quiet"], child_env(home), "demo-distill: teacher")
+        ctx.demo_home, ctx.demo_run_id = home, teacher["mlflow_run_id"]
+        ctx.demo_greedy = demo_values(teacher)["trained_greedy"]
     v, num = measure_sweep("demo-distill", [f"grpo.distill_teacher=run:{ctx.demo_run_id}"], ctx.demo_home)
-    return {**v, "teacher_run_id": ctx.demo_run_id}, num
+    return {**v, "teacher_run_id": ctx.demo_run_id, "teacher_greedy": ctx.demo_greedy}, num
 
 
 MEASUREMENTS: dict[str, tuple[Callable[[Ctx], tuple[dict[str, Any], dict[str, Any]]], str]] = {
