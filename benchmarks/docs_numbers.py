@@ -107,6 +107,18 @@ QUOTES: tuple[Quote, ...] = (
           _lr("trials score {H/seed_min:.3f}–{H/seed_max:.3f}, Wilson intervals from {H/wilson_low_min:.3f} up;")),
     Quote("docs/orchestration.md", "demo-lr",
           _lr("the small lr's {L/seed_min:.3f}–{L/seed_max:.3f}, Wilson intervals up to {L/wilson_high_max:.3f})")),
+    Quote("docs/grpo_training.md", "demo-distill", "{pivot_table}"),
+    Quote("docs/grpo_training.md", "demo-distill",
+          "the demo's trained model: held-out greedy {teacher_greedy:.3f} (its base {base_greedy:.3f}). The pivot:"),
+    Quote("docs/grpo_training.md", "demo-distill",
+          "Distillation alone reaches {distill_weight=1_0/mean:.3f} [{distill_weight=1_0/ci_low:.3f}, "
+          "{distill_weight=1_0/ci_high:.3f}] in 10 steps (seeds {distill_weight=1_0/per_seed}), a twelfth of the\n"
+          "demo's 120-step budget, against the teacher's {teacher_greedy:.3f}:"),
+    Quote("docs/grpo_training.md", "demo-distill",
+          "GRPO alone, on the same 10 steps, reaches {distill_weight=0_0/mean:.3f} [{distill_weight=0_0/ci_low:.3f}, "
+          "{distill_weight=0_0/ci_high:.3f}],"),
+    Quote("docs/grpo_training.md", "demo-distill",
+          "mixing the two (0.5) gives no more than distillation alone ({distill_weight=0_5/mean:.3f})."),
     Quote("docs/grpo_training.md", "demo-losses", "{pivot_table}"),
     Quote("docs/grpo_training.md", "demo-losses",
           "From the base model's {base_greedy:.3f} every loss reaches {min_mean:.2f}–{max_mean:.2f} in 10 steps"),

@@ -43,11 +43,16 @@ def test_every_quote_names_a_measurement_the_script_makes():
     assert not (ROOT / D.PENDING).exists(), f"{D.PENDING} left behind: a measurement not applied to the docs"
 
 
+def _tool(record: dict) -> dict:
+    return record["measurements"]["tool-demo"]["values"]
+
+
 def test_a_hand_edited_number_fails_the_check(record, docs):
     env = docs / "docs/environments.md"
-    text = env.read_text()
-    assert "**0.640 [0.571, 0.703]**" in text  # the tool demo's trained accuracy, as recorded
-    env.write_text(text.replace("**0.640 [0.571, 0.703]**", "**0.650 [0.571, 0.703]**"))
+    text, v = env.read_text(), _tool(record)
+    quoted = f"**{v['trained_greedy']:.3f} [{v['trained_ci_low']:.3f}, {v['trained_ci_high']:.3f}]**"
+    assert quoted in text  # the tool demo's trained accuracy, as recorded
+    env.write_text(text.replace(quoted, quoted.replace(f"{v['trained_greedy']:.3f}", f"{v['trained_greedy'] + 0.01:.3f}")))
     problems = D.check(record, docs)
     assert len(problems) == 1 and problems[0].startswith("docs/environments.md: ") and "occurs 0 times" in problems[0]
 
@@ -60,15 +65,19 @@ def _changed(record: dict, name: str, **values) -> dict:
 
 def test_the_rewrite_replaces_the_old_numbers_with_the_new(record, docs):
     before = {f: (docs / f).read_text() for f in ("README.md", "docs/environments.md", "docs/demo.md")}
+    v = _tool(record)
+    old_greedy, old_rate = f"{v['trained_greedy']:.3f}", f"{v['base_tool_call_rate']:.3g}"
     new = _changed(record, "tool-demo", trained_greedy=0.655, base_tool_call_rate=0.015, date="2027-01-02")
     changed = D.apply(record, new, docs)
     assert sorted(changed) == ["README.md", "docs/environments.md"]
     readme, env = (docs / "README.md").read_text(), (docs / "docs/environments.md").read_text()
-    assert "greedy 0.000 -> 0.655," in readme and "greedy 0.000 -> 0.640," not in readme
+    assert "greedy 0.000 -> 0.655," in readme and f"greedy 0.000 -> {old_greedy}," not in readme
     assert "tool-call rate 0.015 -> 1 (docs/environments.md)" in readme
-    assert "| **0.655 [0.571, 0.703]** |" in env and "Measured 2027-01-02 on this" in env
+    assert f"| **0.655 [{v['trained_ci_low']:.3f}, {v['trained_ci_high']:.3f}]** |" in env
+    assert "Measured 2027-01-02 on this" in env
     # Only the quoted spans moved: the rest of each file is as it was, and an unquoted measurement's file untouched.
-    assert readme.replace("0.655,", "0.640,").replace("rate 0.015 ->", "rate 0 ->") == before["README.md"]
+    restored = readme.replace("0.655,", f"{old_greedy},").replace("rate 0.015 ->", f"rate {old_rate} ->")
+    assert restored == before["README.md"]
     assert (docs / "docs/demo.md").read_text() == before["docs/demo.md"]
     merged = D.merged(record, new)
     assert not D.check(merged, docs)
@@ -77,7 +86,9 @@ def test_the_rewrite_replaces_the_old_numbers_with_the_new(record, docs):
 
 def test_the_rewrite_refuses_when_a_doc_no_longer_quotes_the_record(record, docs):
     readme = docs / "README.md"
-    readme.write_text(readme.read_text().replace("greedy 0.000 -> 0.640,", "greedy 0.000 -> 0.64,"))
+    quoted = f"greedy 0.000 -> {_tool(record)['trained_greedy']:.3f},"
+    assert quoted in readme.read_text()
+    readme.write_text(readme.read_text().replace(quoted, quoted[:-2] + ","))
     before = {f: (docs / f).read_text() for f in ("README.md", "docs/environments.md")}
     with pytest.raises(D.QuoteError) as err:
         D.apply(record, _changed(record, "tool-demo", trained_greedy=0.655), docs)
