@@ -100,6 +100,10 @@ QUOTES: tuple[Quote, ...] = (
     Quote("docs/environments.md", "tool-demo",
           "| rollout tool-call rate (step 1 -> step {train_steps}) | {rollout_tool_call_rate_first:.2f} | "
           "{rollout_tool_call_rate_last:.2f} |"),
+    Quote("docs/environments.md", "tools-on-off", "{pivot_table_in_list}"),
+    Quote("docs/environments.md", "tools-on-off",
+          "With the calculator, 20 steps reach {name=tools/mean:.3f} [{name=tools/ci_low:.3f}, {name=tools/ci_high:.3f}] "
+          "from the base's {base_greedy:.3f};"),
     Quote("docs/orchestration.md", "demo-lr", "{pivot_table}"),
     Quote("docs/orchestration.md", "demo-lr", "answers {base_greedy:.3f} of them greedily"),
     Quote("docs/orchestration.md", "demo-lr", _lr("reach {H/mean:.3f}; at 3e-5 they reach {L/mean:.3f}")),
@@ -247,6 +251,7 @@ def sweep_values(pivot: dict[str, Any], n_eval: int) -> dict[str, Any]:
     table = format_pivot(rows, keys, pivot["metric"]).splitlines()[:-1]  # the rows; the CI note is prose
     v: dict[str, Any] = {"sweep_id": pivot["sweep_id"], "metric": pivot["metric"],
                          "pivot_table": "\n".join("    " + line for line in table),
+                         "pivot_table_in_list": "\n".join("      " + line for line in table),  # in a list item
                          "min_mean": min(r["mean"] for r in rows), "max_mean": max(r["mean"] for r in rows)}
     for r in rows:
         cell = " ".join(f"{short[k]}={r[k] if isinstance(r[k], str) else json.dumps(r[k])}" for k in keys)
