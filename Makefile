@@ -26,7 +26,7 @@ demo: install
 	$(VENV)/bin/rlvr demo
 
 # Re-measures every number the README and docs quote for the demo and the sweeps and rewrites them where they are
-# quoted (~80 min on 2 cores; docs/testing.md, "Numbers the docs quote"). Some of them: make docs-numbers ONLY=tool-demo
+# quoted (~45 min on 2 idle cores; docs/testing.md, "Numbers the docs quote"). Some of them: make docs-numbers ONLY=tool-demo
 docs-numbers: install
 	$(PY) benchmarks/docs_numbers.py $(if $(ONLY),--only $(ONLY))
 

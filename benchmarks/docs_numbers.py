@@ -1,23 +1,24 @@
 """Re-measure every number the README and docs quote for the demo and the sweeps, and write it where they quote it.
 
-    python benchmarks/docs_numbers.py                            # every measurement (~80 min on 2 idle cores)
+    python benchmarks/docs_numbers.py                            # every measurement (~45 min on 2 idle cores)
     python benchmarks/docs_numbers.py --only tool-demo,demo-lr   # some of them
     python benchmarks/docs_numbers.py --render-only              # no measuring (below)
     make docs-numbers                                            # the first, in the repo's .venv
 
-Measurements (each runs the real command in a fresh RLVR_HOME, as a new user would, and parses what it prints):
-  demo          `rlvr demo --json`                                                     (~6.5 min)
-  demo-native   the same with RLVR_CPU_CAPABILITY=native (the machine's own kernels)  (~6.5 min)
+Measurements (each runs the real command in a fresh RLVR_HOME, as a new user would, and parses what it prints;
+times on 2 idle cores, docs/testing.md):
+  demo          `rlvr demo --json`                                                     (~4 min)
+  demo-native   the same with RLVR_CPU_CAPABILITY=native (the machine's own kernels)  (~4 min)
   tool-demo     `rlvr demo -c configs/examples/tool-demo.yaml --json`                  (~2.5 min)
   demo-lr       the ablation-sweep flow inline on configs/sweeps/demo_lr.yaml (the trials `rlvr sweep run demo-lr`
                 runs), its pivot read back with `rlvr sweep show <id> --json`, then the base model's greedy
                 accuracy with `rlvr demo --json --set grpo.enabled=false` and the sweep's pass-rate settings
-                (data, base model and pass rates come from the sweep's stage cache)        (~15 min)
-  demo-losses   the same on configs/sweeps/demo_losses.yaml                            (~30 min)
-  tools-on-off  the same on configs/sweeps/tools_on_off.yaml (base: the tool demo's config)   (~10 min)
+                (data, base model and pass rates come from the sweep's stage cache)        (~4.5 min)
+  demo-losses   the same on configs/sweeps/demo_losses.yaml                            (~15 min)
+  tools-on-off  the same on configs/sweeps/tools_on_off.yaml (base: the tool demo's config)   (~6 min)
   demo-distill  the same on configs/sweeps/demo_distill.yaml with `--set grpo.distill_teacher=run:<id>`: the
                 teacher is the `demo` measurement's run, in its home, when `demo` is measured in the same call;
-                otherwise a `rlvr demo` is run first in the sweep's own home              (~15 min, +6.5)
+                otherwise a `rlvr demo` is run first in the sweep's own home              (~6 min, +4)
 The thread count and kernels are the caller's (set RLVR_CPU_CAPABILITY or OMP_NUM_THREADS to change them); they go
 into the record with each measurement.
 
