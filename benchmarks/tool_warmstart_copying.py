@@ -21,13 +21,18 @@ import time
 import rlvr_core  # noqa: F401  (pins the kernels before torch's first one: rlvr_core.core.numerics)
 import torch
 
+from dataclasses import replace
+from pathlib import Path
+
 from rlvr_core.core.numerics import numerics
 from rlvr_core.data.synthetic import ProductsSpec, make_products_dataset
 from rlvr_core.data.templates import get_template
 from rlvr_core.environments.boundary import TextBoundary
-from rlvr_core.experiment.environment_config import EnvironmentConfig
-from rlvr_core.tiny.spec import WarmStartSpec
+from rlvr_core.experiment.config import load_config
+from rlvr_core.pipeline.base_model_stage import warm_start_spec
 from rlvr_core.tiny.warmstart import train_tiny
+
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "examples" / "tool-demo.yaml"
 
 
 def _greedy(model, ids: list[int], n: int, tok) -> str:
@@ -38,17 +43,20 @@ def _greedy(model, ids: list[int], n: int, tok) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a WarmStartSpec field")
-    ap.add_argument("--n-train", type=int, default=2000)
+    ap.add_argument("--n-train", type=int, default=2000, help="training problems (the recipe has 2,000)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     fields = {k: json.loads(v) for k, v in (s.split("=", 1) for s in a.set)}
-    spec = WarmStartSpec(**{"steps": 400, "teacher_tool_share": 0.5, **fields})  # the recipe's model and steps
-    ds = make_products_dataset(ProductsSpec(n_train=a.n_train, n_test=200, seed=0, digits=(3, 2)))
+    cfg = load_config(RECIPE)  # the recipe's warm start, data, template and boundary, as `rlvr demo -c` builds them
+    spec = replace(warm_start_spec(cfg), **fields)
+    data = cfg.data.synthetic
+    ds = make_products_dataset(ProductsSpec(n_train=a.n_train, n_test=data.n_test, seed=data.seed,
+                                            digits=tuple(data.digits)))
     t0 = time.perf_counter()
-    res = train_tiny(ds["train"], spec, template_id="qa")
-    model, tok, template = res.model, res.tokenizer, get_template("qa")
-    env = EnvironmentConfig()
+    res = train_tiny(ds["train"], spec, template_id=cfg.prompt.template)
+    model, tok, template = res.model, res.tokenizer, get_template(cfg.prompt.template)
+    env = cfg.environment
     boundary = TextBoundary(tok, prefix=env.observation_prefix, suffix=env.observation_suffix)
     counts = {"called": 0, "call_copied_forced": 0, "answer_copied": 0}
     with torch.no_grad():
