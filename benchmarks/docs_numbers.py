@@ -19,6 +19,8 @@ times on 2 idle cores, docs/testing.md):
   demo-distill  the same on configs/sweeps/demo_distill.yaml with `--set grpo.distill_teacher=run:<id>`: the
                 teacher is the `demo` measurement's run, in its home, when `demo` is measured in the same call;
                 otherwise a `rlvr demo` is run first in the sweep's own home              (~6 min, +4)
+  demo-distill-sampled  the same with `--set grpo.distill_estimator=sampled` (the KL a teacher server gives)
+                                                                                   (~6 min, +4)
 The thread count and kernels are the caller's (set RLVR_CPU_CAPABILITY or OMP_NUM_THREADS to change them); they go
 into the record with each measurement.
 
@@ -363,13 +365,13 @@ def measure_sweep(name: str, sets: list[str], home: Path) -> tuple[dict[str, Any
     return v, run_json(["-c", _NUMERICS], env, "numerics")
 
 
-def measure_demo_distill(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
+def measure_demo_distill(ctx: Ctx, sets: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
     if ctx.demo_home is None:  # no `demo` in this call: a teacher of its own, in the sweep's home
         home = ctx.home("demo-distill")
         teacher = rlvr(["demo", "--json", "--quiet"], child_env(home), "demo-distill: teacher")
         ctx.demo_home, ctx.demo_run_id = home, teacher["mlflow_run_id"]
         ctx.demo_greedy = demo_values(teacher)["trained_greedy"]
-    v, num = measure_sweep("demo-distill", [f"grpo.distill_teacher=run:{ctx.demo_run_id}"], ctx.demo_home)
+    v, num = measure_sweep("demo-distill", [f"grpo.distill_teacher=run:{ctx.demo_run_id}", *sets], ctx.demo_home)
     return {**v, "teacher_run_id": ctx.demo_run_id, "teacher_greedy": ctx.demo_greedy}, num
 
 
@@ -389,6 +391,10 @@ MEASUREMENTS: dict[str, tuple[Callable[[Ctx], tuple[dict[str, Any], dict[str, An
     "demo-distill": (measure_demo_distill,
                      "ablation_sweep_flow(demo-distill --set grpo.distill_teacher=run:<demo's run id>, "
                      "deployment=None); rlvr sweep show <id> --json; rlvr demo --json --set grpo.enabled=false"),
+    "demo-distill-sampled": (lambda ctx: measure_demo_distill(ctx, ("grpo.distill_estimator=sampled",)),
+                             "ablation_sweep_flow(demo-distill --set grpo.distill_teacher=run:<demo's run id> --set "
+                             "grpo.distill_estimator=sampled, deployment=None); rlvr sweep show <id> --json; "
+                             "rlvr demo --json --set grpo.enabled=false"),
 }
 
 

@@ -233,20 +233,34 @@ class GRPOConfig(AddedLater):
                                 "advantage (the paper's 1.05: negative updates fade a little faster)")
     distill_teacher: str | None = InKey(None, min_length=1, description="on-policy distillation "
                                         "(docs/grpo_algorithms.md): a teacher scores the student's own rollouts "
-                                        "and the per-token reverse KL(student || teacher) over the vocabulary is "
+                                        "and the per-token reverse KL(student || teacher) is "
                                         "a training signal (rlvr_core/grpo/distillation.py). A local model folder, "
                                         "run:<run id> (the exported checkpoint of an earlier rlvr run in the "
                                         "artifact store) or a hub id read from the Hugging Face cache (`rlvr pull "
                                         "model` it first). Its tokenizer must be the student's (refused before "
-                                        "the model loads). It runs on CPU in the training process; the student's "
-                                        "log-probs take the full-vocabulary path (memory.logprob_chunk_size and "
-                                        "pack_sequences are not used). None = off")
+                                        "the model loads). It runs on CPU in the training process, or on vLLM "
+                                        "servers (distill_teacher_servers). With distill_estimator full the "
+                                        "student's log-probs take the full-vocabulary path (memory."
+                                        "logprob_chunk_size and pack_sequences are not used). None = off")
     distill_teacher_revision: str | None = InKey(None, min_length=1, description="distill_teacher a hub id: the "
                                                  "commit (recommended), branch or tag of its cached snapshot")
     distill_weight: float = InKey(1.0, ge=0, le=1, description="with distill_teacher: the loss is (1 - w) x the "
                                   "GRPO loss on the verifiable reward + w x the reverse KL to the teacher "
                                   "(aggregated like the policy loss, loss_agg). 1 = distillation alone, 0.5 = an "
                                   "equal mix; 0 = the teacher is only measured (distill/kl_* columns, G-teacher-kl)")
+    distill_estimator: Literal["full", "sampled"] = InKey(
+        "full", description="with distill_teacher: how the per-token reverse KL is computed (distillation.py). full: "
+        "exact over the vocabulary, needs the teacher's whole distribution (an in-process teacher; TRL's "
+        "DistillationTrainer); sampled: the KL between {the sampled token, the rest} under student and teacher, "
+        "needs only the teacher's log-prob of each sampled token (what a vLLM server returns; TRL's "
+        "ServerDistillationTrainer), a lower bound of the full KL that keeps the chunked log-prob path. Default: "
+        "full, sampled with distill_teacher_servers")
+    distill_teacher_servers: list[str] | None = InKey(
+        None, min_length=1, description="with distill_teacher: URLs of `vllm serve` processes serving that teacher, "
+        "which score the student's rollouts (prompt log-probs) instead of a copy in the training process; "
+        "distill_teacher is then read for its tokenizer only. Needs distill_estimator sampled (the default with "
+        "servers). In the training folder's key: a served teacher computes in the server's dtype and kernels. "
+        "None = the teacher runs in process")
     epochs_per_step: int = InKey(1, ge=1, description="optimisation epochs over each rollout batch (1 = on-policy)")
     memory: GRPOMemoryConfig = Field(default_factory=GRPOMemoryConfig, description="how the update fits in memory "
                                      "(docs/grpo_training.md, \"Memory of the update\"); out of the training folder's key")
@@ -398,7 +412,8 @@ class GRPOConfig(AddedLater):
     # every earlier run, so the resolved config, its hash and the training folder's key of such a run stay the same.
     _ADDED_LATER: ClassVar[tuple[str, ...]] = (
         "policy_loss", "gspo_clip_low", "gspo_clip_high", "cispo_clip_max", "sapo_tau_pos", "sapo_tau_neg", "tis_mode",
-        "tis_min", "tis_seq_ratio", "distill_teacher", "distill_teacher_revision", "distill_weight")
+        "tis_min", "tis_seq_ratio", "distill_teacher", "distill_teacher_revision", "distill_weight", "distill_estimator",
+        "distill_teacher_servers")
 
     # The GRPOConfig fields each policy loss takes, by the loss's keyword (policy_losses.py). A loss not listed
     # (ppo_clip, or one registered at runtime) gets clip_low / clip_high, as before these losses existed.
@@ -465,11 +480,26 @@ class GRPOConfig(AddedLater):
                              f"{self.group_size}, the first chunk: every prompt gets at least one chunk")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _servers_sample(cls, data: Any) -> Any:
+        """A teacher on servers gives the sampled tokens' log-probs only: distill_estimator defaults to sampled."""
+        if isinstance(data, dict) and data.get("distill_teacher_servers") and "distill_estimator" not in data:
+            data = {**data, "distill_estimator": "sampled"}
+        return data
+
     def _distill_fits(self) -> None:
         t = self.distill_teacher
-        if t is None and (self.distill_weight != 1.0 or self.distill_teacher_revision is not None):
-            raise ValueError("distill_weight / distill_teacher_revision need distill_teacher (the teacher model), "
-                             "which turns on-policy distillation on")
+        if t is None and (self.distill_weight != 1.0 or self.distill_teacher_revision is not None
+                          or self.distill_estimator != "full" or self.distill_teacher_servers is not None):
+            raise ValueError("distill_weight / distill_teacher_revision / distill_estimator / distill_teacher_servers "
+                             "need distill_teacher (the teacher model), which turns on-policy distillation on")
+        bad = [u for u in self.distill_teacher_servers or () if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"distill_teacher_servers: {bad[0]!r} is not an http(s):// URL")
+        if self.distill_teacher_servers and self.distill_estimator == "full":
+            raise ValueError("distill_teacher_servers give the teacher's log-probs of the sampled tokens only, not "
+                             "whole distributions: use distill_estimator: sampled (the default with servers)")
         if t is not None and t.startswith("run:") and not t[len("run:"):].strip("/"):
             raise ValueError("distill_teacher run:<run id> names no run")
         if self.distill_teacher_revision is not None and (t.startswith("run:") or not hub.is_hub_id(t)

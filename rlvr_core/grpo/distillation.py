@@ -1,24 +1,35 @@
 """On-policy distillation: a teacher scores the student's own rollouts, and the per-token reverse KL
-KL(pi_student || pi_teacher) over the whole vocabulary is a training signal (`grpo.distill_teacher`).
+KL(pi_student || pi_teacher) is a training signal (`grpo.distill_teacher`).
 
-    KL_t  = sum_v pi_s(v | prefix_t) * (log pi_s(v | prefix_t) - log pi_t(v | prefix_t))   on each response token t
-    loss  = (1 - w) * GRPO loss + w * aggregate(KL, mask)                                     w = grpo.distill_weight
+    loss  = (1 - w) * GRPO loss + w * aggregate(KL, mask)                   w = grpo.distill_weight
 
 w = 1 trains on the teacher alone; 0 < w < 1 mixes it with the verifiable reward's policy loss. The
 prefixes are the student's own samples (on-policy: Agarwal et al. 2024, "On-Policy Distillation of Language
 Models", arXiv 2306.13649; Thinking Machines, "On-Policy Distillation", 2025), so the student is corrected
-where it actually goes. The KL is exact over the vocabulary, not a sampled-token or top-k estimate: verl
-reports its top-k reverse KL unstable, and the sampled-token estimate log pi_s - log pi_t has zero expected
-gradient as a loss (it needs a score-function term). It is TRL 1.16's DistillationTrainer with beta = 1
-(`_chunked_divergence_loss`, reverse KL, summed over valid tokens / their count), which
-tests/grpo/test_distillation.py calls on the same tensors (loss and gradients to 1e-6).
+where it actually goes. Two estimators of the per-token KL (`grpo.distill_estimator`):
+
+  full     KL_t = sum_v pi_s(v | prefix_t) (log pi_s(v | prefix_t) - log pi_t(v | prefix_t)), exact over the
+           vocabulary. TRL 1.16's DistillationTrainer with beta = 1 (`_chunked_divergence_loss`, reverse KL,
+           summed over valid tokens / their count). Needs the teacher's whole distribution: in process only.
+  sampled  the same KL between the two-outcome distributions {the sampled token x_t, every other token}:
+           p (log p - log q) + (1 - p) (log(1 - p) - log(1 - q)), p = pi_s(x_t), q = pi_t(x_t). Needs only the
+           teacher's log-prob of the token the student sampled, which a `vllm serve` process returns as prompt
+           log-probs (`grpo.distill_teacher_servers`). TRL 1.16's ServerDistillationTrainer (beta = 1,
+           loss_top_k = 1, reverse_kl_top_1_mode "sampled", loss_add_tail). It is a lower bound of the full KL at
+           each position (merging outcomes never raises a KL) and 0 exactly where the two agree on x_t.
+
+Neither is the bare sampled-token estimate log p - log q, which has zero expected gradient as a loss (it needs
+a score-function term), nor a top-k KL, which verl reports unstable. tests/grpo/test_distillation.py calls
+TRL's two losses on the same tensors (loss and gradients to 1e-6).
 
 The teacher: a local model folder, `run:<run id>` (the exported checkpoint of an earlier rlvr run in the artifact
 store, `<run folder>/checkpoints/final`, verified file by file before use), or a hub id (`org/name`, revision in
 `grpo.distill_teacher_revision`) read from the Hugging Face cache only (`rlvr pull model ...` first; nothing is
-downloaded while training). It runs in the training process on CPU, in float32, no gradient. Its tokenizer must
-be the student's (`check_same_tokenizer`: same vocabulary, same special tokens), or the config is refused before
-the model loads: the teacher scores the student's token ids, which must mean the same text to both.
+downloaded while training). Its tokenizer must be the student's (`check_same_tokenizer`: same vocabulary, same
+special tokens), or the config is refused before the model loads: the teacher scores the student's token ids,
+which must mean the same text to both. It runs in the training process on CPU, in float32, no gradient
+(`LocalTeacher`), or on `vllm serve` processes of the same model (`ServerTeacher`): then the folder is read for
+its tokenizer only.
 """
 
 from __future__ import annotations
@@ -36,11 +47,14 @@ from rlvr_core.experiment.config import ConfigError
 from rlvr_core.grpo.logprobs import full_vocab_logprobs
 from rlvr_core.grpo.losses import get_loss_agg
 
-__all__ = ["FIELD", "RUN_PREFIX", "reverse_kl_tokens", "distillation_loss", "resolve_teacher", "check_same_tokenizer",
-           "load_teacher", "teacher_logprobs"]
+__all__ = ["FIELD", "RUN_PREFIX", "ESTIMATORS", "reverse_kl_tokens", "sampled_reverse_kl_tokens", "distillation_loss",
+           "resolve_teacher", "check_same_tokenizer", "load_teacher", "LocalTeacher",
+           "ServerTeacher"]
 
 FIELD = "grpo.distill_teacher"
+SERVERS_FIELD = "grpo.distill_teacher_servers"
 RUN_PREFIX = "run:"
+ESTIMATORS = ("full", "sampled")
 
 
 def reverse_kl_tokens(student_logp_all: torch.Tensor, teacher_logp_all: torch.Tensor,
@@ -59,13 +73,37 @@ def reverse_kl_tokens(student_logp_all: torch.Tensor, teacher_logp_all: torch.Te
     return torch.where(m, (s.exp() * (s - t)).sum(-1), zero)
 
 
-def distillation_loss(student_logp_all: torch.Tensor, teacher_logp_all: torch.Tensor, mask: torch.Tensor, *,
-                      agg_mode: str = "token-mean", norm_len: int | None = None, num_tokens: float | None = None,
-                      num_seqs: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def sampled_reverse_kl_tokens(student_logp: torch.Tensor, teacher_logp: torch.Tensor,
+                              mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) per-token KL between {sampled token, the rest} under the student and the teacher (the `sampled`
+    estimator) from the (B, T) log-probs of the sampled tokens; 0 on padding, replaced (both sides by one
+    value) before any arithmetic. A probability within 1e-7 of 1 has its rest's log floored there, as TRL's
+    tail bucket does. The student's side keeps its gradient; the teacher's is detached."""
+    if student_logp.shape != teacher_logp.shape or student_logp.shape != mask.shape:
+        raise ValueError(f"need student and teacher log-probs (B, T) of one shape and a (B, T) mask, got "
+                         f"{tuple(student_logp.shape)}, {tuple(teacher_logp.shape)}, {tuple(mask.shape)}")
+    m = mask.bool()
+    dt = torch.float64 if student_logp.dtype == torch.float64 else torch.float32
+    fill = torch.full((), -1.0, dtype=dt, device=student_logp.device)
+    s = torch.where(m, student_logp.to(dt), fill)
+    t = torch.where(m, teacher_logp.detach().to(dt), fill)
+    rest_s, rest_t = (torch.log(-torch.expm1(x.clamp(max=-1e-7))) for x in (s, t))
+    kl = torch.nan_to_num(s.exp() * (s - t), nan=0.0) + torch.nan_to_num(rest_s.exp() * (rest_s - rest_t), nan=0.0)
+    return torch.where(m, kl, torch.zeros((), dtype=dt, device=kl.device))
+
+
+def distillation_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor, *,
+                      estimator: str = "full", agg_mode: str = "token-mean", norm_len: int | None = None,
+                      num_tokens: float | None = None, num_seqs: float | None = None
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The reverse KL aggregated like the policy loss (`agg_mode`, the step-wide normalisers: see losses.py),
-    so micro-batch losses add up to the whole step's. token-mean is TRL's DistillationTrainer's reduction.
-    Returns (loss, metrics: distill/kl_mean and distill/kl_max over the response tokens, nan when none)."""
-    kl = reverse_kl_tokens(student_logp_all, teacher_logp_all, mask)
+    so micro-batch losses add up to the whole step's. token-mean is TRL's reduction. `estimator` full: (B, T, V)
+    log-softmaxes; sampled: (B, T) log-probs of the sampled tokens. Returns (loss, metrics: distill/kl_mean and
+    distill/kl_max over the response tokens, nan when none)."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown distillation estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
+    kl_of = reverse_kl_tokens if estimator == "full" else sampled_reverse_kl_tokens
+    kl = kl_of(student_logp, teacher_logp, mask)
     m = mask.bool()
     loss = get_loss_agg(agg_mode)(kl, m, norm_len=norm_len, num_tokens=num_tokens, num_seqs=num_seqs)
     with torch.no_grad():
@@ -153,10 +191,65 @@ def load_teacher(teacher_dir: str | Path, student_vocab: int) -> torch.nn.Module
     return model.eval().requires_grad_(False)
 
 
-def teacher_logprobs(teacher: torch.nn.Module, batch: dict, device: torch.device) -> torch.Tensor:
-    """(B, T, V) log-softmax of the teacher at the student's response positions (`update.build_batch`'s batch),
-    computed on the teacher's device (CPU) without gradient and moved to `device`."""
-    here = next(teacher.parameters()).device
-    cpu = {k: v.to(here) for k, v in batch.items()}
-    with torch.no_grad():
-        return full_vocab_logprobs(teacher, cpu)[2].to(device)
+class LocalTeacher:
+    """The teacher model in the training process (`load_teacher`): either estimator."""
+
+    def __init__(self, model: torch.nn.Module, estimator: str = "full"):
+        self.model, self.estimator = model, estimator
+        self.where = "in process, on CPU"
+
+    def logprobs(self, batch: dict, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The teacher's log-probs at the student's response positions (`update.build_batch`'s batch), computed
+        on the teacher's device without gradient and moved to `device`: (B, T, V) log-softmax for the full
+        estimator, (B, T) log-probs of the sampled tokens for the sampled one."""
+        here = next(self.model.parameters()).device
+        on_teacher = {k: v.to(here) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        with torch.no_grad():
+            logp, _, logp_all = full_vocab_logprobs(self.model, on_teacher)
+        return (logp_all if self.estimator == "full" else logp).to(device)
+
+    def close(self) -> None:
+        pass
+
+
+class ServerTeacher:
+    """The teacher served by `vllm serve` processes at `urls` (`grpo.distill_teacher_servers`): each sequence's
+    prompt log-probs over prompt + completion give the teacher's log-prob of every sampled token (the sampled
+    estimator; a server does not return whole distributions). Sequences go round-robin over the servers, all
+    requests in flight at once (vLLM batches them); a dead or slow server is a ServerError naming it."""
+
+    estimator = "sampled"
+
+    def __init__(self, urls: list[str], *, request_timeout_s: float = 300.0, max_concurrency: int = 64):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from rlvr_core.sampling.vllm_client import ServerClient
+
+        self.clients = [ServerClient(u, request_timeout_s) for u in urls]
+        self._pool = ThreadPoolExecutor(max_workers=max(max_concurrency, len(urls)), thread_name_prefix="rlvr-teacher")
+        self.where = "on vLLM server" + ("s " if len(urls) > 1 else " ") + ", ".join(urls)
+
+    def check(self) -> None:
+        """ConfigError naming `grpo.distill_teacher_servers` when a server does not answer its /health route."""
+        down = [c.url for c in self.clients if not c.healthy(timeout=10.0)]
+        if down:
+            raise ConfigError(SERVERS_FIELD, [(SERVERS_FIELD, f"the teacher server {u} does not answer /health: "
+                                                              "start `vllm serve <teacher folder>` there or fix "
+                                                              "the URL") for u in down])
+
+    def logprobs(self, batch: dict, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """(B, T) teacher log-probs of the sampled tokens of `update.build_batch`'s batch; 0 on padding and on
+        sequences with no trained token (not sent)."""
+        ids, lengths = batch["input_ids"].cpu(), batch["lengths"].cpu()
+        total = batch["attention_mask"].cpu().sum(-1)
+        out = torch.zeros(mask.shape, dtype=torch.float32)
+        rows = [b for b in range(len(ids)) if bool(mask[b].any())]
+        jobs = [self._pool.submit(self.clients[k % len(self.clients)].prompt_logprobs, ids[b, :int(total[b])].tolist())
+                for k, b in enumerate(rows)]
+        for b, job in zip(rows, jobs):
+            start, n = int(total[b]) - int(lengths[b]) - 1, int(lengths[b])  # lp[j - 1] scores token j
+            out[b, :n] = torch.tensor(job.result()[start:start + n], dtype=torch.float32)
+        return out.to(device)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -25,8 +25,8 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
   4. update (update.py): teacher-forced forward over prompt + completion tokens (tokenized as the engine
      tokenized them, masks from lengths, G-pad-mask), log_softmax at temperature 1, optional reference
      log-probs (beta > 0), `grpo_loss` (with `tis_cap`: truncated importance sampling against the engine's
-     log-probs; with `distill_teacher`: the teacher's log-probs on CPU and the reverse KL to them mixed in,
-     distillation.py), DeepSpeed backward/step for `epochs_per_step` epochs (`ds_config`: AdamW, warm-up + cosine,
+     log-probs; with `distill_teacher`: the teacher's log-probs, on CPU or from its vLLM servers, and the
+     reverse KL to them mixed in, distillation.py), DeepSpeed backward/step for `epochs_per_step` epochs (`ds_config`: AdamW, warm-up + cosine,
      grad clipping, ZeRO stage). With staleness the new weights are published to the ahead sampler.
   5. metrics (step_metrics.py): one row of steps.parquet per step (rollout statistics, loss/ratio/entropy,
      the rollout-vs-trainer log-prob mismatch `logprob_mismatch/*`, verifier `status/*` counts with errors
@@ -80,7 +80,8 @@ from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, RunState, resume, save_checkpoint, save_final_model,
                                           write_lora_config, write_rollouts, write_rows)
 from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutdown
-from rlvr_core.grpo.distillation import check_same_tokenizer, load_teacher, resolve_teacher
+from rlvr_core.grpo.distillation import (LocalTeacher, ServerTeacher, check_same_tokenizer, load_teacher,
+                                         resolve_teacher)
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.sampling.environment_engine import with_environment
@@ -260,12 +261,14 @@ class _Run:
     evaluate: Callable[[Any, Any], dict[str, float]] | None
     t_start: float
     base_rollouts: Mapping[str, Mapping[str, float]] | None = None  # the base model's numbers per prompt id
-    teacher: Any = None              # on-policy distillation's teacher (grpo.distill_teacher), on CPU
+    teacher: Any = None              # on-policy distillation's teacher (grpo.distill_teacher): Local/ServerTeacher
 
     def close(self) -> None:
         self.pool.close()
         self.collector.close()  # stops the ahead sampler's thread, if any
         self.rollout_engine.close()
+        if self.teacher is not None:
+            self.teacher.close()
 
 
 def _setup(base_model_dir, train_rows, curriculum_ids, out_dir: Path, cfg: GRPOConfig, *, template_id: str,
@@ -336,10 +339,15 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                                  timeout_reward=reward.timeout_reward,
                                  lockstep=policy.lockstep and getattr(rollout_engine, "samples_policy", False))
     teacher = None
-    if teacher_dir is not None:
+    if cfg.distill_teacher_servers:
+        teacher = ServerTeacher(cfg.distill_teacher_servers)
+    elif teacher_dir is not None:
         head = policy.module.get_output_embeddings().weight
-        teacher = load_teacher(teacher_dir, int(getattr(head, "ds_shape", head.shape)[0]))  # ZeRO-3: the full width
-        say(f"distilling from the teacher in {teacher_dir} (weight {cfg.distill_weight:g}, on CPU)")
+        width = int(getattr(head, "ds_shape", head.shape)[0])  # ZeRO-3: the full width
+        teacher = LocalTeacher(load_teacher(teacher_dir, width), cfg.distill_estimator)
+    if teacher is not None:
+        say(f"distilling from the teacher in {teacher_dir} ({teacher.where}; weight {cfg.distill_weight:g}, "
+            f"{cfg.distill_estimator} KL)")
     return _Run(cfg, out_dir, rows, tok, policy, rollout_engine, pool, reward, collector, state,
                 StepGuards(state.step_rows, health, cfg),
                 cfg.steps if stop_after_steps is None else min(cfg.steps, state.start_step + stop_after_steps),
@@ -358,6 +366,8 @@ def _teacher_dir(cfg: GRPOConfig, base_model_dir, out_dir: Path) -> Path | None:
     folder = resolve_teacher(cfg.distill_teacher, cfg.distill_teacher_revision,
                              cache_dir=out_dir / "teacher" / (f"rank{rank}" if launch_world_size() > 1 else ""))
     check_same_tokenizer(base_model_dir, folder)
+    if cfg.distill_teacher_servers:  # a server that does not answer: refused before the model loads
+        ServerTeacher(cfg.distill_teacher_servers, max_concurrency=1).check()
     return folder
 
 

@@ -70,7 +70,7 @@ from rlvr_core.experiment.guards import GuardError
 from rlvr_core.grpo.distributed import DataParallel, global_normalisers, reduce_loss_metrics
 from rlvr_core.grpo.kl import token_kl
 from rlvr_core.environments.advantages import token_advantages, turn_to_go_advantages
-from rlvr_core.grpo.distillation import distillation_loss, teacher_logprobs
+from rlvr_core.grpo.distillation import distillation_loss
 from rlvr_core.grpo.logprobs import full_vocab_logprobs, sequence_logprobs
 from rlvr_core.environments.trajectory import check_aligned
 from rlvr_core.grpo.losses import mask_from_lengths
@@ -331,12 +331,13 @@ def _checkpointing_active(module: torch.nn.Module, enabled: bool):
 
 
 def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_fn: Callable, step: int,
-                  norm_len: int | None, guard_tol: float, teacher: torch.nn.Module | None = None) -> UpdateResult:
+                  norm_len: int | None, guard_tol: float, teacher: Any = None) -> UpdateResult:
     """`epochs_per_step` DeepSpeed updates on this rank's trained completions (collective: every rank calls
     it once per step). loss_fn: `grpo_loss` (passed in by the trainer). Raises GuardError (G-logprob-temp)
     at step 0 before any update when the trainer's log-probs disagree with the rollout's. `teacher`: on-policy
-    distillation's teacher (`grpo.distill_teacher`, distillation.py): each micro-batch's loss becomes
-    (1 - w) x loss_fn's + w x the reverse KL to the teacher's log-probs of the same tokens."""
+    distillation's teacher (`grpo.distill_teacher`, distillation.py `LocalTeacher` or `ServerTeacher`): each
+    micro-batch's loss becomes (1 - w) x loss_fn's + w x the reverse KL to the teacher's log-probs of the same
+    tokens (its `estimator`: full distributions or the sampled tokens')."""
     engine, dp, mask = policy.engine, policy.dp, inputs.mask
     policy.module.eval()  # HFEngine calls .eval() too; keep it explicit
     plan, parts = micro_batches(cfg, dp, inputs)
@@ -351,8 +352,9 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
     if rejects_tokens(cfg):  # the rejected tokens leave the loss and its denominators before any backward
         olds, extras, masks = _rejecting_pass(policy, cfg, parts)
     kw.update(_loss_normalisers(dp, masks))
-    teach = [teacher_logprobs(teacher, p.batch, policy.device) for p in parts] if teacher is not None else None
-    distilled = _Distilled(cfg.distill_weight)
+    teach = [teacher.logprobs(p.batch, p.mask, policy.device) for p in parts] if teacher is not None else None
+    full_vocab = teacher is not None and teacher.estimator == "full"
+    distilled = _Distilled(cfg.distill_weight, teacher.estimator if teacher is not None else "full")
     first: dict[str, float] = {}
     sampled: list[torch.Tensor] = []  # the first epoch's log-probs: the weights that sampled (on-policy)
     with _checkpointing_active(policy.module, cfg.memory.gradient_checkpointing):
@@ -361,7 +363,7 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
             for i, part in enumerate(parts):
                 if len(parts) > 1:  # gradients accumulate until the last micro-batch (module docstring)
                     engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
-                if teach is None:
+                if not full_vocab:
                     logp, ent = sequence_logprobs(engine, part.batch, temperature=cfg.logprob_temperature,
                                                   with_entropy=(ep == 0), chunk_size=cfg.memory.logprob_chunk_size,
                                                   pack=cfg.memory.pack_sequences)
@@ -376,7 +378,8 @@ def update_policy(policy: Policy, cfg: GRPOConfig, inputs: TrainInputs, *, loss_
                                                                   **correction_kw(cfg))[0]}
                 loss, m = loss_fn(logp, olds[i], part.adv, masks[i], ref_logp=refs[i], **kw, **extras[i])
                 if teach is not None:
-                    loss, m = distilled.mix(loss, m, logp_all, teach[i], masks[i], kw, first_epoch=(ep == 0))
+                    student = logp_all if full_vocab else logp
+                    loss, m = distilled.mix(loss, m, student, teach[i], masks[i], kw, first_epoch=(ep == 0))
                 part_loss = m["loss"].detach().float()
                 loss_sum = part_loss if loss_sum is None else loss_sum + part_loss
                 if ep == 0:
@@ -407,15 +410,16 @@ class _Distilled:
     """On-policy distillation's share of each micro-batch loss, and its first-epoch metrics summed over the
     micro-batches and ranks (each micro-batch's KL term is its share of the step's, as the policy loss's)."""
 
-    def __init__(self, weight: float):
-        self.w = weight
+    def __init__(self, weight: float, estimator: str):
+        self.w, self.estimator = weight, estimator
         self.kl_sum, self.n, self.kl_max, self.loss, self.pg = 0.0, 0, -math.inf, 0.0, 0.0
 
-    def mix(self, loss: torch.Tensor, m: dict, logp_all: torch.Tensor, teacher_all: torch.Tensor,
+    def mix(self, loss: torch.Tensor, m: dict, student: torch.Tensor, teacher: torch.Tensor,
             mask: torch.Tensor, kw: dict, first_epoch: bool) -> tuple[torch.Tensor, dict]:
-        """(1 - w) x the GRPO loss + w x the reverse KL; m["loss"] becomes the mixed loss."""
+        """(1 - w) x the GRPO loss + w x the reverse KL of the student's and teacher's log-probs (whole
+        distributions or the sampled tokens', by the estimator); m["loss"] becomes the mixed loss."""
         agg = {k: kw[k] for k in ("agg_mode", "norm_len", "num_tokens", "num_seqs")}
-        d_loss, d_m = distillation_loss(logp_all, teacher_all, mask, **agg)
+        d_loss, d_m = distillation_loss(student, teacher, mask, estimator=self.estimator, **agg)
         # w = 1 or 0: the one term alone, exactly (no 0 x a term that could be non-finite)
         total = d_loss if self.w == 1 else loss if self.w == 0 else (1 - self.w) * loss + self.w * d_loss
         if first_epoch:

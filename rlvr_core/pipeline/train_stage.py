@@ -172,16 +172,19 @@ def no_signal_before_training(cfg: ExperimentConfig, base: ModelArtifact, curric
 
 def teacher_before_training(cfg: ExperimentConfig, base: ModelArtifact) -> None:
     """On-policy distillation's teacher found and its tokenizer checked against the base model's (ConfigError
-    naming `grpo.distill_teacher`), for a caller that checks before other expensive work (the pipeline flow,
-    right after the base model); the training stage checks again at its start. A `run:` teacher's export is
+    naming `grpo.distill_teacher`; a teacher server that does not answer, naming `grpo.distill_teacher_servers`),
+    for a caller that checks before other expensive work (the pipeline flow, right after the base model); the
+    training stage checks again at its start. A `run:` teacher's export is
     copied into the cache's `teachers/` folder here."""
     if not cfg.grpo.enabled or cfg.grpo.distill_teacher is None:
         return
-    from rlvr_core.grpo.distillation import check_same_tokenizer, resolve_teacher
+    from rlvr_core.grpo.distillation import ServerTeacher, check_same_tokenizer, resolve_teacher
 
     folder = resolve_teacher(cfg.grpo.distill_teacher, cfg.grpo.distill_teacher_revision,
                              cache_dir=settings.paths().cache / "teachers")
     check_same_tokenizer(localize(base.path), folder)
+    if cfg.grpo.distill_teacher_servers:
+        ServerTeacher(cfg.grpo.distill_teacher_servers, max_concurrency=1).check()
 
 
 def base_rollouts(curriculum: CurriculumArtifact) -> dict[str, dict[str, float]]:

@@ -60,3 +60,18 @@ class ServerClient:
                 "return_token_ids": True}
         out = self.call("POST", "/inference/v1/generate", self.request_timeout_s, body)
         return {**out["choices"][0], "prompt_token_ids": out.get("prompt_token_ids")}
+
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """log p(token_ids[j] | token_ids[:j]) for j = 1 .. len - 1, as the served model computes them (vLLM's
+        `prompt_logprobs`, raw log-softmax at temperature 1): a teacher scoring a finished sequence. One greedy
+        token is generated and thrown away (a request must generate); no text is decoded. vLLM floors -inf at
+        -9999. ServerError when the answer does not hold one log-prob per scored token."""
+        params = {"n": 1, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0, "detokenize": False}
+        body = {"token_ids": token_ids, "sampling_params": params, "output_mode": "tokens"}
+        out = self.call("POST", "/inference/v1/generate", self.request_timeout_s, body).get("prompt_logprobs") or []
+        if len(out) != len(token_ids):
+            raise ServerError(f"vLLM server {self.url}: {len(out)} prompt log-probs for {len(token_ids)} tokens")
+        try:
+            return [float(out[j][str(token_ids[j])]["logprob"]) for j in range(1, len(token_ids))]
+        except (KeyError, TypeError) as e:
+            raise ServerError(f"vLLM server {self.url}: prompt log-probs without the scored token ({e!r})") from None

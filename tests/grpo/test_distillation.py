@@ -1,12 +1,17 @@
-"""On-policy distillation (rlvr_core/grpo/distillation.py): the reverse-KL loss against TRL's own code, the teacher
-found by folder, run id and hub id from local files only, a teacher of another tokenizer refused before any model
-loads, and the trainer distilling the tiny model (G-teacher-kl planted and not).
+"""On-policy distillation (rlvr_core/grpo/distillation.py): both reverse-KL estimators against TRL's own code, the
+teacher found by folder, run id and hub id from local files only, a teacher of another tokenizer refused before any
+model loads, and the trainer distilling the tiny model (G-teacher-kl planted and not). The teacher on a vLLM server
+is tested in test_vllm_server.py.
 
-The reference is TRL 1.16's DistillationTrainer loss, `trl.trainer.distillation_trainer._chunked_divergence_loss`
-with beta = 1 (reverse KL): it takes the student's and the teacher's final hidden states and output-head weights,
-so both sides get the same logits (hidden @ W^T); gradients are compared w.r.t. the student's hidden states and
-head weight. TRL computes in float32 whatever the input, hence float32 here; equality to 1e-6 (absolute and
-relative).
+The references are TRL 1.16's two distillation losses. The full estimator: DistillationTrainer's
+`trl.trainer.distillation_trainer._chunked_divergence_loss` with beta = 1 (reverse KL), which takes the student's
+and the teacher's final hidden states and output-head weights, so both sides get the same logits (hidden @ W^T).
+The sampled estimator: ServerDistillationTrainer's `_compute_server_sparse_top_1_divergence_loss` (beta = 1,
+loss_top_k = 1, reverse_kl_top_1_mode "sampled", loss_add_tail: its defaults with beta = 1), called as a plain
+function on an object holding those four settings (building the trainer needs a model, a dataset and a running
+teacher server; the method reads nothing else), on the teacher log-probs its server fetch produces (-inf past each
+completion). Gradients are compared w.r.t. the student's hidden states and head weight. TRL computes in float32
+whatever the input, hence float32 here; equality to 1e-6 (absolute and relative).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import json
 import math
 import os
 import shutil
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
@@ -26,7 +33,7 @@ from grpo_helpers import VERIFIER, tiny_cfg
 from rlvr_core.experiment.config import ConfigError, RewardConfig
 from rlvr_core.grpo import trainer as trainer_mod
 from rlvr_core.grpo.distillation import (check_same_tokenizer, distillation_loss, resolve_teacher,
-                                         reverse_kl_tokens)
+                                         reverse_kl_tokens, sampled_reverse_kl_tokens)
 
 trl_distill = pytest.importorskip("trl.trainer.distillation_trainer",
                                   reason="TRL is not installed: the cross-check against TRL's loss needs it")
@@ -64,6 +71,60 @@ def test_reverse_kl_loss_and_gradients_equal_trl(masks, seed):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
     if masks == "all_masked":  # no token: loss 0 and every gradient exactly 0, on both sides
         assert float(ours) == 0.0
+
+
+def _trl_sampled(student_all: torch.Tensor, teacher_all: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor):
+    """TRL's server-distillation loss (beta 1, top-1 sampled support, tail bucket) on these log-softmaxes."""
+    from trl.experimental.server_distillation.server_distillation_trainer import ServerDistillationTrainer as S
+
+    m = mask.bool()
+    top1 = teacher_all.max(-1)
+    fetched = {"actual_logprobs": torch.where(m, teacher_all.gather(-1, tokens[..., None])[..., 0], -math.inf),
+               "topk_logprobs": top1.values[..., None], "topk_token_ids": top1.indices[..., None]}
+    me = SimpleNamespace(beta=1.0, loss_add_tail=True, reverse_kl_top_1_mode="sampled",
+                         _reduce_divergence_loss=S._reduce_divergence_loss)
+    me._get_reverse_kl_top_1_tokens = partial(S._get_reverse_kl_top_1_tokens, me)
+    me._compute_sparse_top_1_divergence_loss = partial(S._compute_sparse_top_1_divergence_loss, me)
+    return S._compute_server_sparse_top_1_divergence_loss(me, fetched, student_all, tokens,
+                                                          torch.where(m, tokens, torch.full_like(tokens, -100)))
+
+
+@pytest.mark.parametrize("masks", sorted(MASKS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sampled_reverse_kl_loss_and_gradients_equal_trls_server_distillation(masks, seed):
+    hs, ws, ht, wt = _tensors(seed)
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed + 10))
+    mask = torch.tensor(MASKS[masks]).bool()
+    s_all, t_all = torch.log_softmax(hs @ ws.T, -1), torch.log_softmax(ht @ wt.T, -1)
+    theirs = _trl_sampled(s_all, t_all, tokens, mask)
+    pick = lambda x: x.gather(-1, tokens[..., None])[..., 0]  # noqa: E731 - the sampled tokens' log-probs
+    ours = distillation_loss(pick(s_all), pick(t_all), mask, estimator="sampled")[0]
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
+    for a, b in zip(torch.autograd.grad(ours, (hs, ws), allow_unused=True, retain_graph=True),
+                    torch.autograd.grad(theirs, (hs, ws), allow_unused=True)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    if masks == "all_masked":
+        assert float(ours) == 0.0
+
+
+def test_the_sampled_kl_is_the_two_outcome_kl_a_lower_bound_of_the_full_one():
+    # Hand-worked: p = 0.5, q = 0.25 -> 0.5 log 2 + 0.5 log(0.5 / 0.75). On random distributions: never above the
+    # full KL at its position, 0 where student and teacher agree on the sampled token, padding never reaches it.
+    two = sampled_reverse_kl_tokens(torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]]),
+                                    torch.ones(1, 1, dtype=torch.bool))
+    assert float(two) == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(0.5 / 0.75), abs=1e-7)
+    hs, ws, ht, wt = _tensors(4)
+    s, t = torch.log_softmax(hs @ ws.T, -1), torch.log_softmax(ht @ wt.T, -1)
+    mask = torch.tensor(MASKS["ragged"]).bool()
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(4))
+    pick = lambda x: x.gather(-1, tokens[..., None])[..., 0]  # noqa: E731
+    sampled, full = sampled_reverse_kl_tokens(pick(s), pick(t), mask), reverse_kl_tokens(s, t, mask)
+    assert bool((sampled <= full + 1e-6).all()) and float(sampled[mask].min()) > 0
+    assert float(sampled_reverse_kl_tokens(pick(s), pick(s).detach(), mask).abs().max()) < 1e-6
+    bad = torch.where(mask, pick(s), torch.full_like(pick(s), math.nan))
+    loss, _ = distillation_loss(bad, torch.where(mask, pick(t), math.inf), mask, estimator="sampled")
+    torch.testing.assert_close(loss, distillation_loss(pick(s), pick(t), mask, estimator="sampled")[0])
+    assert torch.isfinite(torch.autograd.grad(loss, hs)[0]).all()
 
 
 def test_micro_batches_add_up_like_trls_num_items_in_batch():
@@ -111,8 +172,19 @@ def test_the_config_fields_validate_and_stay_out_of_the_default_key():
                                 "guards": {"teacher_kl_max": 4.0}}}).grpo
     key = grpo_key_dump(on)
     assert (key["distill_teacher"], key["distill_weight"], key["teacher_kl_max"]) == ("run:abcdef12", 0.5, 4.0)
-    assert "distill_teacher_revision" not in key
-    bad = [({"distill_weight": 0.5}, "distill_weight / distill_teacher_revision need distill_teacher"),
+    assert "distill_teacher_revision" not in key and "distill_estimator" not in key  # full: today's default
+    served = parse_config({"grpo": {"enabled": True, "distill_teacher": "t",
+                                    "distill_teacher_servers": ["http://h:8000"]}}).grpo
+    key = grpo_key_dump(served)  # a server scores the sampled tokens only: the estimator follows, and is recorded
+    assert (key["distill_estimator"], key["distill_teacher_servers"]) == ("sampled", ["http://h:8000"])
+    bad = [({"distill_weight": 0.5}, "distill_weight / distill_teacher_revision / distill_estimator / "
+                                     "distill_teacher_servers need distill_teacher"),
+           ({"distill_estimator": "sampled"}, "need distill_teacher"),
+           ({"distill_teacher": "t", "distill_estimator": "topk"}, "distill_estimator: Input should be 'full' or "
+                                                                   "'sampled'"),
+           ({"distill_teacher": "t", "distill_teacher_servers": ["h:8000"]}, "'h:8000' is not an http"),
+           ({"distill_teacher": "t", "distill_teacher_servers": ["http://h:8000"], "distill_estimator": "full"},
+            "distill_teacher_servers give the teacher's log-probs of the sampled tokens only"),
            ({"distill_teacher": "t", "distill_weight": 1.5}, "distill_weight: Input should be less than or "
                                                                 "equal to 1"),
            ({"distill_teacher": "run:"}, "distill_teacher run:<run id> names no run"),
@@ -253,6 +325,12 @@ def test_distillation_trains_towards_the_teacher_and_a_wild_teacher_is_flagged(t
     measured = _run(tiny, tmp_path / "measured", tiny_cfg(steps=6, distill_teacher=near, distill_weight=0.0))
     assert measured[0]["distill/kl_mean"] == pytest.approx(kl[0], rel=1e-5)  # the same first samples
     assert min(r["distill/kl_mean"] for r in measured[3:]) > 2 * max(kl[3:]), (measured, kl)
+    # The sampled estimator (what a teacher server gives) on the same first samples: at most the full KL, and
+    # distillation by it alone closes most of the gap too.
+    sampled = _run(tiny, tmp_path / "sampled", tiny_cfg(steps=6, distill_teacher=near, distill_estimator="sampled"))
+    skl = [r["distill/kl_mean"] for r in sampled]
+    assert 0 < skl[0] <= kl[0] and skl[-1] < 0.5 * skl[0], (skl, kl)
+    assert not any(v for r in sampled for k, v in r.items() if k.startswith("health/")), sampled
     mixed = _run(tiny, tmp_path / "mixed", tiny_cfg(steps=1, distill_teacher=near, distill_weight=0.5))[0]
     assert mixed["loss"] == pytest.approx(0.5 * mixed["pg_loss"] + 0.5 * mixed["distill/loss"], rel=1e-5, abs=1e-7)
     wild = _perturbed(tiny, tmp_path / "wild", 30.0, head_only=True)
