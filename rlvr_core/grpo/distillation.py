@@ -34,6 +34,7 @@ its tokenizer only.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from rlvr_core.core import hub
 from rlvr_core.experiment.config import ConfigError
 from rlvr_core.grpo.logprobs import full_vocab_logprobs
 from rlvr_core.grpo.losses import get_loss_agg
+from rlvr_core.sampling.vllm_client import ServerClient
 
 __all__ = ["FIELD", "RUN_PREFIX", "ESTIMATORS", "reverse_kl_tokens", "sampled_reverse_kl_tokens", "distillation_loss",
            "resolve_teacher", "check_same_tokenizer", "load_teacher", "LocalTeacher",
@@ -99,7 +101,9 @@ def distillation_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, ma
     """The reverse KL aggregated like the policy loss (`agg_mode`, the step-wide normalisers: see losses.py),
     so micro-batch losses add up to the whole step's. token-mean is TRL's reduction. `estimator` full: (B, T, V)
     log-softmaxes; sampled: (B, T) log-probs of the sampled tokens. Returns (loss, metrics: distill/kl_mean and
-    distill/kl_max over the response tokens, nan when none)."""
+    distill/kl_max over the response tokens, nan when none; sampled also distill/kl_k1_mean, the mean of
+    log p_s - log p_t over the sampled tokens: an unbiased estimate of the full per-token reverse KL, since the
+    student sampled them, which G-teacher-kl reads whatever the estimator)."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown distillation estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
     kl_of = reverse_kl_tokens if estimator == "full" else sampled_reverse_kl_tokens
@@ -111,7 +115,11 @@ def distillation_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, ma
         nan = torch.full((), torch.nan, dtype=kl.dtype, device=kl.device)
         mean = torch.where(n > 0, kl.sum() / n.clamp(min=1), nan)
         top = torch.where(n > 0, torch.where(m, kl, torch.full_like(kl, -torch.inf)).max(), nan)
-    return loss, {"distill/kl_mean": mean.float(), "distill/kl_max": top.float()}
+        metrics = {"distill/kl_mean": mean.float(), "distill/kl_max": top.float()}
+        if estimator == "sampled":
+            gap = torch.where(m, student_logp.detach().to(kl.dtype) - teacher_logp.to(kl.dtype), 0.0)
+            metrics["distill/kl_k1_mean"] = torch.where(n > 0, gap.sum() / n.clamp(min=1), nan).float()
+    return loss, metrics
 
 
 # ------------------------------------------------------------------------------------------------ the teacher
@@ -221,10 +229,6 @@ class ServerTeacher:
     estimator = "sampled"
 
     def __init__(self, urls: list[str], *, request_timeout_s: float = 300.0, max_concurrency: int = 64):
-        from concurrent.futures import ThreadPoolExecutor
-
-        from rlvr_core.sampling.vllm_client import ServerClient
-
         self.clients = [ServerClient(u, request_timeout_s) for u in urls]
         self._pool = ThreadPoolExecutor(max_workers=max(max_concurrency, len(urls)), thread_name_prefix="rlvr-teacher")
         self.where = "on vLLM server" + ("s " if len(urls) > 1 else " ") + ", ".join(urls)

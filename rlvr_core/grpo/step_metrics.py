@@ -26,7 +26,8 @@ Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
   * G-correction-mask: with a rollout-correction mask mode (grpo.tis_mode token_mask / sequence_mask), steps
     whose correction rejected more than `grpo.guards.correction_mask_share` of the response tokens.
   * G-teacher-kl: with on-policy distillation (grpo.distill_teacher), steps whose mean per-token reverse KL to
-    the teacher (`distill/kl_mean`) exceeds `grpo.guards.teacher_kl_max`.
+    the teacher exceeds `grpo.guards.teacher_kl_max`: `distill/kl_mean` with the full estimator,
+    `distill/kl_k1_mean` (its unbiased estimate from the sampled tokens) with the sampled one.
   * run level (guards.py `HealthMonitor` over the step history: collapse, entropy floor, reward hacking,
     KL explosion): a firing sets `health/<id>` in that step's row; a serious one stops the run.
 
@@ -113,9 +114,11 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
         # A mask mode that rejects most tokens trains on a minority of what was sampled (nan: no token: no flag).
         "G-correction-mask": int(cfg.tis_cap is not None and cfg.tis_mode.endswith("_mask")
                                  and first.get("tis/masked_share", 0.0) > cfg.guards.correction_mask_share),
-        # On-policy distillation: the student's samples read very differently by the teacher (nan: no token).
+        # On-policy distillation: the student's samples read very differently by the teacher (nan: no token). The
+        # full reverse KL, or its unbiased estimate from the sampled tokens with the sampled estimator.
         "G-teacher-kl": int(cfg.distill_teacher is not None
-                            and first.get("distill/kl_mean", 0.0) > cfg.guards.teacher_kl_max),
+                            and first.get("distill/kl_k1_mean", first.get("distill/kl_mean", 0.0))
+                            > cfg.guards.teacher_kl_max),
         # A multi-turn environment's flags (its limits: the `environment:` section); absent on single-turn runs.
         **{g: int(rollouts.env[f"health/{g}"]) for g in ENV_FLAGS if rollouts.env and f"health/{g}" in rollouts.env},
     }
@@ -175,7 +178,8 @@ def step_row(cfg: GRPOConfig, *, step: int, epoch: int, rollouts: "RolloutBatch"
         **{f"health/{g}": v for g, v in flags.items()},
     }
     if "distill/kl_mean" in first:  # on-policy distillation (grpo.distill_teacher)
-        row.update({k: first[k] for k in ("distill/loss", "distill/kl_mean", "distill/kl_max")})
+        row.update({k: first[k] for k in ("distill/loss", "distill/kl_mean", "distill/kl_max", "distill/kl_k1_mean")
+                    if k in first})
     if buffer is not None:
         row.update({"staleness": staleness(step, b), "t_generate_s": b.generate_s, "t_sync_s": times.sync_s,
                     **buffer})

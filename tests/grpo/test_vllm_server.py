@@ -400,6 +400,60 @@ def test_ranks_that_do_not_push_wait_for_rank_0s_version_or_fail_naming_the_serv
     sender.close(), other.close()
 
 
+# -------------------------------------------------------------------------- on-policy distillation's teacher
+def test_a_teacher_on_the_server_scores_and_trains_like_the_same_teacher_in_process(vllm_server, tmp_path):
+    """The server serves a teacher (the perturbed base, pushed). `ServerTeacher`'s log-probs of the sampled tokens
+    (prompt log-probs) equal `LocalTeacher`'s on a ragged batch with a fully masked row (0 there: not sent); GRPO
+    with `distill_teacher_servers` trains like the same teacher in process with the sampled estimator: the same
+    reverse KL and loss at every step."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from rlvr_core.experiment.config import RewardConfig
+    from rlvr_core.grpo.distillation import LocalTeacher, ServerTeacher
+    from rlvr_core.grpo.trainer import train_grpo
+    from rlvr_core.grpo.update import build_batch
+
+    (model_dir, rows, ids), server = vllm_server
+    teacher_dir = tmp_path / "teacher"
+    shutil.copytree(model_dir, teacher_dir)
+    teacher = _perturbed(model_dir)
+    teacher.save_pretrained(teacher_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    engine = _engine(server, model_dir, tmp_path, tokenizer=tok)
+    engine.push_weights(teacher.state_dict().items(), 5000)
+    engine.close()
+
+    prompts, _ = _prompts(rows, 4)
+    g = torch.Generator().manual_seed(5)
+    completions = [torch.randint(3, 250, (n,), generator=g).tolist() for n in (7, 12, 3, 9)]
+    batch = build_batch([tok(p)["input_ids"] for p in prompts], completions, tok.pad_token_id or 0)
+    mask = torch.arange(12)[None, :] < batch["lengths"][:, None]
+    mask[2] = False  # a sequence with no trained token
+    served = ServerTeacher([server.url])
+    got = served.logprobs(batch, mask, torch.device("cpu"))
+    served.close()
+    want = LocalTeacher(teacher, "sampled").logprobs(batch, mask, torch.device("cpu"))
+    assert float((got - want).abs()[mask].max()) < TOL and float(got[~mask].abs().max()) == 0.0
+
+    def run(out, **distill):
+        cfg = tiny_cfg(steps=STEPS, distill_teacher=str(teacher_dir), **distill)
+        train_grpo(model_dir, rows, ids, out, cfg, template_id="qa", reward=RewardConfig(verifier=VERIFIER),
+                   max_new_tokens=12, seed=0)
+        return _rows(out)
+
+    before = _server_counters(server.url)[0]
+    remote = run(tmp_path / "served", distill_teacher_servers=[server.url])
+    scored = _server_counters(server.url)[0] - before  # one request per trained sequence: the server scored them
+    local = run(tmp_path / "in-process", distill_estimator="sampled")
+    assert scored == sum(r["dynamic/groups_kept"] * 4 for r in remote) > 0, (scored, remote)  # group_size 4
+    for step, (a, b) in enumerate(zip(remote, local)):
+        assert a["n_tokens"] == b["n_tokens"] and a["reward_mean"] == b["reward_mean"], (step, a, b)
+        assert a["distill/kl_mean"] == pytest.approx(b["distill/kl_mean"], rel=1e-3, abs=1e-6), (step, a, b)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-3, abs=1e-6) and a["distill/kl_mean"] > 0
+
+
 # ------------------------------------------------------------------------- last: this test kills the server
 def test_killing_the_server_during_a_push_is_an_error_naming_it(vllm_server, tmp_path):
     from rlvr_core.experiment.push_config import FilePush
