@@ -156,7 +156,9 @@ class GRPOGuardsConfig(_Section):
                                          "disagree more than the bounds allow (tis_cap, tis_min too tight, or "
                                          "a broken engine). Left out of the training key at its default")
     teacher_kl_max: float = Field(10.0, gt=0, description="G-teacher-kl: with grpo.distill_teacher, flag a step "
-                                  "whose mean per-token reverse KL(student || teacher) exceeds this many nats: "
+                                  "whose mean per-token reverse KL(student || teacher) exceeds this many nats "
+                                  "(distill/kl_mean; distill/kl_k1_mean, its estimate from the sampled tokens, "
+                                  "with distill_estimator sampled): "
                                   "the teacher and the student no longer agree on what the samples mean (a "
                                   "teacher of another tokenizer or family, a broken teacher checkpoint, a "
                                   "student pushed off by the reward term). Left out of the training key at its "
