@@ -19,7 +19,9 @@ times on 2 idle cores, docs/testing.md):
   demo-distill  the same on configs/sweeps/demo_distill.yaml with `--set grpo.distill_teacher=run:<id>`: the
                 teacher is the `demo` measurement's run, in its home, when `demo` is measured in the same call;
                 otherwise a `rlvr demo` is run first in the sweep's own home              (~6 min, +4)
-  demo-distill-sampled  the same with `--set grpo.distill_estimator=sampled` (the KL a teacher server gives)
+  demo-distill-sampled  the same with `--set grpo.distill_estimator=sampled` (TRL's server-distillation KL)
+                                                                                   (~6 min, +4)
+  demo-distill-score    the same with `--set grpo.distill_estimator=score` (the score-function estimator)
                                                                                    (~6 min, +4)
 The thread count and kernels are the caller's (set RLVR_CPU_CAPABILITY or OMP_NUM_THREADS to change them); they go
 into the record with each measurement.
@@ -395,6 +397,10 @@ MEASUREMENTS: dict[str, tuple[Callable[[Ctx], tuple[dict[str, Any], dict[str, An
                              "ablation_sweep_flow(demo-distill --set grpo.distill_teacher=run:<demo's run id> --set "
                              "grpo.distill_estimator=sampled, deployment=None); rlvr sweep show <id> --json; "
                              "rlvr demo --json --set grpo.enabled=false"),
+    "demo-distill-score": (lambda ctx: measure_demo_distill(ctx, ("grpo.distill_estimator=score",)),
+                           "ablation_sweep_flow(demo-distill --set grpo.distill_teacher=run:<demo's run id> --set "
+                           "grpo.distill_estimator=score, deployment=None); rlvr sweep show <id> --json; "
+                           "rlvr demo --json --set grpo.enabled=false"),
 }
 
 

@@ -250,13 +250,15 @@ class GRPOConfig(AddedLater):
                                   "GRPO loss on the verifiable reward + w x the reverse KL to the teacher "
                                   "(aggregated like the policy loss, loss_agg). 1 = distillation alone, 0.5 = an "
                                   "equal mix; 0 = the teacher is only measured (distill/kl_* columns, G-teacher-kl)")
-    distill_estimator: Literal["full", "sampled"] = InKey(
+    distill_estimator: Literal["full", "sampled", "score"] = InKey(
         "full", description="with distill_teacher: how the per-token reverse KL is computed (distillation.py). full: "
         "exact over the vocabulary, needs the teacher's whole distribution (an in-process teacher; TRL's "
         "DistillationTrainer); sampled: the KL between {the sampled token, the rest} under student and teacher, "
         "needs only the teacher's log-prob of each sampled token (what a vLLM server returns; TRL's "
-        "ServerDistillationTrainer), a lower bound of the full KL that keeps the chunked log-prob path. Default: "
-        "full, sampled with distill_teacher_servers")
+        "ServerDistillationTrainer), a lower bound of the full KL that keeps the chunked log-prob path; score: "
+        "log p_student - log p_teacher of each sampled token as a per-token negative reward in an on-policy "
+        "policy-gradient term (Thinking Machines' on-policy distillation), whose expected gradient is the full "
+        "KL's, from the same log-probs as sampled. Default: full, sampled with distill_teacher_servers")
     distill_teacher_servers: list[str] | None = InKey(
         None, min_length=1, description="with distill_teacher: URLs of `vllm serve` processes serving that teacher, "
         "which score the student's rollouts (prompt log-probs) instead of a copy in the training process; "
@@ -501,7 +503,7 @@ class GRPOConfig(AddedLater):
             raise ValueError(f"distill_teacher_servers: {bad[0]!r} is not an http(s):// URL")
         if self.distill_teacher_servers and self.distill_estimator == "full":
             raise ValueError("distill_teacher_servers give the teacher's log-probs of the sampled tokens only, not "
-                             "whole distributions: use distill_estimator: sampled (the default with servers)")
+                             "whole distributions: use distill_estimator sampled (the default with servers) or score")
         if t is not None and t.startswith("run:") and not t[len("run:"):].strip("/"):
             raise ValueError("distill_teacher run:<run id> names no run")
         if self.distill_teacher_revision is not None and (t.startswith("run:") or not hub.is_hub_id(t)

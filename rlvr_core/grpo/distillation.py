@@ -6,7 +6,7 @@ KL(pi_student || pi_teacher) is a training signal (`grpo.distill_teacher`).
 w = 1 trains on the teacher alone; 0 < w < 1 mixes it with the verifiable reward's policy loss. The
 prefixes are the student's own samples (on-policy: Agarwal et al. 2024, "On-Policy Distillation of Language
 Models", arXiv 2306.13649; Thinking Machines, "On-Policy Distillation", 2025), so the student is corrected
-where it actually goes. Two estimators of the per-token KL (`grpo.distill_estimator`):
+where it actually goes. Three estimators of the per-token KL (`grpo.distill_estimator`):
 
   full     KL_t = sum_v pi_s(v | prefix_t) (log pi_s(v | prefix_t) - log pi_t(v | prefix_t)), exact over the
            vocabulary. TRL 1.16's DistillationTrainer with beta = 1 (`_chunked_divergence_loss`, reverse KL,
@@ -17,10 +17,16 @@ where it actually goes. Two estimators of the per-token KL (`grpo.distill_estima
            log-probs (`grpo.distill_teacher_servers`). TRL 1.16's ServerDistillationTrainer (beta = 1,
            loss_top_k = 1, reverse_kl_top_1_mode "sampled", loss_add_tail). It is a lower bound of the full KL at
            each position (merging outcomes never raises a KL) and 0 exactly where the two agree on x_t.
+  score    k1_t = log p - log q as a per-token negative reward in an on-policy policy-gradient term: value k1_t,
+           gradient k1_t * grad log p. Needs what `sampled` needs; since the student sampled x_t, its expected
+           gradient is exactly the full KL's (the score-function identity), at the price of variance. Thinking
+           Machines' on-policy distillation (the per-token reverse KL as the advantage, discount 0); TRL has no
+           such loss: tests/grpo/test_distillation.py checks it against the full KL's gradient, summed in closed
+           form over every token the student could have sampled.
 
-Neither is the bare sampled-token estimate log p - log q, which has zero expected gradient as a loss (it needs
-a score-function term), nor a top-k KL, which verl reports unstable. tests/grpo/test_distillation.py calls
-TRL's two losses on the same tensors (loss and gradients to 1e-6).
+None is the bare sampled-token estimate log p - log q as a loss, which has zero expected gradient (`score`
+adds the score-function term it lacks), nor a top-k KL, which verl reports unstable. tests/grpo/test_distillation.py
+calls TRL's two losses on the same tensors (loss and gradients to 1e-6).
 
 The teacher: a local model folder, `run:<run id>` (the exported checkpoint of an earlier rlvr run in the artifact
 store, `<run folder>/checkpoints/final`, verified file by file before use), or a hub id (`org/name`, revision in
@@ -50,13 +56,14 @@ from rlvr_core.grpo.losses import get_loss_agg
 from rlvr_core.sampling.vllm_client import ServerClient
 
 __all__ = ["FIELD", "RUN_PREFIX", "ESTIMATORS", "reverse_kl_tokens", "sampled_reverse_kl_tokens", "distillation_loss",
-           "resolve_teacher", "check_same_tokenizer", "load_teacher", "LocalTeacher",
+           "score_kl_tokens", "resolve_teacher", "check_same_tokenizer", "load_teacher", "LocalTeacher",
            "ServerTeacher"]
 
 FIELD = "grpo.distill_teacher"
 SERVERS_FIELD = "grpo.distill_teacher_servers"
 RUN_PREFIX = "run:"
-ESTIMATORS = ("full", "sampled")
+ESTIMATORS = ("full", "sampled", "score")
+SAMPLED_ONLY = ("sampled", "score")  # the estimators that need only the sampled tokens' log-probs
 
 
 def reverse_kl_tokens(student_logp_all: torch.Tensor, teacher_logp_all: torch.Tensor,
@@ -94,6 +101,23 @@ def sampled_reverse_kl_tokens(student_logp: torch.Tensor, teacher_logp: torch.Te
     return torch.where(m, kl, torch.zeros((), dtype=dt, device=kl.device))
 
 
+def score_kl_tokens(student_logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) the `score` estimator: k1_t = log p_s(x_t) - log p_t(x_t) as the value, with the gradient
+    k1_t * grad log p_s(x_t) (k1 x exp(log p_s - stop_grad(log p_s)): the reverse KL as a per-token negative
+    reward in an on-policy policy-gradient term). Since the student sampled x_t, its expected gradient is exactly
+    the gradient of the full per-token KL; the value is the full KL's unbiased estimate. 0 on padding, replaced
+    before any arithmetic; the teacher's side detached."""
+    if student_logp.shape != teacher_logp.shape or student_logp.shape != mask.shape:
+        raise ValueError(f"need student and teacher log-probs (B, T) of one shape and a (B, T) mask, got "
+                         f"{tuple(student_logp.shape)}, {tuple(teacher_logp.shape)}, {tuple(mask.shape)}")
+    m = mask.bool()
+    dt = torch.float64 if student_logp.dtype == torch.float64 else torch.float32
+    zero = torch.zeros((), dtype=dt, device=student_logp.device)
+    s = torch.where(m, student_logp.to(dt), zero)
+    k1 = torch.where(m, s.detach() - teacher_logp.detach().to(dt), zero)
+    return torch.where(m, k1 * torch.exp(s - s.detach()), zero)
+
+
 def distillation_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor, *,
                       estimator: str = "full", agg_mode: str = "token-mean", norm_len: int | None = None,
                       num_tokens: float | None = None, num_seqs: float | None = None
@@ -101,12 +125,12 @@ def distillation_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, ma
     """The reverse KL aggregated like the policy loss (`agg_mode`, the step-wide normalisers: see losses.py),
     so micro-batch losses add up to the whole step's. token-mean is TRL's reduction. `estimator` full: (B, T, V)
     log-softmaxes; sampled: (B, T) log-probs of the sampled tokens. Returns (loss, metrics: distill/kl_mean and
-    distill/kl_max over the response tokens, nan when none; sampled also distill/kl_k1_mean, the mean of
+    distill/kl_max over the response tokens, nan when none; sampled and score also distill/kl_k1_mean, the mean of
     log p_s - log p_t over the sampled tokens: an unbiased estimate of the full per-token reverse KL, since the
     student sampled them, which G-teacher-kl reads whatever the estimator)."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown distillation estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
-    kl_of = reverse_kl_tokens if estimator == "full" else sampled_reverse_kl_tokens
+    kl_of = {"full": reverse_kl_tokens, "sampled": sampled_reverse_kl_tokens, "score": score_kl_tokens}[estimator]
     kl = kl_of(student_logp, teacher_logp, mask)
     m = mask.bool()
     loss = get_loss_agg(agg_mode)(kl, m, norm_len=norm_len, num_tokens=num_tokens, num_seqs=num_seqs)
@@ -116,7 +140,7 @@ def distillation_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, ma
         mean = torch.where(n > 0, kl.sum() / n.clamp(min=1), nan)
         top = torch.where(n > 0, torch.where(m, kl, torch.full_like(kl, -torch.inf)).max(), nan)
         metrics = {"distill/kl_mean": mean.float(), "distill/kl_max": top.float()}
-        if estimator == "sampled":
+        if estimator in SAMPLED_ONLY:
             gap = torch.where(m, student_logp.detach().to(kl.dtype) - teacher_logp.to(kl.dtype), 0.0)
             metrics["distill/kl_k1_mean"] = torch.where(n > 0, gap.sum() / n.clamp(min=1), nan).float()
     return loss, metrics
@@ -200,7 +224,7 @@ def load_teacher(teacher_dir: str | Path, student_vocab: int) -> torch.nn.Module
 
 
 class LocalTeacher:
-    """The teacher model in the training process (`load_teacher`): either estimator."""
+    """The teacher model in the training process (`load_teacher`): any estimator."""
 
     def __init__(self, model: torch.nn.Module, estimator: str = "full"):
         self.model, self.estimator = model, estimator
@@ -209,7 +233,7 @@ class LocalTeacher:
     def logprobs(self, batch: dict, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
         """The teacher's log-probs at the student's response positions (`update.build_batch`'s batch), computed
         on the teacher's device without gradient and moved to `device`: (B, T, V) log-softmax for the full
-        estimator, (B, T) log-probs of the sampled tokens for the sampled one."""
+        estimator, (B, T) log-probs of the sampled tokens for the others."""
         here = next(self.model.parameters()).device
         on_teacher = {k: v.to(here) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         with torch.no_grad():
@@ -223,12 +247,15 @@ class LocalTeacher:
 class ServerTeacher:
     """The teacher served by `vllm serve` processes at `urls` (`grpo.distill_teacher_servers`): each sequence's
     prompt log-probs over prompt + completion give the teacher's log-prob of every sampled token (the sampled
-    estimator; a server does not return whole distributions). Sequences go round-robin over the servers, all
-    requests in flight at once (vLLM batches them); a dead or slow server is a ServerError naming it."""
+    and score estimators; a server does not return whole distributions). Sequences go round-robin over the
+    servers, all requests in flight at once (vLLM batches them); a dead or slow server is a ServerError naming it."""
 
-    estimator = "sampled"
-
-    def __init__(self, urls: list[str], *, request_timeout_s: float = 300.0, max_concurrency: int = 64):
+    def __init__(self, urls: list[str], estimator: str = "sampled", *, request_timeout_s: float = 300.0,
+                 max_concurrency: int = 64):
+        if estimator not in SAMPLED_ONLY:
+            raise ValueError(f"a teacher server gives the sampled tokens' log-probs only: estimator {estimator!r} "
+                             f"needs whole distributions (use one of {', '.join(SAMPLED_ONLY)})")
+        self.estimator = estimator
         self.clients = [ServerClient(u, request_timeout_s) for u in urls]
         self._pool = ThreadPoolExecutor(max_workers=max(max_concurrency, len(urls)), thread_name_prefix="rlvr-teacher")
         self.where = "on vLLM server" + ("s " if len(urls) > 1 else " ") + ", ".join(urls)

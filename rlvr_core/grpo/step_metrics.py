@@ -27,7 +27,7 @@ Guards (ids from BUGZOO; counts in the summary as `health/<id>`):
     whose correction rejected more than `grpo.guards.correction_mask_share` of the response tokens.
   * G-teacher-kl: with on-policy distillation (grpo.distill_teacher), steps whose mean per-token reverse KL to
     the teacher exceeds `grpo.guards.teacher_kl_max`: `distill/kl_mean` with the full estimator,
-    `distill/kl_k1_mean` (its unbiased estimate from the sampled tokens) with the sampled one.
+    `distill/kl_k1_mean` (its unbiased estimate from the sampled tokens) with the sampled and score ones.
   * run level (guards.py `HealthMonitor` over the step history: collapse, entropy floor, reward hacking,
     KL explosion): a firing sets `health/<id>` in that step's row; a serious one stops the run.
 

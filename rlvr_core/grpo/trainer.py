@@ -340,7 +340,7 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
                                  lockstep=policy.lockstep and getattr(rollout_engine, "samples_policy", False))
     teacher = None
     if cfg.distill_teacher_servers:
-        teacher = ServerTeacher(cfg.distill_teacher_servers)
+        teacher = ServerTeacher(cfg.distill_teacher_servers, cfg.distill_estimator)
     elif teacher_dir is not None:
         head = policy.module.get_output_embeddings().weight
         width = int(getattr(head, "ds_shape", head.shape)[0])  # ZeRO-3: the full width
@@ -367,7 +367,7 @@ def _teacher_dir(cfg: GRPOConfig, base_model_dir, out_dir: Path) -> Path | None:
                              cache_dir=out_dir / "teacher" / (f"rank{rank}" if launch_world_size() > 1 else ""))
     check_same_tokenizer(base_model_dir, folder)
     if cfg.distill_teacher_servers:  # a server that does not answer: refused before the model loads
-        ServerTeacher(cfg.distill_teacher_servers, max_concurrency=1).check()
+        ServerTeacher(cfg.distill_teacher_servers, cfg.distill_estimator, max_concurrency=1).check()
     return folder
 
 

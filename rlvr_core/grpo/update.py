@@ -426,21 +426,21 @@ class _Distilled:
             n = int(mask.sum())
             self.n += n
             self.kl_sum += float(d_m["distill/kl_mean"]) * n if n else 0.0
-            self.k1_sum += float(d_m["distill/kl_k1_mean"]) * n if n and self.estimator == "sampled" else 0.0
+            self.k1_sum += float(d_m["distill/kl_k1_mean"]) * n if n and "distill/kl_k1_mean" in d_m else 0.0
             self.kl_max = max(self.kl_max, float(d_m["distill/kl_max"])) if n else self.kl_max
             self.loss += float(d_loss.detach())
             self.pg += float(m["loss"])
         return total, {**m, "loss": total.detach().float()}
 
     def reduce(self, dp: DataParallel) -> dict[str, float]:
-        """distill/loss, distill/kl_mean, distill/kl_max (and distill/kl_k1_mean with the sampled estimator) of the
+        """distill/loss, distill/kl_mean, distill/kl_max (and distill/kl_k1_mean with a sampled-token estimator) of the
         step, and `loss` the mixed one (all ranks)."""
         kl_sum, n, loss, pg, k1_sum = dp.sum([self.kl_sum, float(self.n), self.loss, self.pg, self.k1_sum])
         top = dp.max([self.kl_max])[0]
         out = {"distill/loss": loss, "distill/kl_mean": kl_sum / n if n else float("nan"),
                "distill/kl_max": top if n else float("nan"),
                "loss": loss if self.w == 1 else pg if self.w == 0 else (1 - self.w) * pg + self.w * loss}
-        if self.estimator == "sampled":
+        if self.estimator != "full":
             out["distill/kl_k1_mean"] = k1_sum / n if n else float("nan")
         return out
 

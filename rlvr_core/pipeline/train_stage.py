@@ -184,7 +184,7 @@ def teacher_before_training(cfg: ExperimentConfig, base: ModelArtifact) -> None:
                              cache_dir=settings.paths().cache / "teachers")
     check_same_tokenizer(localize(base.path), folder)
     if cfg.grpo.distill_teacher_servers:
-        ServerTeacher(cfg.grpo.distill_teacher_servers, max_concurrency=1).check()
+        ServerTeacher(cfg.grpo.distill_teacher_servers, cfg.grpo.distill_estimator, max_concurrency=1).check()
 
 
 def base_rollouts(curriculum: CurriculumArtifact) -> dict[str, dict[str, float]]:

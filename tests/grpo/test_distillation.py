@@ -33,7 +33,7 @@ from grpo_helpers import VERIFIER, tiny_cfg
 from rlvr_core.experiment.config import ConfigError, RewardConfig
 from rlvr_core.grpo import trainer as trainer_mod
 from rlvr_core.grpo.distillation import (check_same_tokenizer, distillation_loss, resolve_teacher,
-                                         reverse_kl_tokens, sampled_reverse_kl_tokens)
+                                         reverse_kl_tokens, sampled_reverse_kl_tokens, score_kl_tokens)
 
 trl_distill = pytest.importorskip("trl.trainer.distillation_trainer",
                                   reason="TRL is not installed: the cross-check against TRL's loss needs it")
@@ -127,6 +127,36 @@ def test_the_sampled_kl_is_the_two_outcome_kl_a_lower_bound_of_the_full_one():
     assert torch.isfinite(torch.autograd.grad(loss, hs)[0]).all()
 
 
+def test_the_score_estimators_expected_gradient_is_the_full_kls_summed_over_every_token():
+    # TRL has no score-function loss; the reference is the closed form. At each position, sum the score loss's
+    # gradient over every token v the student could have sampled, weighted by p_s(v): by the score-function
+    # identity that is the gradient of the full KL at that position (the full estimator, itself equal to TRL's).
+    # float64, so the identity holds to 1e-10. Its value is k1 = log p_s(v) - log p_t(v), whose p_s-weighted sum is
+    # the full KL; padding (nan/inf there) reaches neither.
+    hs, ws, ht, wt = (x.double().detach() for x in _tensors(5))
+    hs.requires_grad_(True), ws.requires_grad_(True)
+    mask = torch.tensor(MASKS["ragged"]).bool()
+    s_all, t_all = torch.log_softmax(hs @ ws.T, -1), torch.log_softmax(ht @ wt.T, -1)
+    want = torch.autograd.grad(reverse_kl_tokens(s_all, t_all, mask).sum(), (hs, ws), retain_graph=True)
+    expected, value = 0.0, torch.zeros(B, T, dtype=torch.float64)
+    for v in range(V):
+        k = score_kl_tokens(s_all[..., v], t_all[..., v], mask)
+        weight = s_all[..., v].exp().detach()
+        expected = expected + (weight * k).sum()
+        value = value + weight * k.detach()
+    got = torch.autograd.grad(expected, (hs, ws), retain_graph=True)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(value, reverse_kl_tokens(s_all, t_all, mask).detach(), atol=1e-12, rtol=1e-12)
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(5))
+    pick = lambda x: x.gather(-1, tokens[..., None])[..., 0]  # noqa: E731
+    loss, met = distillation_loss(torch.where(mask, pick(s_all), math.nan), torch.where(mask, pick(t_all), math.inf),
+                                  mask, estimator="score")
+    torch.testing.assert_close(loss, (pick(s_all) - pick(t_all))[mask].mean())
+    assert float(met["distill/kl_k1_mean"]) == pytest.approx(float(loss)) and torch.isfinite(
+        torch.autograd.grad(loss, hs)[0]).all()
+
+
 def test_micro_batches_add_up_like_trls_num_items_in_batch():
     # Split into two micro-batches with the step's token count as the normaliser (TRL's num_items_in_batch, our
     # num_tokens): the two losses and their gradients add up to TRL's whole-batch ones.
@@ -177,11 +207,13 @@ def test_the_config_fields_validate_and_stay_out_of_the_default_key():
                                     "distill_teacher_servers": ["http://h:8000"]}}).grpo
     key = grpo_key_dump(served)  # a server scores the sampled tokens only: the estimator follows, and is recorded
     assert (key["distill_estimator"], key["distill_teacher_servers"]) == ("sampled", ["http://h:8000"])
+    assert parse_config({"grpo": {"enabled": True, "distill_teacher": "t", "distill_estimator": "score",
+                                  "distill_teacher_servers": ["http://h:8000"]}}).grpo.distill_estimator == "score"
     bad = [({"distill_weight": 0.5}, "distill_weight / distill_teacher_revision / distill_estimator / "
                                      "distill_teacher_servers need distill_teacher"),
            ({"distill_estimator": "sampled"}, "need distill_teacher"),
-           ({"distill_teacher": "t", "distill_estimator": "topk"}, "distill_estimator: Input should be 'full' or "
-                                                                   "'sampled'"),
+           ({"distill_teacher": "t", "distill_estimator": "topk"}, "distill_estimator: Input should be 'full', "
+                                                                   "'sampled' or 'score'"),
            ({"distill_teacher": "t", "distill_teacher_servers": ["h:8000"]}, "'h:8000' is not an http"),
            ({"distill_teacher": "t", "distill_teacher_servers": ["http://h:8000"], "distill_estimator": "full"},
             "distill_teacher_servers give the teacher's log-probs of the sampled tokens only"),
