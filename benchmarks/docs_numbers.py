@@ -128,6 +128,12 @@ QUOTES: tuple[Quote, ...] = (
           "{distill_weight=0_0/ci_high:.3f}],"),
     Quote("docs/grpo_training.md", "demo-distill",
           "mixing the two (0.5) gives no more than distillation alone ({distill_weight=0_5/mean:.3f})."),
+    Quote("docs/grpo_training.md", "demo-distill-sampled", "{pivot_table}"),
+    Quote("docs/grpo_training.md", "demo-distill-sampled",
+          "a teacher of its own, a fresh `rlvr demo`: held-out greedy {teacher_greedy:.3f}, the same as above;"),
+    Quote("docs/grpo_training.md", "demo-distill-sampled",
+          "With the two-outcome KL, distillation alone reaches {distill_weight=1_0/mean:.3f} "
+          "[{distill_weight=1_0/ci_low:.3f}, {distill_weight=1_0/ci_high:.3f}] in 10 steps"),
     Quote("docs/grpo_training.md", "demo-losses", "{pivot_table}"),
     Quote("docs/grpo_training.md", "demo-losses",
           "From the base model's {base_greedy:.3f} every loss reaches {min_mean:.2f}–{max_mean:.2f} in 10 steps"),
