@@ -1,6 +1,6 @@
 """Re-measure every number the README and docs quote for the demo and the sweeps, and write it where they quote it.
 
-    python benchmarks/docs_numbers.py                            # every measurement (~45 min on 2 idle cores)
+    python benchmarks/docs_numbers.py                            # every measurement (~1 h on 2 idle cores)
     python benchmarks/docs_numbers.py --only tool-demo,demo-lr   # some of them
     python benchmarks/docs_numbers.py --render-only              # no measuring (below)
     make docs-numbers                                            # the first, in the repo's .venv
