@@ -134,6 +134,12 @@ QUOTES: tuple[Quote, ...] = (
     Quote("docs/grpo_training.md", "demo-distill-sampled",
           "With the two-outcome KL, distillation alone reaches {distill_weight=1_0/mean:.3f} "
           "[{distill_weight=1_0/ci_low:.3f}, {distill_weight=1_0/ci_high:.3f}] in 10 steps"),
+    Quote("docs/grpo_training.md", "demo-distill-score", "{pivot_table}"),
+    Quote("docs/grpo_training.md", "demo-distill-score",
+          "threads; its own teacher again, held-out greedy {teacher_greedy:.3f};"),
+    Quote("docs/grpo_training.md", "demo-distill-score",
+          "distillation alone reaches {distill_weight=1_0/mean:.3f} [{distill_weight=1_0/ci_low:.3f}, "
+          "{distill_weight=1_0/ci_high:.3f}] and the\nequal mix {distill_weight=0_5/mean:.3f} in 10 steps"),
     Quote("docs/grpo_training.md", "demo-losses", "{pivot_table}"),
     Quote("docs/grpo_training.md", "demo-losses",
           "From the base model's {base_greedy:.3f} every loss reaches {min_mean:.2f}–{max_mean:.2f} in 10 steps"),
