@@ -124,10 +124,10 @@ def distillation_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, ma
                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The reverse KL aggregated like the policy loss (`agg_mode`, the step-wide normalisers: see losses.py),
     so micro-batch losses add up to the whole step's. token-mean is TRL's reduction. `estimator` full: (B, T, V)
-    log-softmaxes; sampled: (B, T) log-probs of the sampled tokens. Returns (loss, metrics: distill/kl_mean and
-    distill/kl_max over the response tokens, nan when none; sampled and score also distill/kl_k1_mean, the mean of
-    log p_s - log p_t over the sampled tokens: an unbiased estimate of the full per-token reverse KL, since the
-    student sampled them, which G-teacher-kl reads whatever the estimator)."""
+    log-softmaxes; sampled, score: (B, T) log-probs of the sampled tokens. Returns (loss, metrics: distill/kl_mean
+    and distill/kl_max over the response tokens, nan when none; sampled and score also distill/kl_k1_mean, the mean
+    of log p_s - log p_t over the sampled tokens: an unbiased estimate of the full per-token reverse KL, since the
+    student sampled them, which G-teacher-kl then reads)."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown distillation estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
     kl_of = {"full": reverse_kl_tokens, "sampled": sampled_reverse_kl_tokens, "score": score_kl_tokens}[estimator]
@@ -265,8 +265,8 @@ class ServerTeacher:
         down = [c.url for c in self.clients if not c.healthy(timeout=10.0)]
         if down:
             raise ConfigError(SERVERS_FIELD, [(SERVERS_FIELD, f"the teacher server {u} does not answer /health: "
-                                                              "start `vllm serve <teacher folder>` there or fix "
-                                                              "the URL") for u in down])
+                                                              "start `vllm serve <teacher folder> --enable-scale-"
+                                                              "out` there or fix the URL") for u in down])
 
     def logprobs(self, batch: dict, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
         """(B, T) teacher log-probs of the sampled tokens of `update.build_batch`'s batch; 0 on padding and on

@@ -115,7 +115,7 @@ def step_flags(cfg: GRPOConfig, step: int, rollouts: "RolloutBatch", upd: "Updat
         "G-correction-mask": int(cfg.tis_cap is not None and cfg.tis_mode.endswith("_mask")
                                  and first.get("tis/masked_share", 0.0) > cfg.guards.correction_mask_share),
         # On-policy distillation: the student's samples read very differently by the teacher (nan: no token). The
-        # full reverse KL, or its unbiased estimate from the sampled tokens with the sampled estimator.
+        # full reverse KL, or its unbiased estimate from the sampled tokens with the sampled-token estimators.
         "G-teacher-kl": int(cfg.distill_teacher is not None
                             and first.get("distill/kl_k1_mean", first.get("distill/kl_mean", 0.0))
                             > cfg.guards.teacher_kl_max),

@@ -26,8 +26,8 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
      tokenized them, masks from lengths, G-pad-mask), log_softmax at temperature 1, optional reference
      log-probs (beta > 0), `grpo_loss` (with `tis_cap`: truncated importance sampling against the engine's
      log-probs; with `distill_teacher`: the teacher's log-probs, on CPU or from its vLLM servers, and the
-     reverse KL to them mixed in, distillation.py), DeepSpeed backward/step for `epochs_per_step` epochs (`ds_config`: AdamW, warm-up + cosine,
-     grad clipping, ZeRO stage). With staleness the new weights are published to the ahead sampler.
+     reverse KL to them mixed in, distillation.py), DeepSpeed backward/step for `epochs_per_step` epochs
+     (`ds_config`: AdamW, warm-up + cosine, grad clipping, ZeRO stage). With staleness the new weights are published to the ahead sampler.
   5. metrics (step_metrics.py): one row of steps.parquet per step (rollout statistics, loss/ratio/entropy,
      the rollout-vs-trainer log-prob mismatch `logprob_mismatch/*`, verifier `status/*` counts with errors
      and timeouts visible (G-verifier-error), timings), and `rollout_samples_per_step` completions for
