@@ -158,7 +158,7 @@ class GRPOGuardsConfig(_Section):
     teacher_kl_max: float = Field(10.0, gt=0, description="G-teacher-kl: with grpo.distill_teacher, flag a step "
                                   "whose mean per-token reverse KL(student || teacher) exceeds this many nats "
                                   "(distill/kl_mean; distill/kl_k1_mean, its estimate from the sampled tokens, "
-                                  "with distill_estimator sampled): "
+                                  "with distill_estimator sampled or score): "
                                   "the teacher and the student no longer agree on what the samples mean (a "
                                   "teacher of another tokenizer or family, a broken teacher checkpoint, a "
                                   "student pushed off by the reward term). Left out of the training key at its "
@@ -263,7 +263,7 @@ class GRPOConfig(AddedLater):
         None, min_length=1, description="with distill_teacher: URLs of `vllm serve` processes serving that teacher, "
         "which score the student's rollouts (prompt log-probs) instead of a copy in the training process; "
         "distill_teacher is then read for its tokenizer only. Needs distill_estimator sampled (the default with "
-        "servers). In the training folder's key: a served teacher computes in the server's dtype and kernels. "
+        "servers) or score. In the training folder's key: a served teacher computes in the server's dtype and kernels. "
         "None = the teacher runs in process")
     epochs_per_step: int = InKey(1, ge=1, description="optimisation epochs over each rollout batch (1 = on-policy)")
     memory: GRPOMemoryConfig = Field(default_factory=GRPOMemoryConfig, description="how the update fits in memory "

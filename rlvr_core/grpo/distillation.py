@@ -55,9 +55,9 @@ from rlvr_core.grpo.logprobs import full_vocab_logprobs
 from rlvr_core.grpo.losses import get_loss_agg
 from rlvr_core.sampling.vllm_client import ServerClient
 
-__all__ = ["FIELD", "RUN_PREFIX", "ESTIMATORS", "reverse_kl_tokens", "sampled_reverse_kl_tokens", "distillation_loss",
-           "score_kl_tokens", "resolve_teacher", "check_same_tokenizer", "load_teacher", "LocalTeacher",
-           "ServerTeacher"]
+__all__ = ["FIELD", "RUN_PREFIX", "ESTIMATORS", "reverse_kl_tokens", "sampled_reverse_kl_tokens", "score_kl_tokens",
+           "distillation_loss", "resolve_teacher", "check_same_tokenizer", "checked_teacher", "load_teacher",
+           "LocalTeacher", "ServerTeacher"]
 
 FIELD = "grpo.distill_teacher"
 SERVERS_FIELD = "grpo.distill_teacher_servers"
@@ -210,6 +210,21 @@ def check_same_tokenizer(student_dir: str | Path, teacher_dir: str | Path) -> No
             "so both must read them as the same text; pick a teacher of the student's family and tokenizer"))])
 
 
+def checked_teacher(grpo: Any, student_dir: str | Path, cache_dir: str | Path) -> Path:
+    """Everything that refuses a teacher, before any model loads: its folder found (`resolve_teacher`, a run's
+    export copied under `cache_dir`), its tokenizer the student's (`check_same_tokenizer`), and each of its
+    servers (`grpo.distill_teacher_servers`) answering /health (else ConfigError naming that field). `grpo`: the
+    GRPO config. Returns the teacher's folder."""
+    folder = resolve_teacher(grpo.distill_teacher, grpo.distill_teacher_revision, cache_dir=cache_dir)
+    check_same_tokenizer(student_dir, folder)
+    down = [u for u in grpo.distill_teacher_servers or () if not ServerClient(u).healthy(timeout=10.0)]
+    if down:
+        raise ConfigError(SERVERS_FIELD, [(SERVERS_FIELD, f"the teacher server {u} does not answer /health: start "
+                                                          "`vllm serve <teacher folder> --enable-scale-out` there or "
+                                                          "fix the URL") for u in down])
+    return folder
+
+
 def load_teacher(teacher_dir: str | Path, student_vocab: int) -> torch.nn.Module:
     """The teacher, in float32 on CPU, eval mode, no gradient. Its output head must have the student's width
     (`student_vocab` logits): the KL compares the two distributions entry by entry."""
@@ -259,14 +274,6 @@ class ServerTeacher:
         self.clients = [ServerClient(u, request_timeout_s) for u in urls]
         self._pool = ThreadPoolExecutor(max_workers=max(max_concurrency, len(urls)), thread_name_prefix="rlvr-teacher")
         self.where = "on vLLM server" + ("s " if len(urls) > 1 else " ") + ", ".join(urls)
-
-    def check(self) -> None:
-        """ConfigError naming `grpo.distill_teacher_servers` when a server does not answer its /health route."""
-        down = [c.url for c in self.clients if not c.healthy(timeout=10.0)]
-        if down:
-            raise ConfigError(SERVERS_FIELD, [(SERVERS_FIELD, f"the teacher server {u} does not answer /health: "
-                                                              "start `vllm serve <teacher folder> --enable-scale-"
-                                                              "out` there or fix the URL") for u in down])
 
     def logprobs(self, batch: dict, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
         """(B, T) teacher log-probs of the sampled tokens of `update.build_batch`'s batch; 0 on padding and on

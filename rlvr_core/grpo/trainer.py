@@ -27,7 +27,8 @@ maths in the pure functions next door (advantages.py, losses.py, kl.py), which t
      log-probs (beta > 0), `grpo_loss` (with `tis_cap`: truncated importance sampling against the engine's
      log-probs; with `distill_teacher`: the teacher's log-probs, on CPU or from its vLLM servers, and the
      reverse KL to them mixed in, distillation.py), DeepSpeed backward/step for `epochs_per_step` epochs
-     (`ds_config`: AdamW, warm-up + cosine, grad clipping, ZeRO stage). With staleness the new weights are published to the ahead sampler.
+     (`ds_config`: AdamW, warm-up + cosine, grad clipping, ZeRO stage). With staleness the new weights are
+     published to the ahead sampler.
   5. metrics (step_metrics.py): one row of steps.parquet per step (rollout statistics, loss/ratio/entropy,
      the rollout-vs-trainer log-prob mismatch `logprob_mismatch/*`, verifier `status/*` counts with errors
      and timeouts visible (G-verifier-error), timings), and `rollout_samples_per_step` completions for
@@ -80,8 +81,7 @@ from rlvr_core.artifacts.layout import ROLLOUTS_FILE, STEPS_FILE, SUMMARY_FILE
 from rlvr_core.grpo.checkpointing import (CHECKPOINTS, FINAL_MODEL, RunState, resume, save_checkpoint, save_final_model,
                                           write_lora_config, write_rollouts, write_rows)
 from rlvr_core.grpo.distributed import check_divisible, launch_world_size, shutdown
-from rlvr_core.grpo.distillation import (LocalTeacher, ServerTeacher, check_same_tokenizer, load_teacher,
-                                         resolve_teacher)
+from rlvr_core.grpo.distillation import LocalTeacher, ServerTeacher, checked_teacher, load_teacher
 from rlvr_core.grpo.losses import grpo_loss
 from rlvr_core.grpo.rollout_engine import RolloutEngine, check_rollout_engine, make_rollout_engine
 from rlvr_core.sampling.environment_engine import with_environment
@@ -357,18 +357,14 @@ def _load(base_model_dir, rows: list[dict], out_dir: Path, cfg: GRPOConfig, *, t
 
 
 def _teacher_dir(cfg: GRPOConfig, base_model_dir, out_dir: Path) -> Path | None:
-    """On-policy distillation's teacher folder (distillation.py `resolve_teacher`), its tokenizer checked against
-    the student's before anything loads; None without `grpo.distill_teacher`."""
+    """On-policy distillation's teacher folder, refused before anything loads where the student cannot use it
+    (distillation.py `checked_teacher`); None without `grpo.distill_teacher`."""
     if cfg.distill_teacher is None:
         return None
     # Each rank its own copy of a run's export: ranks start together, and none may read a half-written folder.
     rank = os.environ.get("RANK", "0")
-    folder = resolve_teacher(cfg.distill_teacher, cfg.distill_teacher_revision,
-                             cache_dir=out_dir / "teacher" / (f"rank{rank}" if launch_world_size() > 1 else ""))
-    check_same_tokenizer(base_model_dir, folder)
-    if cfg.distill_teacher_servers:  # a server that does not answer: refused before the model loads
-        ServerTeacher(cfg.distill_teacher_servers, cfg.distill_estimator, max_concurrency=1).check()
-    return folder
+    cache = out_dir / "teacher" / (f"rank{rank}" if launch_world_size() > 1 else "")
+    return checked_teacher(cfg, base_model_dir, cache)
 
 
 def run_health(cfg: GRPOConfig, base_eval: dict[str, float] | None, reward: RewardConfig | None = None,

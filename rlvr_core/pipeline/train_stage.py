@@ -178,13 +178,9 @@ def teacher_before_training(cfg: ExperimentConfig, base: ModelArtifact) -> None:
     copied into the cache's `teachers/` folder here."""
     if not cfg.grpo.enabled or cfg.grpo.distill_teacher is None:
         return
-    from rlvr_core.grpo.distillation import ServerTeacher, check_same_tokenizer, resolve_teacher
+    from rlvr_core.grpo.distillation import checked_teacher
 
-    folder = resolve_teacher(cfg.grpo.distill_teacher, cfg.grpo.distill_teacher_revision,
-                             cache_dir=settings.paths().cache / "teachers")
-    check_same_tokenizer(localize(base.path), folder)
-    if cfg.grpo.distill_teacher_servers:
-        ServerTeacher(cfg.grpo.distill_teacher_servers, cfg.grpo.distill_estimator, max_concurrency=1).check()
+    checked_teacher(cfg.grpo, localize(base.path), settings.paths().cache / "teachers")
 
 
 def base_rollouts(curriculum: CurriculumArtifact) -> dict[str, dict[str, float]]:
