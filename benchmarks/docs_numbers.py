@@ -380,13 +380,19 @@ def measure_sweep(name: str, sets: list[str], home: Path) -> tuple[dict[str, Any
 
 
 def measure_demo_distill(ctx: Ctx, sets: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    if ctx.demo_home is None:  # no `demo` in this call: a teacher of its own, in the sweep's home
-        home = ctx.home("demo-distill")
-        teacher = rlvr(["demo", "--json", "--quiet"], child_env(home), "demo-distill: teacher")
-        ctx.demo_home, ctx.demo_run_id = home, teacher["mlflow_run_id"]
-        ctx.demo_greedy = demo_values(teacher)["trained_greedy"]
+    if ctx.demo_home is None:  # no `demo` in this call: the teacher is a `demo` run of its own
+        _demo(ctx, "demo", [])
     v, num = measure_sweep("demo-distill", [f"grpo.distill_teacher=run:{ctx.demo_run_id}", *sets], ctx.demo_home)
     return {**v, "teacher_run_id": ctx.demo_run_id, "teacher_greedy": ctx.demo_greedy}, num
+
+
+def _distill(estimator: str | None = None) -> tuple[Callable[[Ctx], tuple[dict[str, Any], dict[str, Any]]], str]:
+    """The demo-distill measurement with `grpo.distill_estimator` set (None: the default, full) and its command."""
+    sets = (f"grpo.distill_estimator={estimator}",) if estimator else ()
+    return ((lambda ctx: measure_demo_distill(ctx, sets)),
+            "ablation_sweep_flow(demo-distill --set grpo.distill_teacher=run:<demo's run id>"
+            + "".join(f" --set {kv}" for kv in sets)
+            + ", deployment=None); rlvr sweep show <id> --json; rlvr demo --json --set grpo.enabled=false")
 
 
 MEASUREMENTS: dict[str, tuple[Callable[[Ctx], tuple[dict[str, Any], dict[str, Any]]], str]] = {
@@ -402,17 +408,9 @@ MEASUREMENTS: dict[str, tuple[Callable[[Ctx], tuple[dict[str, Any], dict[str, An
     "tools-on-off": (lambda ctx: measure_sweep("tools-on-off", [], ctx.home("tools-on-off")),
                      "ablation_sweep_flow(tools-on-off, deployment=None); rlvr sweep show <id> --json; "
                      "rlvr demo -c configs/examples/tool-demo.yaml --json --set grpo.enabled=false"),
-    "demo-distill": (measure_demo_distill,
-                     "ablation_sweep_flow(demo-distill --set grpo.distill_teacher=run:<demo's run id>, "
-                     "deployment=None); rlvr sweep show <id> --json; rlvr demo --json --set grpo.enabled=false"),
-    "demo-distill-sampled": (lambda ctx: measure_demo_distill(ctx, ("grpo.distill_estimator=sampled",)),
-                             "ablation_sweep_flow(demo-distill --set grpo.distill_teacher=run:<demo's run id> --set "
-                             "grpo.distill_estimator=sampled, deployment=None); rlvr sweep show <id> --json; "
-                             "rlvr demo --json --set grpo.enabled=false"),
-    "demo-distill-score": (lambda ctx: measure_demo_distill(ctx, ("grpo.distill_estimator=score",)),
-                           "ablation_sweep_flow(demo-distill --set grpo.distill_teacher=run:<demo's run id> --set "
-                           "grpo.distill_estimator=score, deployment=None); rlvr sweep show <id> --json; "
-                           "rlvr demo --json --set grpo.enabled=false"),
+    "demo-distill": _distill(),
+    "demo-distill-sampled": _distill("sampled"),
+    "demo-distill-score": _distill("score"),
 }
 
 
